@@ -1,0 +1,124 @@
+//! Byte counts for people: GB (10^9) or GiB (2^30), formatted from integers.
+
+/// The unit a byte count is shown in. Bytes stay integers everywhere else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ByteUnit {
+    /// Gigabytes, 10^9 bytes, as GPU vendors print capacities.
+    #[default]
+    Gb,
+    /// Gibibytes, 2^30 bytes, as nvidia-smi and PyTorch print memory.
+    Gib,
+}
+
+impl ByteUnit {
+    /// Both units, in the order the page offers them.
+    pub const ALL: [ByteUnit; 2] = [ByteUnit::Gb, ByteUnit::Gib];
+
+    /// Bytes in one unit.
+    #[must_use]
+    pub const fn bytes_per_unit(self) -> u64 {
+        match self {
+            ByteUnit::Gb => 1_000_000_000,
+            ByteUnit::Gib => 1 << 30,
+        }
+    }
+
+    /// The suffix printed after a number.
+    #[must_use]
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            ByteUnit::Gb => "GB",
+            ByteUnit::Gib => "GiB",
+        }
+    }
+
+    /// Short stable key used in URLs.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            ByteUnit::Gb => "gb",
+            ByteUnit::Gib => "gib",
+        }
+    }
+
+    /// The unit whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|u| u.key() == key)
+    }
+}
+
+/// `bytes` in `unit` with two decimals, without the symbol: `102.10`.
+///
+/// Rounded half up with integer arithmetic, so the figure never depends on float rounding.
+#[must_use]
+pub fn format_in_unit(bytes: u64, unit: ByteUnit) -> String {
+    let divisor = u128::from(unit.bytes_per_unit());
+    let hundredths = (u128::from(bytes) * 100 + divisor / 2) / divisor;
+    format!(
+        "{}.{:02}",
+        group_thousands(hundredths / 100),
+        hundredths % 100
+    )
+}
+
+/// `bytes` in `unit` with two decimals and the symbol: `102.10 GB`.
+#[must_use]
+pub fn format_bytes(bytes: u64, unit: ByteUnit) -> String {
+    format!("{} {}", format_in_unit(bytes, unit), unit.symbol())
+}
+
+/// An integer with thin groups of three digits: `102,096,000,000`.
+#[must_use]
+pub fn group_thousands(value: impl Into<u128>) -> String {
+    let digits = value.into().to_string();
+    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    grouped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(bytes: u64, unit: ByteUnit, expected: &str) {
+        assert_eq!(
+            format_bytes(bytes, unit),
+            expected,
+            "{bytes} bytes in {unit:?}"
+        );
+    }
+
+    #[test]
+    fn formats_both_units_without_mixing_them() {
+        check(0, ByteUnit::Gb, "0.00 GB");
+        check(102_096_000_000, ByteUnit::Gb, "102.10 GB");
+        check(1 << 30, ByteUnit::Gib, "1.00 GiB");
+        check(1 << 30, ByteUnit::Gb, "1.07 GB");
+        check(1_000_000_000, ByteUnit::Gib, "0.93 GiB");
+        check(4_995_000_000, ByteUnit::Gb, "5.00 GB");
+        check(4_994_999_999, ByteUnit::Gb, "4.99 GB");
+        check(u64::MAX, ByteUnit::Gb, "18,446,744,073.71 GB");
+    }
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(group_thousands(0u64), "0");
+        assert_eq!(group_thousands(999u64), "999");
+        assert_eq!(group_thousands(1000u64), "1,000");
+        assert_eq!(group_thousands(102_096_000_000u64), "102,096,000,000");
+    }
+
+    #[test]
+    fn unit_keys_round_trip() {
+        for unit in ByteUnit::ALL {
+            assert_eq!(ByteUnit::from_key(unit.key()), Some(unit));
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! Domain logic of the training-memory estimator.
+//!
+//! Everything the page shows is computed here: validated inputs, the memory model of one
+//! training step, batch-size sweeps and searches, table export and the query-string form
+//! of the inputs. No web dependencies, so it is tested natively and shared with the CLI.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod bytes;
+mod number;
+mod optimizer;
+mod query;
+mod simple;
+mod state;
+mod sweep;
+
+pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
+pub use number::FieldError;
+pub use optimizer::Optimizer;
+pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
+pub use simple::{
+    parse_activation_mb, parse_batch, parse_params, simple_breakdown, simple_breakdown_at_batch,
+    Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
+    SIMPLE_OPTIMIZERS,
+};
+pub use state::{Field, Mode, PageState};
+pub use sweep::{sweep, sweep_batches, sweep_markdown, sweep_tsv, SweepRow};
+
+// arch-begin (architecture mode: owned by core/src/arch/)
+// arch-end

@@ -1,0 +1,251 @@
+//! The page's inputs as a query string (for shared links) and back.
+//!
+//! Every input travels under a short key. Decoding never fails: a bad or unknown part is
+//! dropped, its default kept, and a notice says what was ignored.
+
+use crate::state::{Field, PageState};
+
+/// The result of reading a query string or stored state.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Decoded {
+    /// The inputs, with defaults wherever the text was bad or silent.
+    pub state: PageState,
+    /// One line per part that was ignored, for a person to read.
+    pub notices: Vec<String>,
+}
+
+/// Longest value kept for a key (a pasted `config.json` may be longer: see [`Field`]).
+const MAX_NOTICE_VALUE_CHARS: usize = 40;
+/// More notices than this are summarised in one line.
+const MAX_NOTICES: usize = 8;
+
+/// Encodes every input of `state` as a query string without the leading `?`.
+#[must_use]
+pub fn encode_query(state: &PageState) -> String {
+    let mut parts = Vec::new();
+    for field in Field::ALL {
+        if let Some(value) = state.get(field) {
+            parts.push(format!("{}={}", field.key(), percent_encode(&value)));
+        }
+    }
+    parts.join("&")
+}
+
+/// Reads a query string (with or without its leading `?`) into inputs and notices.
+#[must_use]
+pub fn decode_query(query: &str) -> Decoded {
+    let mut decoded = Decoded::default();
+    let mut seen: Vec<Field> = Vec::new();
+    let mut notices = Vec::new();
+    let query = query.strip_prefix('?').unwrap_or(query);
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        let (raw_key, raw_value) = part.split_once('=').unwrap_or((part, ""));
+        let key = match percent_decode(raw_key) {
+            Ok(key) => key,
+            Err(why) => {
+                notices.push(format!("Ignored a part of the link: its name is {why}."));
+                continue;
+            }
+        };
+        let Some(field) = Field::from_key(&key) else {
+            notices.push(format!("Ignored unknown setting “{}”.", shorten(&key)));
+            continue;
+        };
+        if seen.contains(&field) {
+            notices.push(format!(
+                "Ignored a repeated “{}”: the first one is used.",
+                field.key()
+            ));
+            continue;
+        }
+        seen.push(field);
+        let value = match percent_decode(raw_value) {
+            Ok(value) => value,
+            Err(why) => {
+                notices.push(format!(
+                    "Ignored {}: its value is {why}; using the default.",
+                    field.label()
+                ));
+                continue;
+            }
+        };
+        if let Err(why) = decoded.state.set(field, &value) {
+            notices.push(format!(
+                "Ignored {} “{}”: {why} Using the default.",
+                field.label(),
+                shorten(&value)
+            ));
+        }
+    }
+    for (field, why) in decoded.state.invalid_text_fields() {
+        if seen.contains(&field) {
+            let typed = decoded.state.get(field).unwrap_or_default();
+            notices.push(format!(
+                "Ignored {} “{}”: {why} Using the default.",
+                field.label(),
+                shorten(&typed)
+            ));
+        }
+        decoded.state.reset(field);
+    }
+    if notices.len() > MAX_NOTICES {
+        let more = notices.len() - MAX_NOTICES;
+        notices.truncate(MAX_NOTICES);
+        notices.push(format!("… and {more} more parts ignored."));
+    }
+    decoded.notices = notices;
+    decoded
+}
+
+fn shorten(value: &str) -> String {
+    let mut chars = value.chars();
+    let head: String = chars.by_ref().take(MAX_NOTICE_VALUE_CHARS).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
+    } else {
+        head
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+#[must_use]
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Decodes `%XX` escapes and `+` (a space in query strings).
+///
+/// # Errors
+/// A short description of what is malformed.
+pub fn percent_decode(text: &str) -> Result<String, &'static str> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).ok_or("cut short after a %")?;
+                let hex = std::str::from_utf8(hex).map_err(|_| "badly percent-encoded")?;
+                let byte = u8::from_str_radix(hex, 16).map_err(|_| "badly percent-encoded")?;
+                out.push(byte);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            other => {
+                out.push(other);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not valid UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Mode;
+    use crate::{ByteUnit, Optimizer, ParamUnit, Precision};
+    use proptest::prelude::*;
+
+    #[test]
+    fn default_state_round_trips() {
+        let state = PageState::default();
+        assert_eq!(decode_query(&encode_query(&state)).state, state);
+        assert!(decode_query(&encode_query(&state)).notices.is_empty());
+    }
+
+    #[test]
+    fn reads_a_hand_written_link() {
+        let d = decode_query("?p=70&pu=B&pr=fp32&o=sgd-momentum&b=4&a=256&u=gib");
+        assert!(d.notices.is_empty(), "{:?}", d.notices);
+        assert_eq!(d.state.params, "70");
+        assert_eq!(d.state.params_unit, ParamUnit::Billion);
+        assert_eq!(d.state.precision, Precision::Fp32);
+        assert_eq!(d.state.optimizer, Optimizer::SgdMomentum);
+        assert_eq!(d.state.batch, "4");
+        assert_eq!(d.state.activation_mb, "256");
+        assert_eq!(d.state.byte_unit, ByteUnit::Gib);
+        assert_eq!(d.state.mode, Mode::Simple);
+    }
+
+    #[track_caller]
+    fn falls_back(query: &str, expected_notices: usize) {
+        let d = decode_query(query);
+        assert_eq!(
+            d.notices.len(),
+            expected_notices,
+            "{query}: {:?}",
+            d.notices
+        );
+    }
+
+    #[test]
+    fn bad_parts_fall_back_with_a_notice_each() {
+        falls_back("b=abc", 1);
+        falls_back("b=2.5&p=-1", 2);
+        falls_back("zzz=1", 1);
+        falls_back("b=4&b=8", 1);
+        falls_back("b=%zz", 1);
+        falls_back("b=%E2%82", 1);
+        falls_back("pr=fp64&o=lion&u=tb&pu=Q", 4);
+        falls_back("&&&", 0);
+        falls_back("", 0);
+        let d = decode_query("b=abc&p=9");
+        assert_eq!(d.state.batch, PageState::default().batch);
+        assert_eq!(d.state.params, "9");
+        assert!(d.notices[0].contains("“abc”"), "{:?}", d.notices);
+    }
+
+    #[test]
+    fn script_tags_stay_text() {
+        let d = decode_query("b=%3Cscript%3Ealert(1)%3C%2Fscript%3E");
+        assert_eq!(d.state.batch, PageState::default().batch);
+        assert!(d.notices[0].contains("<script>"));
+    }
+
+    #[test]
+    fn percent_coding_round_trips() {
+        for text in ["", "a b", "100%", "ü→😀", "&=?#+"] {
+            assert_eq!(percent_decode(&percent_encode(text)).as_deref(), Ok(text));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_never_panics(query in ".{0,200}") {
+            let d = decode_query(&query);
+            prop_assert!(d.notices.len() <= MAX_NOTICES + 1);
+        }
+
+        #[test]
+        fn valid_states_round_trip(
+            params in 1u64..100_000, batch in 1u64..100_000, act in 1u64..100_000,
+            unit in 0usize..4, precision in 0usize..3, optimizer in 0usize..4, gib: bool,
+        ) {
+            let state = PageState {
+                params: params.to_string(),
+                params_unit: ParamUnit::ALL[unit],
+                precision: Precision::ALL[precision],
+                optimizer: Optimizer::ALL[optimizer],
+                batch: batch.to_string(),
+                activation_mb: act.to_string(),
+                byte_unit: if gib { ByteUnit::Gib } else { ByteUnit::Gb },
+                ..PageState::default()
+            };
+            let d = decode_query(&encode_query(&state));
+            prop_assert!(d.notices.is_empty(), "{:?}", d.notices);
+            prop_assert_eq!(d.state, state);
+        }
+    }
+}
