@@ -1,1 +1,10 @@
-//! placeholder
+//! The estimator page: reactive inputs over `estimator-core`, rendered with Leptos.
+//!
+//! The crate is thin on purpose: every figure comes from the core crate; this crate holds
+//! signals, components and the few bridges to the browser (URL, storage, clipboard).
+
+mod app;
+pub mod browser;
+pub mod components;
+
+pub use app::App;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prints the release bundle's size (raw and gzip -9) and fails beyond the budget.
+# Run after `trunk build --release`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUDGET_GZIP_BYTES=${BUDGET_GZIP_BYTES:-250000}
+total_raw=0
+total_gzip=0
+printf '%-8s %10s %10s  %s\n' kind raw gzip file
+for pattern in '*.wasm' '*.js' '*.css'; do
+  for f in dist/$pattern; do
+    [ -e "$f" ] || { echo "missing $pattern in dist/: run trunk build --release first" >&2; exit 1; }
+    raw=$(stat -c %s "$f")
+    gz=$(gzip -9 -c "$f" | wc -c)
+    total_raw=$((total_raw + raw))
+    total_gzip=$((total_gzip + gz))
+    printf '%-8s %10d %10d  %s\n' "${pattern#*.}" "$raw" "$gz" "$(basename "$f")"
+  done
+done
+printf '%-8s %10d %10d  (budget %d gzip)\n' total "$total_raw" "$total_gzip" "$BUDGET_GZIP_BYTES"
+if [ "$total_gzip" -gt "$BUDGET_GZIP_BYTES" ]; then
+  echo "size budget exceeded: $total_gzip > $BUDGET_GZIP_BYTES bytes gzipped" >&2
+  exit 1
+fi
+echo "size budget ok"

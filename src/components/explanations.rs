@@ -1,0 +1,75 @@
+//! The page's own explanations: summary, how it works, use cases and FAQ.
+
+use leptos::prelude::*;
+
+/// Static explanations written for this page. `<details>` keeps the FAQ short to scan and
+/// usable by keyboard without any script.
+#[component]
+pub fn Explanations() -> impl IntoView {
+    view! {
+        <section class="card explanations" aria-labelledby="about-title" data-testid="explanations">
+            <h2 id="about-title">"What this page tells you"</h2>
+            <p>
+                "One training step needs GPU memory for four things: the model's weights, the gradients of those weights, "
+                "the optimizer's state (AdamW keeps two numbers per weight) and the activations that the forward pass keeps "
+                "for the backward pass. The first three are fixed by the model and the optimizer; only the activations grow "
+                "with the batch. This page adds them up, shows where the memory goes and how it grows with the batch size."
+            </p>
+            <h3>"How it works"</h3>
+            <ul>
+                <li>"Weights: parameters × bytes per parameter (4 for FP32, 2 for FP16/BF16, 1 for INT8)."</li>
+                <li>"Gradients: parameters × 4 bytes, because mixed-precision training keeps gradients in FP32; none for inference."</li>
+                <li>"Optimizer states: parameters × 8 bytes for AdamW (two FP32 moments), × 4 for SGD with momentum, none without an optimizer."</li>
+                <li>"Activations: batch size × the activation memory of one sample."</li>
+                <li>"Every figure is an exact integer number of bytes, shown in GB (10⁹ bytes) or GiB (2³⁰ bytes)."</li>
+            </ul>
+            <h3>"Use cases"</h3>
+            <ul>
+                <li>"Choose the largest batch size that fits on a GPU before you launch a run."</li>
+                <li>"Compare AdamW with SGD, or FP32 with BF16, for the same model."</li>
+                <li>"Share a configuration: the link holds every input, and the table copies into notes or a spreadsheet."</li>
+            </ul>
+            <h3>"Frequently asked questions"</h3>
+            <details>
+                <summary>"How is weight memory counted?"</summary>
+                <p>
+                    "Each parameter is stored once, in the chosen precision: a 7-billion-parameter model in BF16 takes "
+                    "7 × 10⁹ × 2 bytes = 14 GB. Tied embeddings (the same matrix used for input and output) count once."
+                </p>
+            </details>
+            <details>
+                <summary>"Why do activations grow with the batch size and gradients do not?"</summary>
+                <p>
+                    "Every sample in a batch runs through the whole network and leaves its own intermediate tensors for the "
+                    "backward pass, so activations scale with the number of samples (and with the sequence length). "
+                    "There is one gradient per weight, summed over the batch, so gradients only depend on the model."
+                </p>
+            </details>
+            <details>
+                <summary>"Why does AdamW need more memory than SGD?"</summary>
+                <p>
+                    "AdamW keeps a running mean and a running variance of every gradient: two FP32 numbers, 8 bytes, per "
+                    "parameter. SGD with momentum keeps one (4 bytes); plain SGD keeps none. For a 7B model that is 56 GB "
+                    "against 28 GB."
+                </p>
+            </details>
+            <details>
+                <summary>"What does mixed precision change?"</summary>
+                <p>
+                    "It halves the weights and most activations (16-bit instead of 32-bit), but gradients and optimizer "
+                    "states usually stay in FP32, and many recipes keep an FP32 master copy of the weights too. So the "
+                    "model's fixed memory shrinks less than half; activations, the part that grows with the batch, shrink most."
+                </p>
+            </details>
+            <details>
+                <summary>"Why does nvidia-smi show more than this page?"</summary>
+                <p>
+                    "This page counts the tensors PyTorch allocates, what torch.cuda.max_memory_allocated() reports. "
+                    "nvidia-smi also shows the CUDA context (about 0.3–0.6 GiB), memory the caching allocator has reserved "
+                    "but not handed out, fragmentation, cuBLAS/cuDNN workspaces and NCCL buffers. Add a 15–20% margin "
+                    "before you decide that a batch fits."
+                </p>
+            </details>
+        </section>
+    }
+}

@@ -1,0 +1,100 @@
+//! Labelled form controls that show their own validation message.
+
+use leptos::prelude::*;
+
+/// A labelled text field for a number, with its error message right below it.
+///
+/// The input is `type="text"` with a decimal keyboard so that whatever is typed stays
+/// visible and gets a message, instead of being silently dropped by the browser.
+#[component]
+pub fn NumberField(
+    /// The visible label.
+    label: &'static str,
+    /// `id` of the input and its `data-testid`.
+    testid: &'static str,
+    /// The text in the field.
+    #[prop(into)]
+    value: Signal<String>,
+    /// Called with the new text on every keystroke.
+    on_input: Callback<String>,
+    /// The message to show when the text is not valid.
+    #[prop(into)]
+    error: Signal<Option<String>>,
+    /// A short hint below the label.
+    #[prop(optional)]
+    hint: &'static str,
+) -> impl IntoView {
+    let error_id = format!("{testid}-error");
+    let hint_id = format!("{testid}-hint");
+    let described_by = {
+        let error_id = error_id.clone();
+        let hint_id = hint_id.clone();
+        move || {
+            if error.with(Option::is_some) {
+                error_id.clone()
+            } else {
+                hint_id.clone()
+            }
+        }
+    };
+    view! {
+        <div class="field" class:invalid=move || error.with(Option::is_some)>
+            <label for=testid>{label}</label>
+            <input
+                id=testid
+                data-testid=testid
+                type="text"
+                inputmode="decimal"
+                autocomplete="off"
+                spellcheck="false"
+                prop:value=move || value.get()
+                aria-invalid=move || if error.with(Option::is_some) { "true" } else { "false" }
+                aria-describedby=described_by
+                on:input=move |ev| on_input.run(event_target_value(&ev))
+            />
+            <span class="hint" id=hint_id>{hint}</span>
+            <span class="error" id=error_id data-testid=format!("{testid}-error") role="alert">
+                {move || error.get().unwrap_or_default()}
+            </span>
+        </div>
+    }
+}
+
+/// A labelled drop-down of fixed choices, each a `(key, label)` pair.
+#[component]
+pub fn SelectField(
+    /// The visible label.
+    label: &'static str,
+    /// `id` of the select and its `data-testid`.
+    testid: &'static str,
+    /// The choices as `(key, label)`.
+    options: Vec<(&'static str, &'static str)>,
+    /// The key of the chosen option.
+    #[prop(into)]
+    value: Signal<&'static str>,
+    /// Called with the key of the newly chosen option.
+    on_change: Callback<String>,
+) -> impl IntoView {
+    view! {
+        <div class="field">
+            <label for=testid>{label}</label>
+            <select
+                id=testid
+                data-testid=testid
+                prop:value=move || value.get()
+                on:change=move |ev| on_change.run(event_target_value(&ev))
+            >
+                {options
+                    .into_iter()
+                    .map(|(key, text)| {
+                        view! {
+                            <option value=key selected=move || value.get() == key>
+                                {text}
+                            </option>
+                        }
+                    })
+                    .collect_view()}
+            </select>
+        </div>
+    }
+}

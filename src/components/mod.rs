@@ -1,0 +1,15 @@
+//! The page's components, one (or a small family) per file.
+
+mod breakdown;
+mod copy_button;
+mod explanations;
+mod fields;
+mod notices;
+mod sweep_table;
+
+pub use breakdown::{BreakdownCard, BreakdownPart};
+pub use copy_button::CopyButton;
+pub use explanations::Explanations;
+pub use fields::{NumberField, SelectField};
+pub use notices::Notices;
+pub use sweep_table::SweepTable;

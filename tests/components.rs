@@ -1,0 +1,240 @@
+//! Browser tests: mount the components in headless Chromium and read what they render.
+#![cfg(target_arch = "wasm32")]
+
+use batch_size_estimator::components::{
+    BreakdownCard, BreakdownPart, NumberField, SelectField, SweepTable,
+};
+use batch_size_estimator::App;
+use estimator_core::{ByteUnit, SweepRow};
+use leptos::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_test::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+/// A fresh element in the document to mount into.
+fn container() -> web_sys::HtmlElement {
+    let document = document();
+    let div = document.create_element("div").unwrap();
+    document.body().unwrap().append_child(&div).unwrap();
+    div.unchecked_into()
+}
+
+fn by_testid(root: &web_sys::HtmlElement, testid: &str) -> web_sys::Element {
+    root.query_selector(&format!("[data-testid=\"{testid}\"]"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no element with data-testid={testid}"))
+}
+
+fn all_by_testid(root: &web_sys::HtmlElement, testid: &str) -> Vec<web_sys::Element> {
+    let list = root
+        .query_selector_all(&format!("[data-testid=\"{testid}\"]"))
+        .unwrap();
+    (0..list.length())
+        .filter_map(|i| list.item(i))
+        .filter_map(|n| n.dyn_into().ok())
+        .collect()
+}
+
+async fn next_tick() {
+    let promise = web_sys::js_sys::Promise::resolve(&wasm_bindgen::JsValue::NULL);
+    wasm_bindgen_futures::JsFuture::from(promise).await.unwrap();
+}
+
+#[wasm_bindgen_test]
+async fn breakdown_card_carries_exact_bytes_and_follows_the_unit() {
+    let root = container();
+    let unit = RwSignal::new(ByteUnit::Gb);
+    let parts = vec![
+        BreakdownPart {
+            testid: "weights",
+            label: "Weights",
+            bytes: 14_000_000_000,
+        },
+        BreakdownPart {
+            testid: "activations",
+            label: "Activations",
+            bytes: 4_096_000_000,
+        },
+    ];
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <BreakdownCard
+                parts=Signal::derive(move || Some(parts.clone()))
+                total=Signal::derive(|| Some(18_096_000_000))
+                problem=Signal::derive(|| None::<String>)
+                unit=unit
+                total_label=Signal::derive(|| "Total")
+            />
+        }
+    });
+    let total = by_testid(&root, "total");
+    assert_eq!(
+        total.get_attribute("data-bytes").as_deref(),
+        Some("18096000000")
+    );
+    assert_eq!(total.text_content().unwrap(), "18.10 GB");
+    assert_eq!(
+        by_testid(&root, "weights")
+            .get_attribute("data-bytes")
+            .as_deref(),
+        Some("14000000000")
+    );
+    unit.set(ByteUnit::Gib);
+    next_tick().await;
+    assert_eq!(
+        by_testid(&root, "total").text_content().unwrap(),
+        "16.85 GiB"
+    );
+    assert_eq!(
+        by_testid(&root, "total")
+            .get_attribute("data-bytes")
+            .as_deref(),
+        Some("18096000000")
+    );
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn breakdown_card_explains_a_missing_figure() {
+    let root = container();
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <BreakdownCard
+                parts=Signal::derive(|| None)
+                total=Signal::derive(|| None)
+                problem=Signal::derive(|| Some("Too large to count.".to_owned()))
+                unit=Signal::derive(|| ByteUnit::Gb)
+                total_label=Signal::derive(|| "Total")
+            />
+        }
+    });
+    let total = by_testid(&root, "total");
+    assert_eq!(total.get_attribute("data-bytes"), None);
+    assert_eq!(total.text_content().unwrap(), "Too large to count.");
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn number_field_shows_its_error_and_reports_typing() {
+    let root = container();
+    let text = RwSignal::new("8".to_owned());
+    let error = Signal::derive(move || {
+        estimator_core::parse_batch(&text.get())
+            .err()
+            .map(|e| e.to_string())
+    });
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <NumberField
+                label="Batch size"
+                testid="batch"
+                value=text
+                on_input=Callback::new(move |v| text.set(v))
+                error=error
+            />
+        }
+    });
+    assert_eq!(by_testid(&root, "batch-error").text_content().unwrap(), "");
+    let input: web_sys::HtmlInputElement = by_testid(&root, "batch").unchecked_into();
+    input.set_value("2.5");
+    input
+        .dispatch_event(&web_sys::Event::new("input").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(text.get_untracked(), "2.5");
+    assert_eq!(
+        by_testid(&root, "batch-error").text_content().unwrap(),
+        "Must be a whole number of samples."
+    );
+    assert_eq!(input.get_attribute("aria-invalid").as_deref(), Some("true"));
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn select_field_reports_the_chosen_key() {
+    let root = container();
+    let chosen = RwSignal::new("a");
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <SelectField
+                label="Letter"
+                testid="letter"
+                options=vec![("a", "A"), ("b", "B")]
+                value=chosen
+                on_change=Callback::new(move |v: String| {
+                    chosen.set(if v == "b" { "b" } else { "a" })
+                })
+            />
+        }
+    });
+    let select: web_sys::HtmlSelectElement = by_testid(&root, "letter").unchecked_into();
+    assert_eq!(select.value(), "a");
+    select.set_value("b");
+    select
+        .dispatch_event(&web_sys::Event::new("change").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(chosen.get_untracked(), "b");
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn sweep_table_highlights_the_chosen_batch() {
+    let root = container();
+    let rows: Vec<SweepRow> = estimator_core::sweep(12, 1 << 24, |batch| {
+        Ok::<_, ()>(SweepRow {
+            batch,
+            model_state_bytes: 1_000,
+            activation_bytes: batch * 10,
+            total_bytes: 1_000 + batch * 10,
+            is_selected: false,
+            fits: None,
+        })
+    });
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <SweepTable
+                rows=Signal::derive(move || rows.clone())
+                unit=Signal::derive(|| ByteUnit::Gb)
+                total_label=Signal::derive(|| "Total")
+            />
+        }
+    });
+    let rows = all_by_testid(&root, "sweep-row");
+    let batches: Vec<String> = rows
+        .iter()
+        .map(|r| r.get_attribute("data-batch").unwrap())
+        .collect();
+    assert_eq!(batches, ["1", "2", "4", "8", "12", "16", "32", "64"]);
+    let selected: Vec<String> = rows
+        .iter()
+        .filter(|r| r.class_list().contains("selected"))
+        .map(|r| r.get_attribute("data-batch").unwrap())
+        .collect();
+    assert_eq!(selected, ["12"]);
+    assert!(root
+        .query_selector("[data-testid=\"copy-sweep\"]")
+        .unwrap()
+        .is_some());
+    assert!(root
+        .query_selector("[data-testid=\"copy-sweep-tsv\"]")
+        .unwrap()
+        .is_some());
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn the_whole_app_mounts_with_the_default_example() {
+    let root = container();
+    let handle = leptos::mount::mount_to(root.clone(), App);
+    next_tick().await;
+    assert_eq!(
+        by_testid(&root, "total")
+            .get_attribute("data-bytes")
+            .as_deref(),
+        Some("102096000000")
+    );
+    assert_eq!(all_by_testid(&root, "sweep-row").len(), 7);
+    drop(handle);
+}
