@@ -1,1 +1,268 @@
-fn main() {}
+//! `memest`: the estimator in a terminal, for scripts and CI jobs.
+//!
+//! Reads a Hugging Face `config.json` (or a preset, or the page's query string), estimates
+//! the peak memory of one training step with the same core as the page, and prints a
+//! readable breakdown or one JSON object.
+
+use std::process::ExitCode;
+
+use estimator_core::{
+    decode_query, evaluate, format_bytes, group_thousands, ByteUnit, Evaluation, Field, MaxBatch,
+    Mode, PageState,
+};
+
+const USAGE: &str = "\
+usage: memest [--config PATH | --preset KEY | --query QUERY] [options]
+
+model (one of):
+  --config PATH         a Hugging Face config.json (gpt2, llama, mistral, qwen2, gemma, phi3, bert)
+  --preset KEY          gpt2, gpt2-medium, gpt2-large, bert-base, llama-3.2-1b, llama3-8b, ...
+  --query QUERY         the page's query string (a shared link's part after '?')
+
+step:
+  --batch N             samples per step (per GPU)
+  --seq N               tokens per sample (image side in pixels for ViT)
+  --precision P         fp32, amp-bf16, amp-fp16, bf16, mixed-bf16, mixed-fp16
+  --optimizer O         adamw, sgd, sgd-momentum, none
+  --attention A         sdpa, eager
+  --checkpointing C     none, full
+  --generate N          tokens generated after the prompt (KV cache; optimizer none)
+
+hardware:
+  --gpu KEY             rtx3090, rtx4090, rtx5090, a10g, l4, l40s, t4, v100-16, v100-32,
+                        a100-40, a100-80, h100-80, h200, b200, mi300x, custom, none
+  --capacity-mib N      capacity of a custom GPU
+  --gpus N              data-parallel GPUs
+  --sharding S          ddp, zero1, zero2, zero3 (fsdp)
+  --tp N                tensor-parallel group size
+  --global-batch N      samples per optimizer step to reach with accumulation
+
+output:
+  --json                one JSON object instead of the readable breakdown
+  --gib                 readable figures in GiB instead of GB
+  -h, --help            this text";
+
+struct Options {
+    state: PageState,
+    json: bool,
+    notices: Vec<String>,
+}
+
+fn set(state: &mut PageState, flag: &str, field: Field, value: &str) -> Result<(), String> {
+    state
+        .set(field, value)
+        .map_err(|why| format!("{flag} {value:?}: {why}"))
+}
+
+fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut state = PageState {
+        mode: Mode::Architecture,
+        preset: None,
+        gpu: None,
+        ..PageState::default()
+    };
+    let mut notices = Vec::new();
+    let mut json = false;
+    let mut i = 0;
+    // The query is applied first so that flags refine a shared link.
+    if let Some(at) = args.iter().position(|a| a == "--query") {
+        let query = args.get(at + 1).ok_or("--query needs a value")?;
+        let decoded = decode_query(query);
+        state = decoded.state;
+        notices = decoded.notices;
+    }
+    while i < args.len() {
+        let flag = args[i].as_str();
+        let mut value = || -> Result<&str, String> {
+            i += 1;
+            args.get(i)
+                .map(String::as_str)
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag {
+            "-h" | "--help" => return Err(String::new()),
+            "--json" => json = true,
+            "--gib" => state.byte_unit = ByteUnit::Gib,
+            "--query" => {
+                value()?;
+            }
+            "--config" => {
+                let path = value()?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {path}: {e}"))?;
+                state.mode = Mode::Architecture;
+                state.preset = None;
+                state.config_json = text;
+            }
+            "--preset" => {
+                state.mode = Mode::Architecture;
+                set(&mut state, flag, Field::Model, value()?)?;
+            }
+            "--batch" => set(&mut state, flag, Field::Batch, value()?)?,
+            "--seq" => set(&mut state, flag, Field::SeqLen, value()?)?,
+            "--precision" => set(&mut state, flag, Field::Recipe, value()?)?,
+            "--optimizer" => set(&mut state, flag, Field::Optimizer, value()?)?,
+            "--attention" => set(&mut state, flag, Field::Attention, value()?)?,
+            "--checkpointing" => set(&mut state, flag, Field::Checkpointing, value()?)?,
+            "--generate" => set(&mut state, flag, Field::NewTokens, value()?)?,
+            "--gpu" => set(&mut state, flag, Field::Gpu, value()?)?,
+            "--capacity-mib" => set(&mut state, flag, Field::CustomCapacity, value()?)?,
+            "--gpus" => set(&mut state, flag, Field::NumGpus, value()?)?,
+            "--sharding" => set(&mut state, flag, Field::Sharding, value()?)?,
+            "--tp" => set(&mut state, flag, Field::TensorParallel, value()?)?,
+            "--global-batch" => set(&mut state, flag, Field::GlobalBatch, value()?)?,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+        i += 1;
+    }
+    if state.mode == Mode::Architecture && state.preset.is_none() && state.config_json.is_empty() {
+        return Err("give a model: --config PATH, --preset KEY or --query".to_owned());
+    }
+    Ok(Options {
+        state,
+        json,
+        notices,
+    })
+}
+
+fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
+    let mut at_peak = serde_json::Map::new();
+    for (kind, bytes) in &e.step.parts {
+        at_peak.insert(kind.key().replace('-', "_"), (*bytes).into());
+    }
+    let mut out = serde_json::json!({
+        "n_params": e.n_params,
+        "peak_bytes": e.step.peak_bytes,
+        "peak_phase": e.step.peak_phase.map(|p| p.key()),
+        "at_peak": at_peak,
+        "batch": e.batch,
+        "model_state_bytes": e.step.model_state_bytes,
+        "activation_bytes": e.step.activation_bytes,
+        "per_gpu": e.per_gpu,
+        "query": estimator_core::encode_query(state),
+    });
+    if let Some(v) = e.verdict {
+        out["verdict"] = serde_json::json!({
+            "fits": v.fits(),
+            "needed_bytes": v.needed_bytes,
+            "usable_bytes": v.usable_bytes,
+            "capacity_bytes": v.capacity_bytes,
+            "bytes_left": v.bytes_left(),
+            "bytes_missing": v.bytes_missing(),
+        });
+    }
+    if let Some(m) = e.max_batch {
+        out["max_batch"] = match m {
+            MaxBatch::Fits(b) => b.into(),
+            MaxBatch::NoneFits(_) => serde_json::Value::Null,
+        };
+    }
+    if let Some(p) = e.accumulation {
+        out["accumulation"] = serde_json::json!({
+            "micro_batch": p.micro_batch,
+            "accumulation_steps": p.accumulation_steps,
+            "num_gpus": p.num_gpus,
+            "global_batch": p.global_batch(),
+        });
+    }
+    out
+}
+
+fn readable(e: &Evaluation, unit: ByteUnit) -> String {
+    let mut out = String::new();
+    let fmt = |b: u64| {
+        format!(
+            "{:>14}  ({} bytes)",
+            format_bytes(b, unit),
+            group_thousands(b)
+        )
+    };
+    out.push_str(&format!(
+        "parameters        {}\n",
+        group_thousands(e.n_params)
+    ));
+    let batch_label = if e.per_gpu { "batch per GPU" } else { "batch" };
+    out.push_str(&format!("{batch_label:<18}{}\n", e.batch));
+    for (kind, bytes) in &e.step.parts {
+        out.push_str(&format!("{:<18}{}\n", kind.label(), fmt(*bytes)));
+    }
+    let phase = e
+        .step
+        .peak_phase
+        .map(|p| format!(" (in the {} phase)", p.label().to_lowercase()))
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "{:<18}{}{phase}\n",
+        "peak",
+        fmt(e.step.peak_bytes)
+    ));
+    if let Some(v) = e.verdict {
+        if v.fits() {
+            out.push_str(&format!(
+                "verdict           fits, {} left\n",
+                format_bytes(v.bytes_left(), unit)
+            ));
+        } else {
+            out.push_str(&format!(
+                "verdict           does not fit: {} missing\n",
+                format_bytes(v.bytes_missing(), unit)
+            ));
+        }
+    }
+    match e.max_batch {
+        Some(MaxBatch::Fits(b)) => out.push_str(&format!("largest batch     {b}\n")),
+        Some(MaxBatch::NoneFits(_)) => {
+            out.push_str("largest batch     none: even batch 1 does not fit\n")
+        }
+        None => {}
+    }
+    if let Some(p) = e.accumulation {
+        out.push_str(&format!(
+            "accumulation      {} per GPU x {} steps x {} GPUs = {}\n",
+            p.micro_batch,
+            p.accumulation_steps,
+            p.num_gpus,
+            p.global_batch()
+        ));
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse_args(&args) {
+        Ok(o) => o,
+        Err(why) if why.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(why) => {
+            eprintln!("memest: {why}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    for notice in &options.notices {
+        eprintln!("memest: {notice}");
+    }
+    match evaluate(&options.state) {
+        Ok(e) => {
+            if options.json {
+                println!("{}", to_json(&e, &options.state));
+            } else {
+                print!("{}", readable(&e, options.state.byte_unit));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            match &why {
+                estimator_core::EvaluationError::Fields(fields) => {
+                    for (field, message) in fields {
+                        eprintln!("memest: {}: {message}", field.label());
+                    }
+                }
+                other => eprintln!("memest: {other}"),
+            }
+            ExitCode::from(1)
+        }
+    }
+}

@@ -7,24 +7,38 @@
 #![warn(missing_docs)]
 
 mod bytes;
+mod evaluate;
 mod number;
 mod optimizer;
+mod plan;
 mod query;
 mod simple;
 mod state;
 mod sweep;
 
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
+pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
 pub use number::FieldError;
 pub use optimizer::Optimizer;
+pub use plan::{
+    fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state, AccumulationPlan,
+    FitVerdict, Gpu, MaxBatch, Overheads, ShardedState, Sharding, BYTES_PER_MIB,
+};
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use simple::{
     parse_activation_mb, parse_batch, parse_params, simple_breakdown, simple_breakdown_at_batch,
     Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
     SIMPLE_OPTIMIZERS,
 };
-pub use state::{Field, Mode, PageState};
+pub use state::{Field, Mode, PageState, PlanInputs, CUSTOM_MODEL_KEY, MAX_CONFIG_CHARS};
 pub use sweep::{sweep, sweep_batches, sweep_markdown, sweep_tsv, SweepRow};
 
 // arch-begin (architecture mode: owned by core/src/arch/)
+mod arch;
+
+pub use arch::{
+    estimate_peak, parse_hf_config, Architecture, AttentionKernel, CategoryBytes, Checkpointing,
+    ConfigError, EstimateError, ModelFamily, PeakEstimate, Phase, PrecisionRecipe, Preset,
+    TrainingStep,
+};
 // arch-end

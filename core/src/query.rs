@@ -88,6 +88,15 @@ pub fn decode_query(query: &str) -> Decoded {
         }
         decoded.state.reset(field);
     }
+    if decoded.state.preset.is_none() {
+        if let Err(why) = decoded.state.architecture() {
+            notices.push(format!(
+                "Ignored the model's config.json: {why}. Using the default model."
+            ));
+            decoded.state.reset(Field::Model);
+            decoded.state.config_json.clear();
+        }
+    }
     if notices.len() > MAX_NOTICES {
         let more = notices.len() - MAX_NOTICES;
         notices.truncate(MAX_NOTICES);

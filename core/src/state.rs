@@ -1,8 +1,34 @@
 //! Every input of the page, as a person left it: the unit of sharing and storage.
 
-use crate::number::FieldError;
+use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
-use crate::{ByteUnit, Optimizer, ParamUnit, Precision};
+use crate::{
+    AttentionKernel, ByteUnit, Checkpointing, Gpu, Optimizer, ParamUnit, Precision,
+    PrecisionRecipe, Preset, Sharding,
+};
+
+/// The `model` value that means "the pasted config.json" rather than a preset.
+pub const CUSTOM_MODEL_KEY: &str = "custom";
+/// Longest pasted `config.json` kept (and carried in a link).
+pub const MAX_CONFIG_CHARS: usize = 20_000;
+/// Longest sequence (or image side) accepted.
+pub const MAX_SEQ_LEN: u64 = 1 << 24;
+/// Most GPUs accepted.
+pub const MAX_GPUS: u64 = 100_000;
+/// Largest custom capacity accepted: 100 TiB.
+pub const MAX_CAPACITY_MIB: u64 = 100 << 20;
+/// Largest CUDA context accepted.
+pub const MAX_CONTEXT_MIB: u64 = 1 << 20;
+/// Longest generation accepted.
+pub const MAX_NEW_TOKENS: u64 = 1 << 24;
+
+/// Parses a whole count field in `1..=max` (or `0..=max` when `zero_ok`).
+fn parse_count(text: &str, max: u64, what: &'static str, zero_ok: bool) -> Result<u64, FieldError> {
+    match parse_whole_count(text, 1, max, what) {
+        Err(FieldError::Zero) if zero_ok => Ok(0),
+        other => other,
+    }
+}
 
 /// Which way the model is described.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -63,6 +89,55 @@ pub struct PageState {
     pub activation_mb: String,
     /// Unit the figures are shown in.
     pub byte_unit: ByteUnit,
+    /// Architecture mode: the preset, or `None` for the pasted config.
+    pub preset: Option<Preset>,
+    /// Architecture mode: the pasted `config.json`, as pasted.
+    pub config_json: String,
+    /// Architecture mode: tokens per sample (image side for vision models), as typed.
+    pub seq_len: String,
+    /// Architecture mode: precision recipe.
+    pub recipe: PrecisionRecipe,
+    /// Architecture mode: attention kernel.
+    pub attention: AttentionKernel,
+    /// Architecture mode: activation checkpointing.
+    pub checkpointing: Checkpointing,
+    /// Architecture mode, inference: tokens generated after the prompt (KV cache), as typed.
+    pub new_tokens: String,
+    /// The GPU, or `None` to plan for no GPU in particular.
+    pub gpu: Option<Gpu>,
+    /// Capacity of a custom GPU in MiB, as typed.
+    pub custom_capacity_mib: String,
+    /// CUDA context in MiB, as typed.
+    pub cuda_context_mib: String,
+    /// Allocator reserve in percent of the peak, as typed.
+    pub allocator_reserve_percent: String,
+    /// Safety margin in percent of the capacity, as typed.
+    pub safety_margin_percent: String,
+    /// Data-parallel GPUs, as typed.
+    pub num_gpus: String,
+    /// How model state is sharded across them.
+    pub sharding: Sharding,
+    /// Tensor-parallel group size (architecture mode), as typed.
+    pub tensor_parallel: String,
+    /// Samples per optimizer step to reach with accumulation, as typed (empty: none).
+    pub global_batch: String,
+}
+
+/// What the typed fields of the page parse to, or the error of each that does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanInputs {
+    /// Capacity of the GPU in bytes, `None` when no GPU is chosen.
+    pub capacity_bytes: Option<u64>,
+    /// Overheads.
+    pub overheads: crate::Overheads,
+    /// Data-parallel GPUs.
+    pub num_gpus: u64,
+    /// Sharding.
+    pub sharding: Sharding,
+    /// Tensor-parallel group size.
+    pub tensor_parallel: u64,
+    /// Global batch to reach, if any.
+    pub global_batch: Option<u64>,
 }
 
 impl Default for PageState {
@@ -76,6 +151,22 @@ impl Default for PageState {
             batch: "8".to_owned(),
             activation_mb: "512".to_owned(),
             byte_unit: ByteUnit::Gb,
+            preset: Some(Preset::Llama3_8B),
+            config_json: String::new(),
+            seq_len: "2048".to_owned(),
+            recipe: PrecisionRecipe::AmpBf16,
+            attention: AttentionKernel::Sdpa,
+            checkpointing: Checkpointing::None,
+            new_tokens: "0".to_owned(),
+            gpu: Some(Gpu::H100_80),
+            custom_capacity_mib: "81920".to_owned(),
+            cuda_context_mib: "500".to_owned(),
+            allocator_reserve_percent: "5".to_owned(),
+            safety_margin_percent: "15".to_owned(),
+            num_gpus: "1".to_owned(),
+            sharding: Sharding::Ddp,
+            tensor_parallel: "1".to_owned(),
+            global_batch: String::new(),
         }
     }
 }
@@ -99,6 +190,38 @@ pub enum Field {
     ActivationMb,
     /// [`PageState::byte_unit`].
     ByteUnit,
+    /// [`PageState::preset`].
+    Model,
+    /// [`PageState::config_json`].
+    Config,
+    /// [`PageState::seq_len`].
+    SeqLen,
+    /// [`PageState::recipe`].
+    Recipe,
+    /// [`PageState::attention`].
+    Attention,
+    /// [`PageState::checkpointing`].
+    Checkpointing,
+    /// [`PageState::new_tokens`].
+    NewTokens,
+    /// [`PageState::gpu`].
+    Gpu,
+    /// [`PageState::custom_capacity_mib`].
+    CustomCapacity,
+    /// [`PageState::cuda_context_mib`].
+    CudaContext,
+    /// [`PageState::allocator_reserve_percent`].
+    AllocatorReserve,
+    /// [`PageState::safety_margin_percent`].
+    SafetyMargin,
+    /// [`PageState::num_gpus`].
+    NumGpus,
+    /// [`PageState::sharding`].
+    Sharding,
+    /// [`PageState::tensor_parallel`].
+    TensorParallel,
+    /// [`PageState::global_batch`].
+    GlobalBatch,
 }
 
 /// Longest text kept for a typed number: longer text is not a number a person typed.
@@ -106,7 +229,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 8] = [
+    pub const ALL: [Field; 24] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -115,6 +238,22 @@ impl Field {
         Field::Batch,
         Field::ActivationMb,
         Field::ByteUnit,
+        Field::Model,
+        Field::SeqLen,
+        Field::Recipe,
+        Field::Attention,
+        Field::Checkpointing,
+        Field::NewTokens,
+        Field::Gpu,
+        Field::CustomCapacity,
+        Field::CudaContext,
+        Field::AllocatorReserve,
+        Field::SafetyMargin,
+        Field::NumGpus,
+        Field::Sharding,
+        Field::TensorParallel,
+        Field::GlobalBatch,
+        Field::Config,
     ];
 
     /// The URL key.
@@ -129,6 +268,22 @@ impl Field {
             Field::Batch => "b",
             Field::ActivationMb => "a",
             Field::ByteUnit => "u",
+            Field::Model => "model",
+            Field::Config => "cfg",
+            Field::SeqLen => "s",
+            Field::Recipe => "r",
+            Field::Attention => "attn",
+            Field::Checkpointing => "gc",
+            Field::NewTokens => "gen",
+            Field::Gpu => "gpu",
+            Field::CustomCapacity => "cap",
+            Field::CudaContext => "ctx",
+            Field::AllocatorReserve => "res",
+            Field::SafetyMargin => "margin",
+            Field::NumGpus => "n",
+            Field::Sharding => "shard",
+            Field::TensorParallel => "tp",
+            Field::GlobalBatch => "gb",
         }
     }
 
@@ -144,6 +299,22 @@ impl Field {
             Field::Batch => "batch size",
             Field::ActivationMb => "activation MB per sample",
             Field::ByteUnit => "display unit",
+            Field::Model => "model",
+            Field::Config => "config.json",
+            Field::SeqLen => "sequence length",
+            Field::Recipe => "precision recipe",
+            Field::Attention => "attention kernel",
+            Field::Checkpointing => "activation checkpointing",
+            Field::NewTokens => "generated tokens",
+            Field::Gpu => "GPU",
+            Field::CustomCapacity => "custom capacity (MiB)",
+            Field::CudaContext => "CUDA context (MiB)",
+            Field::AllocatorReserve => "allocator reserve (%)",
+            Field::SafetyMargin => "safety margin (%)",
+            Field::NumGpus => "number of GPUs",
+            Field::Sharding => "sharding",
+            Field::TensorParallel => "tensor parallelism",
+            Field::GlobalBatch => "global batch",
         }
     }
 
@@ -182,6 +353,30 @@ impl PageState {
             Field::Batch => self.batch.clone(),
             Field::ActivationMb => self.activation_mb.clone(),
             Field::ByteUnit => self.byte_unit.key().to_owned(),
+            Field::Model => self.preset.map_or(CUSTOM_MODEL_KEY, Preset::key).to_owned(),
+            // The config travels only when it is the model, in compact form when it parses.
+            Field::Config => {
+                if self.preset.is_some() || self.config_json.is_empty() {
+                    return None;
+                }
+                crate::parse_hf_config(&self.config_json)
+                    .map(|a| a.to_config_json())
+                    .unwrap_or_else(|_| self.config_json.clone())
+            }
+            Field::SeqLen => self.seq_len.clone(),
+            Field::Recipe => self.recipe.key().to_owned(),
+            Field::Attention => self.attention.key().to_owned(),
+            Field::Checkpointing => self.checkpointing.key().to_owned(),
+            Field::NewTokens => self.new_tokens.clone(),
+            Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
+            Field::CustomCapacity => self.custom_capacity_mib.clone(),
+            Field::CudaContext => self.cuda_context_mib.clone(),
+            Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
+            Field::SafetyMargin => self.safety_margin_percent.clone(),
+            Field::NumGpus => self.num_gpus.clone(),
+            Field::Sharding => self.sharding.key().to_owned(),
+            Field::TensorParallel => self.tensor_parallel.clone(),
+            Field::GlobalBatch => self.global_batch.clone(),
         })
     }
 
@@ -222,8 +417,179 @@ impl PageState {
                 self.byte_unit =
                     choice(value, ByteUnit::from_key, &ByteUnit::ALL.map(ByteUnit::key))?;
             }
+            Field::Model => {
+                self.preset = if value == CUSTOM_MODEL_KEY {
+                    None
+                } else {
+                    Some(choice(
+                        value,
+                        Preset::from_key,
+                        &Preset::ALL.map(Preset::key),
+                    )?)
+                };
+            }
+            Field::Config => {
+                if value.chars().count() > MAX_CONFIG_CHARS {
+                    return Err(format!("longer than {MAX_CONFIG_CHARS} characters."));
+                }
+                self.config_json = value.to_owned();
+            }
+            Field::SeqLen => self.seq_len = text(value)?,
+            Field::Recipe => {
+                self.recipe = choice(
+                    value,
+                    PrecisionRecipe::from_key,
+                    &PrecisionRecipe::ALL.map(PrecisionRecipe::key),
+                )?;
+            }
+            Field::Attention => {
+                self.attention = choice(
+                    value,
+                    AttentionKernel::from_key,
+                    &AttentionKernel::ALL.map(AttentionKernel::key),
+                )?;
+            }
+            Field::Checkpointing => {
+                self.checkpointing = choice(
+                    value,
+                    Checkpointing::from_key,
+                    &Checkpointing::ALL.map(Checkpointing::key),
+                )?;
+            }
+            Field::NewTokens => self.new_tokens = text(value)?,
+            Field::Gpu => {
+                self.gpu = if value == "none" {
+                    None
+                } else {
+                    Some(choice(value, Gpu::from_key, &Gpu::ALL.map(Gpu::key))?)
+                };
+            }
+            Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
+            Field::CudaContext => self.cuda_context_mib = text(value)?,
+            Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
+            Field::SafetyMargin => self.safety_margin_percent = text(value)?,
+            Field::NumGpus => self.num_gpus = text(value)?,
+            Field::Sharding => {
+                self.sharding =
+                    choice(value, Sharding::from_key, &Sharding::ALL.map(Sharding::key))?;
+            }
+            Field::TensorParallel => self.tensor_parallel = text(value)?,
+            Field::GlobalBatch => self.global_batch = text(value)?,
         }
         Ok(())
+    }
+
+    /// The parsed sequence length (image side for vision models).
+    ///
+    /// # Errors
+    /// The message for the field.
+    pub fn parsed_seq_len(&self) -> Result<u64, FieldError> {
+        parse_count(&self.seq_len, MAX_SEQ_LEN, "tokens", false)
+    }
+
+    /// The parsed number of generated tokens (0 = no generation).
+    ///
+    /// # Errors
+    /// The message for the field.
+    pub fn parsed_new_tokens(&self) -> Result<u64, FieldError> {
+        parse_count(&self.new_tokens, MAX_NEW_TOKENS, "tokens", true)
+    }
+
+    /// The model of the architecture mode: the preset's, or the pasted config's.
+    ///
+    /// # Errors
+    /// Why the pasted config cannot be used.
+    pub fn architecture(&self) -> Result<crate::Architecture, crate::ConfigError> {
+        match self.preset {
+            Some(preset) => Ok(preset.architecture()),
+            None => crate::parse_hf_config(&self.config_json),
+        }
+    }
+
+    /// The error of each planning field that does not parse, by field.
+    #[must_use]
+    pub fn plan_field_errors(&self) -> Vec<(Field, FieldError)> {
+        self.plan_inputs().err().unwrap_or_default()
+    }
+
+    /// The planning inputs (GPU, overheads, GPUs, sharding, accumulation target).
+    ///
+    /// # Errors
+    /// Every invalid planning field with its message.
+    pub fn plan_inputs(&self) -> Result<PlanInputs, Vec<(Field, FieldError)>> {
+        let mut errors = Vec::new();
+        let mut check = |field: Field, result: Result<u64, FieldError>| match result {
+            Ok(v) => Some(v),
+            Err(e) => {
+                errors.push((field, e));
+                None
+            }
+        };
+        let capacity_mib = match self.gpu {
+            Some(Gpu::Custom) => check(
+                Field::CustomCapacity,
+                parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false),
+            ),
+            Some(gpu) => gpu.capacity_mib(),
+            None => Some(0),
+        };
+        let context = check(
+            Field::CudaContext,
+            parse_count(&self.cuda_context_mib, MAX_CONTEXT_MIB, "MiB", true),
+        );
+        let reserve = check(
+            Field::AllocatorReserve,
+            parse_count(&self.allocator_reserve_percent, 1000, "percent", true),
+        );
+        let margin = check(
+            Field::SafetyMargin,
+            parse_count(&self.safety_margin_percent, 99, "percent", true),
+        );
+        let gpus = check(
+            Field::NumGpus,
+            parse_count(&self.num_gpus, MAX_GPUS, "GPUs", false),
+        );
+        let tp = check(
+            Field::TensorParallel,
+            parse_count(&self.tensor_parallel, 1024, "GPUs", false),
+        );
+        let global = if self.global_batch.trim().is_empty() {
+            Some(None)
+        } else {
+            check(
+                Field::GlobalBatch,
+                parse_count(
+                    &self.global_batch,
+                    crate::MAX_BATCH * MAX_GPUS,
+                    "samples",
+                    false,
+                ),
+            )
+            .map(Some)
+        };
+        match (capacity_mib, context, reserve, margin, gpus, tp, global) {
+            (
+                Some(cap),
+                Some(context),
+                Some(reserve),
+                Some(margin),
+                Some(gpus),
+                Some(tp),
+                Some(global),
+            ) if errors.is_empty() => Ok(PlanInputs {
+                capacity_bytes: self.gpu.map(|_| cap * crate::BYTES_PER_MIB),
+                overheads: crate::Overheads {
+                    cuda_context_bytes: context * crate::BYTES_PER_MIB,
+                    allocator_reserve_percent: reserve,
+                    safety_margin_percent: margin,
+                },
+                num_gpus: gpus,
+                sharding: self.sharding,
+                tensor_parallel: tp,
+                global_batch: global,
+            }),
+            _ => Err(errors),
+        }
     }
 
     /// The typed fields whose text does not parse, with why.
@@ -239,6 +605,13 @@ impl PageState {
         if let Err(e) = parse_activation_mb(&self.activation_mb) {
             invalid.push((Field::ActivationMb, e));
         }
+        if let Err(e) = self.parsed_seq_len() {
+            invalid.push((Field::SeqLen, e));
+        }
+        if let Err(e) = self.parsed_new_tokens() {
+            invalid.push((Field::NewTokens, e));
+        }
+        invalid.extend(self.plan_field_errors());
         invalid
     }
 
@@ -268,7 +641,14 @@ impl PageState {
                 batch,
                 activation_bytes_per_sample,
             }),
-            _ => Err(self.invalid_text_fields()),
+            (params, batch, activation) => Err([
+                (Field::Params, params.err()),
+                (Field::Batch, batch.err()),
+                (Field::ActivationMb, activation.err()),
+            ]
+            .into_iter()
+            .filter_map(|(field, error)| error.map(|e| (field, e)))
+            .collect()),
         }
     }
 }

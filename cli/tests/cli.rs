@@ -1,0 +1,139 @@
+//! Runs the built `memest` binary as a script would.
+
+use std::process::Command;
+
+fn memest(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memest"))
+        .args(args)
+        .output()
+        .expect("memest runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fixture_config(name: &str) -> String {
+    format!(
+        "{}/../core/tests/fixtures/configs/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn json_for_a_config_file() {
+    let config = fixture_config("gpt2");
+    let (code, stdout, stderr) = memest(&[
+        "--config",
+        &config,
+        "--batch",
+        "4",
+        "--seq",
+        "1024",
+        "--precision",
+        "amp-bf16",
+        "--optimizer",
+        "adamw",
+        "--attention",
+        "sdpa",
+        "--checkpointing",
+        "none",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["n_params"], 124_439_808);
+    assert_eq!(v["peak_phase"], "bwd");
+    let peak = v["peak_bytes"].as_u64().unwrap();
+    // Measured: 7,482,281,472 bytes (reference data).
+    let error = (peak as f64 - 7_482_281_472.0).abs() / 7_482_281_472.0;
+    assert!(error < 0.03, "peak {peak}");
+    let sum: u64 = v["at_peak"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, peak);
+}
+
+#[test]
+fn readable_output_and_the_verdict() {
+    let (code, stdout, _) = memest(&[
+        "--preset",
+        "llama3-8b",
+        "--precision",
+        "bf16",
+        "--gpu",
+        "h100-80",
+        "--batch",
+        "1",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("parameters        8,030,261,248"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("verdict"), "{stdout}");
+    assert!(stdout.contains("largest batch"), "{stdout}");
+}
+
+#[test]
+fn a_shared_link_evaluates_the_same() {
+    let (code, stdout, _) = memest(&[
+        "--query",
+        "p=7&pu=B&pr=fp16&o=adamw&b=8&a=512&gpu=none",
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["peak_bytes"], 102_096_000_000u64);
+}
+
+#[test]
+fn sharding_and_max_batch() {
+    let (code, stdout, _) = memest(&[
+        "--preset",
+        "llama3-8b",
+        "--gpu",
+        "a100-80",
+        "--gpus",
+        "8",
+        "--sharding",
+        "zero3",
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["per_gpu"], true);
+    assert!(v["max_batch"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn bad_arguments_fail_clearly() {
+    for args in [
+        &["--preset", "gpt5"][..],
+        &["--preset", "gpt2", "--batch", "2.5"],
+        &["--preset", "gpt2", "--precision", "fp64"],
+        &["--preset", "gpt2", "--bogus"],
+        &["--config", "/nonexistent/config.json"],
+        &["--batch"],
+        &[],
+    ] {
+        let (code, _, stderr) = memest(args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(stderr.starts_with("memest: "), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn broken_config_names_the_problem() {
+    let dir = std::env::temp_dir().join(format!("memest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::write(&path, r#"{"model_type": "mamba", "hidden_size": 8}"#).unwrap();
+    let (code, _, stderr) = memest(&["--config", path.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("mamba"), "{stderr}");
+}

@@ -1,0 +1,544 @@
+//! Everything the page (and the CLI) shows for one set of inputs, computed in one place.
+
+use std::fmt;
+
+use crate::state::{Field, Mode, PageState, PlanInputs};
+use crate::{
+    estimate_peak, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
+    simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, CategoryBytes, FitVerdict,
+    MaxBatch, Phase, PrecisionRecipe, ShardedState, SimpleInputs, SweepRow, TrainingStep,
+    MAX_BATCH,
+};
+
+/// A kind of memory in the breakdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PartKind {
+    /// Model weights.
+    Weights,
+    /// Parameter gradients.
+    Gradients,
+    /// Optimizer states (with any FP32 master copy).
+    OptimizerStates,
+    /// Activations saved for backward (or live forward tensors in inference).
+    Activations,
+    /// Module buffers and the input batch.
+    Buffers,
+    /// Short-lived buffers (loss gradients, the optimizer's temporaries).
+    Temporaries,
+    /// The KV cache of generation.
+    KvCache,
+}
+
+impl PartKind {
+    /// The `data-testid` of its line on the page, and its JSON key in the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            PartKind::Weights => "weights",
+            PartKind::Gradients => "gradients",
+            PartKind::OptimizerStates => "optimizer-states",
+            PartKind::Activations => "activations",
+            PartKind::Buffers => "buffers",
+            PartKind::Temporaries => "temporaries",
+            PartKind::KvCache => "kv-cache",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            PartKind::Weights => "Weights",
+            PartKind::Gradients => "Gradients",
+            PartKind::OptimizerStates => "Optimizer states",
+            PartKind::Activations => "Activations",
+            PartKind::Buffers => "Buffers and inputs",
+            PartKind::Temporaries => "Temporaries",
+            PartKind::KvCache => "KV cache",
+        }
+    }
+}
+
+/// The memory of one step at one batch, per GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepMemory {
+    /// What is alive at the peak, by kind.
+    pub parts: Vec<(PartKind, u64)>,
+    /// The peak (simple mode: the sum of the parts).
+    pub peak_bytes: u64,
+    /// The phase of the peak (architecture mode).
+    pub peak_phase: Option<Phase>,
+    /// Weights + gradients + optimizer states held between steps.
+    pub model_state_bytes: u64,
+    /// Activations (saved for backward, or the KV cache in inference).
+    pub activation_bytes: u64,
+}
+
+/// Why nothing can be computed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EvaluationError {
+    /// Fields whose text does not parse, with their messages.
+    Fields(Vec<(Field, String)>),
+    /// The model (pasted config) cannot be used.
+    Model(String),
+    /// The step cannot be estimated (a sequence too long, a figure too large).
+    Step(String),
+}
+
+impl fmt::Display for EvaluationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EvaluationError::Fields(fields) => {
+                let names: Vec<&str> = fields.iter().map(|(field, _)| field.label()).collect();
+                write!(
+                    f,
+                    "Fix the highlighted fields to see the figures ({}).",
+                    names.join(", ")
+                )
+            }
+            EvaluationError::Model(why) => write!(f, "The model cannot be used: {why}"),
+            EvaluationError::Step(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for EvaluationError {}
+
+/// Everything shown for one set of inputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evaluation {
+    /// The parameter count of the model.
+    pub n_params: u64,
+    /// The chosen step, per GPU.
+    pub step: StepMemory,
+    /// The batch per GPU of the chosen step.
+    pub batch: u64,
+    /// The sweep table.
+    pub sweep: Vec<SweepRow>,
+    /// Whether it fits on the chosen GPU.
+    pub verdict: Option<FitVerdict>,
+    /// The largest batch per GPU that fits on the chosen GPU.
+    pub max_batch: Option<MaxBatch>,
+    /// Micro-batch x accumulation x GPUs for the global batch, when one is asked for.
+    pub accumulation: Option<AccumulationPlan>,
+    /// Whether figures are per GPU of several (sharding or tensor parallelism).
+    pub per_gpu: bool,
+    /// The planning inputs used.
+    pub plan: PlanInputs,
+}
+
+/// A model ready to be evaluated at any batch.
+#[derive(Clone, Debug)]
+enum Model {
+    Simple(SimpleInputs),
+    Architecture {
+        arch: Architecture,
+        step: TrainingStep,
+        new_tokens: u64,
+    },
+}
+
+fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
+    EvaluationError::Fields(
+        errors
+            .into_iter()
+            .map(|(f, e)| (f, e.to_string()))
+            .collect(),
+    )
+}
+
+fn model_of(state: &PageState) -> Result<(Model, u64), EvaluationError> {
+    match state.mode {
+        Mode::Simple => {
+            let inputs = state.simple_inputs().map_err(fields_error)?;
+            Ok((Model::Simple(inputs), inputs.params))
+        }
+        Mode::Architecture => {
+            let mut errors = Vec::new();
+            let batch =
+                crate::parse_batch(&state.batch).map_err(|e| errors.push((Field::Batch, e)));
+            let seq = state
+                .parsed_seq_len()
+                .map_err(|e| errors.push((Field::SeqLen, e)));
+            let new_tokens = state
+                .parsed_new_tokens()
+                .map_err(|e| errors.push((Field::NewTokens, e)));
+            let (Ok(batch), Ok(seq_len), Ok(new_tokens)) = (batch, seq, new_tokens) else {
+                return Err(fields_error(errors));
+            };
+            let arch = state
+                .architecture()
+                .map_err(|e| EvaluationError::Model(e.to_string()))?;
+            let n_params = arch.parameter_count();
+            let step = TrainingStep {
+                batch,
+                seq_len,
+                precision: state.recipe,
+                optimizer: state.optimizer,
+                attention: state.attention,
+                checkpointing: state.checkpointing,
+            };
+            Ok((
+                Model::Architecture {
+                    arch,
+                    step,
+                    new_tokens,
+                },
+                n_params,
+            ))
+        }
+    }
+}
+
+fn batch_of(model: &Model) -> u64 {
+    match model {
+        Model::Simple(inputs) => inputs.batch,
+        Model::Architecture { step, .. } => step.batch,
+    }
+}
+
+/// Bytes of one KV-cache element: the activations' dtype.
+fn kv_element_bytes(recipe: PrecisionRecipe) -> u64 {
+    if matches!(recipe, PrecisionRecipe::Fp32) {
+        4
+    } else {
+        2
+    }
+}
+
+/// The KV cache of `batch` sequences of `tokens` tokens: K and V per layer, per KV head.
+fn kv_cache_bytes(
+    arch: &Architecture,
+    recipe: PrecisionRecipe,
+    batch: u64,
+    tokens: u64,
+) -> Option<u64> {
+    batch
+        .checked_mul(tokens)?
+        .checked_mul(arch.num_layers())?
+        .checked_mul(2)?
+        .checked_mul(arch.num_kv_heads())?
+        .checked_mul(arch.head_dim())?
+        .checked_mul(kv_element_bytes(recipe))
+}
+
+const STEP_TOO_LARGE: &str = "The memory needed is too large to count (over 18 EB).";
+
+/// The step's memory at `batch` per GPU, sharded as `plan` says.
+fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, EvaluationError> {
+    let too_large = || EvaluationError::Step(STEP_TOO_LARGE.to_owned());
+    match model {
+        Model::Simple(inputs) => {
+            let b = simple_breakdown_at_batch(inputs, batch).map_err(|_| too_large())?;
+            let state = shard_model_state(
+                ShardedState {
+                    parameter_bytes: b.weights,
+                    gradient_bytes: b.gradients,
+                    optimizer_state_bytes: b.optimizer_states,
+                },
+                plan.sharding,
+                plan.num_gpus,
+                0,
+            );
+            let peak_bytes = state
+                .total()
+                .checked_add(b.activations)
+                .ok_or_else(too_large)?;
+            Ok(StepMemory {
+                parts: vec![
+                    (PartKind::Weights, state.parameter_bytes),
+                    (PartKind::Gradients, state.gradient_bytes),
+                    (PartKind::OptimizerStates, state.optimizer_state_bytes),
+                    (PartKind::Activations, b.activations),
+                ],
+                peak_bytes,
+                peak_phase: None,
+                model_state_bytes: state.total(),
+                activation_bytes: b.activations,
+            })
+        }
+        Model::Architecture {
+            arch,
+            step,
+            new_tokens,
+        } => {
+            let step = TrainingStep { batch, ..*step };
+            let estimate = estimate_peak(arch, &step)
+                .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
+            let tp = plan.tensor_parallel.max(1);
+            let n = plan.num_gpus.max(1);
+            let whole_params = estimate
+                .phase_peaks
+                .first()
+                .map_or(estimate.at_peak.parameters, |(_, c)| c.parameters);
+            let gathered = u128::from(whole_params)
+                * u128::from(arch.largest_layer_parameter_count())
+                / u128::from(estimate.n_params.max(1));
+            let gathered = u64::try_from(gathered).unwrap_or(u64::MAX) / tp;
+            let opt_sharded = plan.sharding.shards_optimizer_states() && n > 1;
+            let kv = if step.optimizer.trains() || *new_tokens == 0 || arch.is_vision() {
+                0
+            } else {
+                let tokens = step
+                    .seq_len
+                    .checked_add(*new_tokens)
+                    .ok_or_else(too_large)?;
+                kv_cache_bytes(arch, step.precision, batch, tokens).ok_or_else(too_large)? / tp
+            };
+            let mut best: Option<(Phase, CategoryBytes, u64)> = None;
+            for (phase, c) in &estimate.phase_peaks {
+                let state = shard_model_state(
+                    ShardedState {
+                        parameter_bytes: c.parameters / tp,
+                        gradient_bytes: c.gradients / tp,
+                        optimizer_state_bytes: c.optimizer_states / tp,
+                    },
+                    plan.sharding,
+                    n,
+                    gathered,
+                );
+                // The optimizer step's temporaries are parameter-sized: they shard with the
+                // optimizer states.
+                let temporaries = if *phase == Phase::OptimizerStep && opt_sharded {
+                    (c.temporaries / tp).div_ceil(n)
+                } else {
+                    c.temporaries / tp
+                };
+                let sharded = CategoryBytes {
+                    parameters: state.parameter_bytes,
+                    gradients: state.gradient_bytes,
+                    optimizer_states: state.optimizer_state_bytes,
+                    activations: c.activations / tp,
+                    temporaries,
+                    buffers: c.buffers,
+                };
+                let total = sharded
+                    .total()
+                    .and_then(|t| t.checked_add(if *phase == Phase::Forward { kv } else { 0 }))
+                    .ok_or_else(too_large)?;
+                if best.as_ref().is_none_or(|(_, _, t)| total > *t) {
+                    best = Some((*phase, sharded, total));
+                }
+            }
+            let (phase, c, peak_bytes) = best.ok_or_else(too_large)?;
+            let mut parts = vec![
+                (PartKind::Weights, c.parameters),
+                (PartKind::Gradients, c.gradients),
+                (PartKind::OptimizerStates, c.optimizer_states),
+                (PartKind::Activations, c.activations),
+                (PartKind::Temporaries, c.temporaries),
+                (PartKind::Buffers, c.buffers),
+            ];
+            let kv_at_peak = if phase == Phase::Forward { kv } else { 0 };
+            if kv_at_peak > 0 {
+                parts.push((PartKind::KvCache, kv_at_peak));
+            }
+            let model_state = shard_model_state(
+                ShardedState {
+                    parameter_bytes: whole_params / tp,
+                    gradient_bytes: if step.optimizer.trains() {
+                        estimate
+                            .phase_peaks
+                            .iter()
+                            .map(|(_, c)| c.gradients)
+                            .max()
+                            .unwrap_or(0)
+                            / tp
+                    } else {
+                        0
+                    },
+                    optimizer_state_bytes: estimate
+                        .phase_peaks
+                        .iter()
+                        .map(|(_, c)| c.optimizer_states)
+                        .min()
+                        .unwrap_or(0)
+                        / tp,
+                },
+                plan.sharding,
+                n,
+                gathered,
+            );
+            let activation_bytes = if step.optimizer.trains() {
+                estimate.saved_activation_bytes / tp
+            } else {
+                kv.max(c.activations)
+            };
+            Ok(StepMemory {
+                parts,
+                peak_bytes,
+                peak_phase: Some(phase),
+                model_state_bytes: model_state.total(),
+                activation_bytes,
+            })
+        }
+    }
+}
+
+fn capitalise(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => {
+            let mut out: String = first.to_uppercase().collect();
+            out.push_str(chars.as_str());
+            if !out.ends_with('.') {
+                out.push('.');
+            }
+            out
+        }
+        None => String::new(),
+    }
+}
+
+/// Evaluates every figure the page shows for `state`.
+///
+/// # Errors
+/// What keeps the figures from being computed: invalid fields, an unusable model, or a
+/// step that cannot be estimated.
+pub fn evaluate(state: &PageState) -> Result<Evaluation, EvaluationError> {
+    let plan = state.plan_inputs().map_err(fields_error);
+    let model = model_of(state);
+    let (plan, (model, n_params)) = match (plan, model) {
+        (Ok(plan), Ok(model)) => (plan, model),
+        (Err(EvaluationError::Fields(mut a)), Err(EvaluationError::Fields(b))) => {
+            a.extend(b);
+            return Err(EvaluationError::Fields(a));
+        }
+        (Err(e), _) | (_, Err(e)) => return Err(e),
+    };
+    let batch = batch_of(&model);
+    let step = step_at(&model, &plan, batch)?;
+    let capacity = plan.capacity_bytes;
+    let sweep_rows = sweep(batch, MAX_BATCH, |b| {
+        step_at(&model, &plan, b).map(|s| SweepRow {
+            batch: b,
+            model_state_bytes: s.model_state_bytes,
+            activation_bytes: s.activation_bytes,
+            total_bytes: s.peak_bytes,
+            is_selected: false,
+            fits: capacity.map(|c| fit_verdict(s.peak_bytes, c, &plan.overheads).fits()),
+        })
+    });
+    let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &plan.overheads));
+    let max_batch = match capacity {
+        Some(c) => Some(max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
+            step_at(&model, &plan, b).map(|s| s.peak_bytes)
+        })?),
+        None => None,
+    };
+    let accumulation = match (plan.global_batch, max_batch) {
+        (Some(target), Some(MaxBatch::Fits(max_micro))) => {
+            plan_accumulation(target, max_micro, plan.num_gpus)
+        }
+        _ => None,
+    };
+    Ok(Evaluation {
+        n_params,
+        step,
+        batch,
+        sweep: sweep_rows,
+        verdict,
+        max_batch,
+        accumulation,
+        per_gpu: plan.num_gpus > 1 || plan.tensor_parallel > 1,
+        plan,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode_query, Gpu};
+    use proptest::prelude::*;
+
+    #[test]
+    fn simple_default_is_the_issue_example() {
+        let state = PageState {
+            gpu: None,
+            ..PageState::default()
+        };
+        let e = evaluate(&state).unwrap();
+        assert_eq!(e.step.peak_bytes, 102_096_000_000);
+        assert_eq!(e.step.parts[0], (PartKind::Weights, 14_000_000_000));
+        assert_eq!(e.sweep.len(), 7);
+        assert!(e.verdict.is_none());
+    }
+
+    #[test]
+    fn max_batch_matches_the_verdict_of_the_sweep() {
+        let state = decode_query("p=1&pu=B&b=8&a=2000&gpu=a100-80").state;
+        let e = evaluate(&state).unwrap();
+        let Some(MaxBatch::Fits(max)) = e.max_batch else {
+            panic!("{:?}", e.max_batch)
+        };
+        let at = |b: u64| {
+            let s = PageState {
+                batch: b.to_string(),
+                ..state.clone()
+            };
+            evaluate(&s).unwrap().verdict.unwrap().fits()
+        };
+        assert!(at(max));
+        assert!(!at(max + 1));
+        for row in e.sweep {
+            assert_eq!(row.fits, Some(row.batch <= max));
+        }
+    }
+
+    #[test]
+    fn seventy_b_does_not_fit_one_gpu() {
+        let state = decode_query("m=arch&model=llama3-70b&b=1&s=2048&gpu=h100-80").state;
+        let e = evaluate(&state).unwrap();
+        assert!(matches!(e.max_batch, Some(MaxBatch::NoneFits(_))));
+        assert!(!e.verdict.unwrap().fits());
+    }
+
+    #[test]
+    fn sharding_divides_per_gpu_memory() {
+        let one =
+            evaluate(&decode_query("m=arch&model=llama3-8b&b=1&s=2048&gpu=h100-80").state).unwrap();
+        let mut last = u64::MAX;
+        for shard in ["ddp", "zero1", "zero2", "zero3"] {
+            let q = format!("m=arch&model=llama3-8b&b=1&s=2048&gpu=h100-80&n=8&shard={shard}");
+            let e = evaluate(&decode_query(&q).state).unwrap();
+            assert!(e.step.peak_bytes <= last, "{shard}");
+            assert!(e.per_gpu);
+            last = e.step.peak_bytes;
+        }
+        assert!(last < one.step.peak_bytes / 2);
+    }
+
+    #[test]
+    fn kv_cache_counts_grouped_query_heads() {
+        let base = "m=arch&model=llama3-8b&o=none&r=bf16&b=4&s=1024";
+        let without = evaluate(&decode_query(base).state).unwrap();
+        let with = evaluate(&decode_query(&format!("{base}&gen=1024")).state).unwrap();
+        let kv = with
+            .step
+            .parts
+            .iter()
+            .find(|(k, _)| *k == PartKind::KvCache)
+            .map(|(_, b)| *b)
+            .unwrap();
+        // 4 x 2048 tokens x 32 layers x 2 x 8 KV heads x 128 x 2 bytes.
+        assert_eq!(kv, 4 * 2048 * 32 * 2 * 8 * 128 * 2);
+        assert!(with.step.peak_bytes > without.step.peak_bytes);
+    }
+
+    #[test]
+    fn custom_gpu_and_accumulation() {
+        let state = decode_query("p=1&pu=B&b=8&a=1000&gpu=custom&cap=40000&n=4&gb=1024").state;
+        let e = evaluate(&state).unwrap();
+        let plan = e.accumulation.unwrap();
+        assert!(plan.global_batch() >= 1024);
+        assert_eq!(plan.num_gpus, 4);
+        assert_eq!(Gpu::from_key("custom"), Some(Gpu::Custom));
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_any_link(query in "[a-z]{1,6}=[-0-9a-z.%]{0,12}(&[a-z]{1,6}=[-0-9a-z.%]{0,12}){0,8}") {
+            let _ = evaluate(&decode_query(&query).state);
+        }
+    }
+}

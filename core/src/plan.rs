@@ -1,0 +1,571 @@
+//! Planning for real hardware: GPUs, overheads, the fit verdict, the largest batch that
+//! fits, gradient accumulation and sharding across several GPUs.
+
+use std::fmt;
+
+/// Bytes in one MiB (2^20), the unit nvidia-smi reports capacities in.
+pub const BYTES_PER_MIB: u64 = 1 << 20;
+
+/// A GPU with the total memory nvidia-smi reports for it, or a custom capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gpu {
+    /// GeForce RTX 3090, 24 GB.
+    Rtx3090,
+    /// GeForce RTX 4090, 24 GB.
+    Rtx4090,
+    /// GeForce RTX 5090, 32 GB.
+    Rtx5090,
+    /// A10G, 24 GB (AWS g5).
+    A10g,
+    /// L4, 24 GB.
+    L4,
+    /// L40S, 48 GB.
+    L40s,
+    /// T4, 16 GB.
+    T4,
+    /// V100 16 GB.
+    V100_16,
+    /// V100 32 GB.
+    V100_32,
+    /// A100 40 GB.
+    A100_40,
+    /// A100 80 GB.
+    A100_80,
+    /// H100 80 GB.
+    H100_80,
+    /// H200, 141 GB.
+    H200,
+    /// B200, 180 GB.
+    B200,
+    /// AMD Instinct MI300X, 192 GB.
+    Mi300x,
+    /// A capacity typed in by the person.
+    Custom,
+}
+
+impl Gpu {
+    /// Every GPU, in the order the page lists them.
+    pub const ALL: [Gpu; 16] = [
+        Gpu::Rtx3090,
+        Gpu::Rtx4090,
+        Gpu::Rtx5090,
+        Gpu::A10g,
+        Gpu::L4,
+        Gpu::L40s,
+        Gpu::T4,
+        Gpu::V100_16,
+        Gpu::V100_32,
+        Gpu::A100_40,
+        Gpu::A100_80,
+        Gpu::H100_80,
+        Gpu::H200,
+        Gpu::B200,
+        Gpu::Mi300x,
+        Gpu::Custom,
+    ];
+
+    /// Total memory as nvidia-smi (or rocm-smi) reports it, in MiB; `None` for a custom GPU.
+    #[must_use]
+    pub const fn capacity_mib(self) -> Option<u64> {
+        Some(match self {
+            Gpu::Rtx3090 => 24_576,
+            Gpu::Rtx4090 => 24_564,
+            Gpu::Rtx5090 => 32_607,
+            Gpu::A10g => 23_028,
+            Gpu::L4 => 23_034,
+            Gpu::L40s => 46_068,
+            Gpu::T4 => 15_360,
+            Gpu::V100_16 => 16_160,
+            Gpu::V100_32 => 32_510,
+            Gpu::A100_40 => 40_960,
+            Gpu::A100_80 => 81_920,
+            Gpu::H100_80 => 81_559,
+            Gpu::H200 => 143_771,
+            Gpu::B200 => 183_359,
+            Gpu::Mi300x => 196_288,
+            Gpu::Custom => return None,
+        })
+    }
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Gpu::Rtx3090 => "rtx3090",
+            Gpu::Rtx4090 => "rtx4090",
+            Gpu::Rtx5090 => "rtx5090",
+            Gpu::A10g => "a10g",
+            Gpu::L4 => "l4",
+            Gpu::L40s => "l40s",
+            Gpu::T4 => "t4",
+            Gpu::V100_16 => "v100-16",
+            Gpu::V100_32 => "v100-32",
+            Gpu::A100_40 => "a100-40",
+            Gpu::A100_80 => "a100-80",
+            Gpu::H100_80 => "h100-80",
+            Gpu::H200 => "h200",
+            Gpu::B200 => "b200",
+            Gpu::Mi300x => "mi300x",
+            Gpu::Custom => "custom",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Gpu::Rtx3090 => "RTX 3090 (24,576 MiB)",
+            Gpu::Rtx4090 => "RTX 4090 (24,564 MiB)",
+            Gpu::Rtx5090 => "RTX 5090 (32,607 MiB)",
+            Gpu::A10g => "A10G (23,028 MiB)",
+            Gpu::L4 => "L4 (23,034 MiB)",
+            Gpu::L40s => "L40S (46,068 MiB)",
+            Gpu::T4 => "T4 (15,360 MiB)",
+            Gpu::V100_16 => "V100 16 GB (16,160 MiB)",
+            Gpu::V100_32 => "V100 32 GB (32,510 MiB)",
+            Gpu::A100_40 => "A100 40 GB (40,960 MiB)",
+            Gpu::A100_80 => "A100 80 GB (81,920 MiB)",
+            Gpu::H100_80 => "H100 80 GB (81,559 MiB)",
+            Gpu::H200 => "H200 (143,771 MiB)",
+            Gpu::B200 => "B200 (183,359 MiB)",
+            Gpu::Mi300x => "MI300X (196,288 MiB)",
+            Gpu::Custom => "Custom capacity",
+        }
+    }
+
+    /// The GPU whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|g| g.key() == key)
+    }
+}
+
+/// What the GPU needs beyond the tensors PyTorch counts, and how much to hold back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overheads {
+    /// The CUDA context and kernels loaded on the device.
+    pub cuda_context_bytes: u64,
+    /// What the caching allocator reserves beyond live tensors, in percent of the peak.
+    pub allocator_reserve_percent: u64,
+    /// Capacity held back for safety, in percent of the GPU's capacity.
+    pub safety_margin_percent: u64,
+}
+
+impl Default for Overheads {
+    fn default() -> Self {
+        Self {
+            cuda_context_bytes: 500 * BYTES_PER_MIB,
+            allocator_reserve_percent: 5,
+            safety_margin_percent: 15,
+        }
+    }
+}
+
+/// The memory a step needs on the device, and what the device offers, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FitVerdict {
+    /// The peak of the tensors (what `max_memory_allocated` reports).
+    pub peak_bytes: u64,
+    /// The allocator's reserve beyond the peak.
+    pub allocator_reserve_bytes: u64,
+    /// The CUDA context.
+    pub cuda_context_bytes: u64,
+    /// Peak + reserve + context.
+    pub needed_bytes: u64,
+    /// The GPU's capacity.
+    pub capacity_bytes: u64,
+    /// The part of the capacity held back as a safety margin.
+    pub safety_margin_bytes: u64,
+    /// Capacity less the safety margin: what `needed_bytes` must stay under.
+    pub usable_bytes: u64,
+}
+
+impl FitVerdict {
+    /// Whether the step fits.
+    #[must_use]
+    pub const fn fits(&self) -> bool {
+        self.needed_bytes <= self.usable_bytes
+    }
+
+    /// Bytes left when it fits.
+    #[must_use]
+    pub const fn bytes_left(&self) -> u64 {
+        self.usable_bytes.saturating_sub(self.needed_bytes)
+    }
+
+    /// Bytes missing when it does not fit.
+    #[must_use]
+    pub const fn bytes_missing(&self) -> u64 {
+        self.needed_bytes.saturating_sub(self.usable_bytes)
+    }
+}
+
+fn percent_of(bytes: u64, percent: u64) -> u64 {
+    let value = u128::from(bytes) * u128::from(percent) / 100;
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+/// Whether a step of `peak_bytes` fits on a GPU of `capacity_bytes` with `overheads`.
+#[must_use]
+pub fn fit_verdict(peak_bytes: u64, capacity_bytes: u64, overheads: &Overheads) -> FitVerdict {
+    let allocator_reserve_bytes = percent_of(peak_bytes, overheads.allocator_reserve_percent);
+    let needed_bytes = peak_bytes
+        .saturating_add(allocator_reserve_bytes)
+        .saturating_add(overheads.cuda_context_bytes);
+    let safety_margin_bytes = percent_of(capacity_bytes, overheads.safety_margin_percent.min(100));
+    FitVerdict {
+        peak_bytes,
+        allocator_reserve_bytes,
+        cuda_context_bytes: overheads.cuda_context_bytes,
+        needed_bytes,
+        capacity_bytes,
+        safety_margin_bytes,
+        usable_bytes: capacity_bytes - safety_margin_bytes,
+    }
+}
+
+/// The largest batch whose peak still fits, or why none does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxBatch {
+    /// This batch fits and the next one does not (or it is the largest batch allowed).
+    Fits(u64),
+    /// Even batch 1 does not fit: its verdict says by how much.
+    NoneFits(FitVerdict),
+}
+
+/// Searches the largest batch in `1..=max_batch` whose peak fits, evaluating `peak_at`
+/// (batch to peak bytes) with the same model the breakdown uses.
+///
+/// The peak grows with the batch, so an exponential then a binary search finds it in
+/// O(log max_batch) evaluations. A batch whose estimate fails (too large to count) does
+/// not fit.
+///
+/// # Errors
+/// The estimate's error when even batch 1 cannot be counted.
+pub fn max_batch_that_fits<E>(
+    max_batch: u64,
+    capacity_bytes: u64,
+    overheads: &Overheads,
+    mut peak_at: impl FnMut(u64) -> Result<u64, E>,
+) -> Result<MaxBatch, E> {
+    let first = fit_verdict(peak_at(1)?, capacity_bytes, overheads);
+    if !first.fits() {
+        return Ok(MaxBatch::NoneFits(first));
+    }
+    let mut fits = |batch: u64| {
+        peak_at(batch).is_ok_and(|peak| fit_verdict(peak, capacity_bytes, overheads).fits())
+    };
+    let max_batch = max_batch.max(1);
+    let mut good = 1u64;
+    let mut bad = None;
+    while bad.is_none() && good < max_batch {
+        let probe = good.saturating_mul(2).min(max_batch);
+        if fits(probe) {
+            good = probe;
+        } else {
+            bad = Some(probe);
+        }
+    }
+    if let Some(mut bad) = bad {
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            if fits(mid) {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    Ok(MaxBatch::Fits(good))
+}
+
+/// Micro-batch per GPU x accumulation steps x GPUs for a global batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AccumulationPlan {
+    /// Samples each GPU processes per forward/backward pass.
+    pub micro_batch: u64,
+    /// Forward/backward passes per optimizer step.
+    pub accumulation_steps: u64,
+    /// Data-parallel GPUs.
+    pub num_gpus: u64,
+}
+
+impl AccumulationPlan {
+    /// Samples per optimizer step: micro-batch x steps x GPUs.
+    #[must_use]
+    pub const fn global_batch(&self) -> u64 {
+        self.micro_batch
+            .saturating_mul(self.accumulation_steps)
+            .saturating_mul(self.num_gpus)
+    }
+}
+
+/// The plan reaching at least `target_global_batch` with the fewest accumulation steps,
+/// using micro-batches no larger than `max_micro_batch`, balanced so that the global batch
+/// overshoots the target as little as possible. `None` when not even a micro-batch of 1 fits.
+#[must_use]
+pub fn plan_accumulation(
+    target_global_batch: u64,
+    max_micro_batch: u64,
+    num_gpus: u64,
+) -> Option<AccumulationPlan> {
+    if max_micro_batch == 0 || num_gpus == 0 || target_global_batch == 0 {
+        return None;
+    }
+    let per_gpu = target_global_batch.div_ceil(num_gpus);
+    let accumulation_steps = per_gpu.div_ceil(max_micro_batch);
+    let micro_batch = per_gpu.div_ceil(accumulation_steps);
+    Some(AccumulationPlan {
+        micro_batch,
+        accumulation_steps,
+        num_gpus,
+    })
+}
+
+/// How model state is spread over data-parallel GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Sharding {
+    /// Plain data parallel (DDP): every GPU holds everything.
+    #[default]
+    Ddp,
+    /// ZeRO-1: optimizer states sharded.
+    Zero1,
+    /// ZeRO-2: optimizer states and gradients sharded.
+    Zero2,
+    /// ZeRO-3 / FSDP full shard: parameters too, the largest layer gathered at a time.
+    Zero3,
+}
+
+impl Sharding {
+    /// Every strategy, in the order the page lists them.
+    pub const ALL: [Sharding; 4] = [
+        Sharding::Ddp,
+        Sharding::Zero1,
+        Sharding::Zero2,
+        Sharding::Zero3,
+    ];
+
+    /// Whether the optimizer states are split across GPUs.
+    #[must_use]
+    pub const fn shards_optimizer_states(self) -> bool {
+        !matches!(self, Sharding::Ddp)
+    }
+
+    /// Whether the gradients are split across GPUs.
+    #[must_use]
+    pub const fn shards_gradients(self) -> bool {
+        matches!(self, Sharding::Zero2 | Sharding::Zero3)
+    }
+
+    /// Whether the parameters are split across GPUs.
+    #[must_use]
+    pub const fn shards_parameters(self) -> bool {
+        matches!(self, Sharding::Zero3)
+    }
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Sharding::Ddp => "ddp",
+            Sharding::Zero1 => "zero1",
+            Sharding::Zero2 => "zero2",
+            Sharding::Zero3 => "zero3",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Sharding::Ddp => "Data parallel (DDP)",
+            Sharding::Zero1 => "ZeRO-1 (optimizer states sharded)",
+            Sharding::Zero2 => "ZeRO-2 (+ gradients)",
+            Sharding::Zero3 => "ZeRO-3 / FSDP full shard (+ parameters)",
+        }
+    }
+
+    /// The strategy whose [`key`](Self::key) is `key` (`fsdp` is read as ZeRO-3).
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        if key == "fsdp" {
+            return Some(Sharding::Zero3);
+        }
+        Self::ALL.into_iter().find(|s| s.key() == key)
+    }
+}
+
+/// Model-state bytes on each GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ShardedState {
+    /// Parameters held (a shard plus, under ZeRO-3, the gathered largest layer).
+    pub parameter_bytes: u64,
+    /// Gradients held.
+    pub gradient_bytes: u64,
+    /// Optimizer states held (with any FP32 master copy).
+    pub optimizer_state_bytes: u64,
+}
+
+impl ShardedState {
+    /// Parameters + gradients + optimizer states.
+    #[must_use]
+    pub const fn total(&self) -> u64 {
+        self.parameter_bytes
+            .saturating_add(self.gradient_bytes)
+            .saturating_add(self.optimizer_state_bytes)
+    }
+}
+
+/// Splits the whole model's state over `num_gpus` GPUs with `sharding`.
+///
+/// `gathered_parameter_bytes` is what ZeRO-3 gathers at a time (the largest layer); it is
+/// added to each GPU's shard, never exceeding the whole model.
+#[must_use]
+pub fn shard_model_state(
+    whole: ShardedState,
+    sharding: Sharding,
+    num_gpus: u64,
+    gathered_parameter_bytes: u64,
+) -> ShardedState {
+    let n = num_gpus.max(1);
+    let split = |bytes: u64, sharded: bool| if sharded { bytes.div_ceil(n) } else { bytes };
+    let parameter_bytes = if sharding.shards_parameters() && n > 1 {
+        split(whole.parameter_bytes, true)
+            .saturating_add(gathered_parameter_bytes)
+            .min(whole.parameter_bytes)
+    } else {
+        whole.parameter_bytes
+    };
+    ShardedState {
+        parameter_bytes,
+        gradient_bytes: split(whole.gradient_bytes, sharding.shards_gradients()),
+        optimizer_state_bytes: split(
+            whole.optimizer_state_bytes,
+            sharding.shards_optimizer_states(),
+        ),
+    }
+}
+
+impl fmt::Display for Sharding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn zero_paper_example() {
+        // 7.5 B parameters, mixed precision with AdamW: 2 + 2 + 12 bytes per parameter.
+        let p: u64 = 7_500_000_000;
+        let whole = ShardedState {
+            parameter_bytes: 2 * p,
+            gradient_bytes: 2 * p,
+            optimizer_state_bytes: 12 * p,
+        };
+        let gb = |s: ShardedState| (s.total() as f64 / 1e9 * 10.0).round() / 10.0;
+        assert_eq!(gb(shard_model_state(whole, Sharding::Ddp, 64, 0)), 120.0);
+        assert_eq!(gb(shard_model_state(whole, Sharding::Zero1, 64, 0)), 31.4);
+        assert_eq!(gb(shard_model_state(whole, Sharding::Zero2, 64, 0)), 16.6);
+        assert_eq!(gb(shard_model_state(whole, Sharding::Zero3, 64, 0)), 1.9);
+    }
+
+    #[test]
+    fn gpu_capacities() {
+        assert_eq!(Gpu::H100_80.capacity_mib(), Some(81_559));
+        assert_eq!(Gpu::Custom.capacity_mib(), None);
+        for gpu in Gpu::ALL {
+            assert_eq!(Gpu::from_key(gpu.key()), Some(gpu));
+        }
+        for s in Sharding::ALL {
+            assert_eq!(Sharding::from_key(s.key()), Some(s));
+        }
+    }
+
+    #[test]
+    fn verdict_counts_every_overhead() {
+        let o = Overheads::default();
+        let v = fit_verdict(10_000_000_000, 16_000 * BYTES_PER_MIB, &o);
+        assert_eq!(v.allocator_reserve_bytes, 500_000_000);
+        assert_eq!(v.needed_bytes, 10_500_000_000 + 500 * BYTES_PER_MIB);
+        assert_eq!(v.usable_bytes, 16_000 * BYTES_PER_MIB * 85 / 100);
+        assert!(v.fits());
+        assert_eq!(v.bytes_left(), v.usable_bytes - v.needed_bytes);
+        let v = fit_verdict(20_000_000_000, 16_000 * BYTES_PER_MIB, &o);
+        assert!(!v.fits());
+        assert_eq!(v.bytes_missing(), v.needed_bytes - v.usable_bytes);
+    }
+
+    #[track_caller]
+    fn plan(target: u64, max_micro: u64, gpus: u64, expected: (u64, u64)) {
+        let p = plan_accumulation(target, max_micro, gpus).unwrap();
+        assert_eq!(
+            (p.micro_batch, p.accumulation_steps),
+            expected,
+            "{target} on {gpus} GPUs, micro <= {max_micro}"
+        );
+        assert!(p.global_batch() >= target);
+        assert!(p.micro_batch <= max_micro);
+    }
+
+    #[test]
+    fn accumulation_plans() {
+        plan(256, 16, 8, (16, 2));
+        plan(256, 24, 8, (16, 2));
+        plan(100, 7, 1, (7, 15));
+        plan(8, 64, 1, (8, 1));
+        plan(1000, 3, 7, (3, 48));
+        assert_eq!(plan_accumulation(8, 0, 1), None);
+    }
+
+    proptest! {
+        #[test]
+        fn largest_batch_fits_and_one_more_does_not(
+            fixed in 0u64..100_000_000_000,
+            per_sample in 1u64..10_000_000_000,
+            capacity_mib in 1_000u64..200_000,
+            margin in 0u64..50,
+        ) {
+            let overheads = Overheads { safety_margin_percent: margin, ..Overheads::default() };
+            let capacity = capacity_mib * BYTES_PER_MIB;
+            let peak = |b: u64| fixed.checked_add(b.checked_mul(per_sample).ok_or(())?).ok_or(());
+            match max_batch_that_fits(1 << 24, capacity, &overheads, peak).unwrap() {
+                MaxBatch::Fits(b) => {
+                    prop_assert!(fit_verdict(peak(b).unwrap(), capacity, &overheads).fits());
+                    if b < 1 << 24 {
+                        let next = peak(b + 1).map(|p| fit_verdict(p, capacity, &overheads).fits());
+                        prop_assert_ne!(next, Ok(true));
+                    }
+                }
+                MaxBatch::NoneFits(v) => prop_assert!(!v.fits()),
+            }
+        }
+
+        #[test]
+        fn zero_stages_never_increase_memory(
+            p in 1u64..1_000_000_000_000, g in 0u64..1_000_000_000_000, o in 0u64..10_000_000_000_000,
+            gpus in 1u64..1024, gathered_share in 0u64..100,
+        ) {
+            let whole = ShardedState { parameter_bytes: p, gradient_bytes: g, optimizer_state_bytes: o };
+            let gathered = p / 100 * gathered_share;
+            let totals: Vec<u64> = Sharding::ALL
+                .iter()
+                .map(|&s| shard_model_state(whole, s, gpus, gathered).total())
+                .collect();
+            prop_assert!(totals.windows(2).all(|w| w[1] <= w[0]), "{totals:?}");
+            prop_assert_eq!(totals[0], whole.total());
+        }
+
+        #[test]
+        fn plans_reach_the_target(target in 1u64..1_000_000, max_micro in 1u64..10_000, gpus in 1u64..512) {
+            let p = plan_accumulation(target, max_micro, gpus).unwrap();
+            prop_assert!(p.global_batch() >= target);
+            prop_assert!(p.micro_batch <= max_micro && p.micro_batch >= 1);
+            // No fewer steps would do.
+            prop_assert!((p.accumulation_steps - 1) * max_micro * gpus < target);
+        }
+    }
+}
