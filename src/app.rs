@@ -1,15 +1,17 @@
-//! The page: the inputs as one signal, the figures as memos over the core crate.
+//! The page: the inputs as one signal, everything shown as memos over the core crate.
 
 use estimator_core::{
-    decode_query, encode_query, format_bytes, parse_activation_mb, parse_batch, parse_params,
-    simple_breakdown, simple_breakdown_at_batch, sweep, ByteUnit, Decoded, Optimizer, PageState,
-    ParamUnit, Precision, SweepRow, MAX_BATCH, SIMPLE_OPTIMIZERS,
+    decode_query, encode_query, evaluate, format_bytes, group_thousands, largest_peak_that_fits,
+    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Mode, Optimizer,
+    ParamUnit, Precision, PrecisionRecipe, Preset, Sharding, SweepRow, CUSTOM_MODEL_KEY,
+    SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
 use crate::browser;
 use crate::components::{
-    BreakdownCard, BreakdownPart, Explanations, Notices, NumberField, SelectField, SweepTable,
+    BreakdownCard, BreakdownPart, ConfigInput, Explanations, MemoryChart, Notices, NumberField,
+    SelectField, SweepTable, VerdictCard,
 };
 
 /// The inputs the page opens with: the URL's if it has any, else the saved ones, else the
@@ -35,6 +37,15 @@ fn initial_state() -> Decoded {
     }
 }
 
+/// `(key, label)` pairs of a choice enum, for a [`SelectField`].
+fn options<T: Copy>(
+    all: &[T],
+    key: fn(T) -> &'static str,
+    label: fn(T) -> &'static str,
+) -> Vec<(&'static str, &'static str)> {
+    all.iter().map(|&v| (key(v), label(v))).collect()
+}
+
 /// The whole estimator page.
 #[component]
 pub fn App() -> impl IntoView {
@@ -43,70 +54,71 @@ pub fn App() -> impl IntoView {
     let notices = RwSignal::new(notices);
 
     let unit = Memo::new(move |_| state.with(|s| s.byte_unit));
-    let params_error = Memo::new(move |_| {
+    let mode = Memo::new(move |_| state.with(|s| s.mode));
+    let field_errors = Memo::new(move |_| {
         state.with(|s| {
-            parse_params(&s.params, s.params_unit)
-                .err()
-                .map(|e| e.to_string())
+            s.invalid_text_fields()
+                .into_iter()
+                .map(|(f, e)| (f, e.to_string()))
+                .collect::<Vec<_>>()
         })
     });
-    let batch_error =
-        Memo::new(move |_| state.with(|s| parse_batch(&s.batch).err().map(|e| e.to_string())));
-    let activation_error = Memo::new(move |_| {
-        state.with(|s| {
-            parse_activation_mb(&s.activation_mb)
-                .err()
-                .map(|e| e.to_string())
+    let config_error = Memo::new(move |_| {
+        state.with(|s| match s.preset {
+            Some(_) => None,
+            None if s.config_json.trim().is_empty() => {
+                Some("Paste a config.json, upload one, or pick a preset.".to_owned())
+            }
+            None => s.architecture().err().map(|e| e.to_string()),
         })
     });
-    let inputs = Memo::new(move |_| state.with(|s| s.simple_inputs().ok()));
-    let breakdown = Memo::new(move |_| inputs.get().map(|i| simple_breakdown(&i)));
-    let sweep_rows = Memo::new(move |_| -> Vec<SweepRow> {
-        let Some(inputs) = inputs.get() else {
-            return Vec::new();
-        };
-        sweep(inputs.batch, MAX_BATCH, |batch| {
-            simple_breakdown_at_batch(&inputs, batch).map(|b| SweepRow {
-                batch,
-                model_state_bytes: b.model_state_bytes(),
-                activation_bytes: b.activations,
-                total_bytes: b.total,
-                is_selected: false,
-                fits: None,
+    let evaluation = Memo::new(move |_| state.with(evaluate));
+    let evaluated = Signal::derive(move || evaluation.get().ok());
+
+    let sweep_rows = Signal::derive(move || -> Vec<SweepRow> {
+        evaluation.with(|e| e.as_ref().map(|e| e.sweep.clone()).unwrap_or_default())
+    });
+    let parts = Signal::derive(move || {
+        evaluation.with(|e| {
+            e.as_ref().ok().map(|e: &Evaluation| {
+                e.step
+                    .parts
+                    .iter()
+                    .filter(|(kind, bytes)| {
+                        *bytes > 0
+                            || matches!(
+                                kind,
+                                estimator_core::PartKind::Weights
+                                    | estimator_core::PartKind::Gradients
+                                    | estimator_core::PartKind::OptimizerStates
+                                    | estimator_core::PartKind::Activations
+                            )
+                    })
+                    .map(|(kind, bytes)| BreakdownPart {
+                        testid: kind.key(),
+                        label: kind.label(),
+                        bytes: *bytes,
+                    })
+                    .collect()
             })
         })
     });
-
-    let parts = Signal::derive(move || {
-        breakdown.get().and_then(Result::ok).map(|b| {
-            vec![
-                BreakdownPart {
-                    testid: "weights",
-                    label: "Weights",
-                    bytes: b.weights,
-                },
-                BreakdownPart {
-                    testid: "gradients",
-                    label: "Gradients",
-                    bytes: b.gradients,
-                },
-                BreakdownPart {
-                    testid: "optimizer-states",
-                    label: "Optimizer states",
-                    bytes: b.optimizer_states,
-                },
-                BreakdownPart {
-                    testid: "activations",
-                    label: "Activations",
-                    bytes: b.activations,
-                },
-            ]
-        })
+    let total =
+        Signal::derive(move || evaluation.with(|e| e.as_ref().ok().map(|e| e.step.peak_bytes)));
+    let problem =
+        Signal::derive(move || evaluation.with(|e| e.as_ref().err().map(ToString::to_string)));
+    let total_label = Signal::derive(move || match mode.get() {
+        Mode::Simple => "Total",
+        Mode::Architecture => "Peak",
     });
-    let total = Signal::derive(move || breakdown.get().and_then(Result::ok).map(|b| b.total));
-    let problem = Signal::derive(move || match breakdown.get() {
-        Some(Err(too_large)) => Some(too_large.to_string()),
-        _ => None,
+    let capacity_line = Signal::derive(move || {
+        evaluation.with(|e| {
+            e.as_ref().ok().and_then(|e| {
+                e.plan
+                    .capacity_bytes
+                    .map(|c| largest_peak_that_fits(c, &e.plan.overheads))
+            })
+        })
     });
 
     // The URL and storage follow the inputs; history is replaced so Back leaves the page.
@@ -126,8 +138,110 @@ pub fn App() -> impl IntoView {
         browser::set_title(&title);
     });
 
-    let set = move |apply: fn(&mut PageState, String)| {
-        Callback::new(move |value: String| state.update(|s| apply(s, value)))
+    let value_of = move |field: Field| {
+        Signal::derive(move || state.with(|s| s.get(field).unwrap_or_default()))
+    };
+    let setter = move |field: Field| {
+        Callback::new(move |value: String| {
+            state.update(|s| {
+                // A choice from a list is always valid; a too-long text is refused by maxlength.
+                let _ = s.set(field, &value);
+            });
+        })
+    };
+    let error_of = move |field: Field| {
+        Signal::derive(move || {
+            field_errors.with(|errors| {
+                errors
+                    .iter()
+                    .find(|(f, _)| *f == field)
+                    .map(|(_, e)| e.clone())
+            })
+        })
+    };
+    let is_arch = move || mode.get() == Mode::Architecture;
+    let is_custom_model = move || state.with(|s| s.preset.is_none());
+    let is_inference = move || state.with(|s| !s.optimizer.trains());
+    let is_custom_gpu = move || state.with(|s| s.gpu == Some(Gpu::Custom));
+    let is_vision = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_vision()));
+
+    let mut model_options: Vec<(&'static str, &'static str)> =
+        options(&Preset::ALL, Preset::key, Preset::label);
+    model_options.push((CUSTOM_MODEL_KEY, "Custom: paste or upload config.json"));
+    let mut gpu_options: Vec<(&'static str, &'static str)> = vec![("none", "No GPU in particular")];
+    gpu_options.extend(options(&Gpu::ALL, Gpu::key, Gpu::label));
+
+    let on_model = Callback::new(move |key: String| {
+        state.update(|s| {
+            if s.set(Field::Model, &key).is_ok() {
+                if let Some(preset) = s.preset {
+                    s.seq_len = preset.default_seq_len().to_string();
+                }
+            }
+        });
+    });
+
+    let mode_switch = Mode::ALL
+        .into_iter()
+        .map(|m| {
+            let id = match m {
+                Mode::Simple => "mode-simple",
+                Mode::Architecture => "mode-arch",
+            };
+            view! {
+                <label class="radio" for=id>
+                    <input type="radio" name="mode" id=id data-testid=id value=m.key()
+                        prop:checked=move || mode.get() == m
+                        on:change=move |_| state.update(|s| s.mode = m) />
+                    {m.label()}
+                </label>
+            }
+        })
+        .collect_view();
+    let unit_switch = ByteUnit::ALL
+        .into_iter()
+        .map(|u| {
+            let id = match u {
+                ByteUnit::Gb => "unit-gb",
+                ByteUnit::Gib => "unit-gib",
+            };
+            view! {
+                <label class="radio" for=id>
+                    <input type="radio" name="unit" id=id data-testid=id value=u.key()
+                        prop:checked=move || unit.get() == u
+                        on:change=move |_| state.update(|s| s.byte_unit = u) />
+                    {match u {
+                        ByteUnit::Gb => "GB (10⁹ bytes)",
+                        ByteUnit::Gib => "GiB (2³⁰ bytes)",
+                    }}
+                </label>
+            }
+        })
+        .collect_view();
+
+    let summary = move || {
+        evaluation.with(|e| {
+            e.as_ref().ok().map(|e| {
+                let phase = e
+                    .step
+                    .peak_phase
+                    .map(|p| view! {
+                        " · peak in the "
+                        <strong data-testid="peak-phase" data-phase=p.key()>{p.label().to_lowercase()}</strong>
+                        " phase"
+                    });
+                let per_gpu = e.per_gpu.then_some(" · figures are per GPU");
+                view! {
+                    <p class="summary-line">
+                        <span data-testid="n-params" data-value=e.n_params.to_string()>
+                            {format!("{} parameters", group_thousands(e.n_params))}
+                        </span>
+                        {phase}
+                        <span data-testid="per-gpu-note">{per_gpu}</span>
+                    </p>
+                }
+            })
+        })
     };
 
     view! {
@@ -141,104 +255,112 @@ pub fn App() -> impl IntoView {
         <main class="layout">
             <form class="card inputs" aria-labelledby="inputs-title" on:submit=|ev| ev.prevent_default()>
                 <h2 id="inputs-title">"Model and training step"</h2>
-                <div class="field-row">
+                <fieldset class="mode-switch" data-testid="mode">
+                    <legend>"Describe the model"</legend>
+                    {mode_switch}
+                </fieldset>
+                <Show when=move || !is_arch()>
+                    <div class="field-row">
+                        <NumberField label="Model parameters" testid="params"
+                            hint="Decimals allowed: 0.5 with B is 500 million."
+                            value=value_of(Field::Params) on_input=setter(Field::Params) error=error_of(Field::Params) />
+                        <SelectField label="Unit" testid="params-unit"
+                            options=options(&ParamUnit::ALL, ParamUnit::key, ParamUnit::label)
+                            value=value_of(Field::ParamsUnit) on_change=setter(Field::ParamsUnit) />
+                    </div>
+                    <SelectField label="Numerical precision" testid="precision"
+                        options=options(&Precision::ALL, Precision::key, Precision::label)
+                        value=value_of(Field::Precision) on_change=setter(Field::Precision) />
+                    <SelectField label="Optimizer" testid="optimizer"
+                        options=options(&SIMPLE_OPTIMIZERS, Optimizer::key, Optimizer::label)
+                        value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
+                </Show>
+                <Show when=is_arch>
+                    <SelectField label="Model" testid="model" options=model_options.clone()
+                        value=value_of(Field::Model) on_change=on_model />
+                    <Show when=is_custom_model>
+                        <ConfigInput value=Signal::derive(move || state.with(|s| s.config_json.clone()))
+                            on_change=Callback::new(move |text: String| state.update(|s| {
+                                let _ = s.set(Field::Config, &text);
+                            }))
+                            error=config_error />
+                    </Show>
                     <NumberField
-                        label="Model parameters"
-                        testid="params"
-                        hint="Decimals allowed: 0.5 with B is 500 million."
-                        value=Signal::derive(move || state.with(|s| s.params.clone()))
-                        on_input=set(|s, v| s.params = v)
-                        error=params_error
-                    />
-                    <SelectField
-                        label="Unit"
-                        testid="params-unit"
-                        options=ParamUnit::ALL.iter().map(|u| (u.key(), u.label())).collect()
-                        value=Signal::derive(move || state.with(|s| s.params_unit.key()))
-                        on_change=set(|s, v| {
-                            if let Some(u) = ParamUnit::from_key(&v) {
-                                s.params_unit = u;
-                            }
+                        label=Signal::derive(move || {
+                            if is_vision() { "Image size (pixels per side)" } else { "Sequence length (tokens)" }
                         })
-                    />
+                        testid="seq"
+                        hint="Tokens per sample; for ViT the image side in pixels."
+                        value=value_of(Field::SeqLen) on_input=setter(Field::SeqLen) error=error_of(Field::SeqLen) />
+                    <SelectField label="Precision recipe" testid="recipe"
+                        options=options(&PrecisionRecipe::ALL, PrecisionRecipe::key, PrecisionRecipe::label)
+                        value=value_of(Field::Recipe) on_change=setter(Field::Recipe) />
+                    <SelectField label="Optimizer" testid="optimizer"
+                        options=options(&Optimizer::ALL, Optimizer::key, Optimizer::label)
+                        value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
+                    <SelectField label="Attention kernel" testid="attention"
+                        options=options(&AttentionKernel::ALL, AttentionKernel::key, AttentionKernel::label)
+                        value=value_of(Field::Attention) on_change=setter(Field::Attention) />
+                    <SelectField label="Activation checkpointing" testid="checkpointing"
+                        options=options(&Checkpointing::ALL, Checkpointing::key, Checkpointing::label)
+                        value=value_of(Field::Checkpointing) on_change=setter(Field::Checkpointing) />
+                    <Show when=is_inference>
+                        <NumberField label="Generated tokens (KV cache)" testid="new-tokens"
+                            hint="Tokens generated after the prompt; 0 for a single forward pass."
+                            value=value_of(Field::NewTokens) on_input=setter(Field::NewTokens) error=error_of(Field::NewTokens) />
+                    </Show>
+                </Show>
+                <NumberField label="Batch size" testid="batch"
+                    hint="Samples per step (per GPU), a whole number."
+                    value=value_of(Field::Batch) on_input=setter(Field::Batch) error=error_of(Field::Batch) />
+                <Show when=move || !is_arch()>
+                    <NumberField label="Activation memory per sample (MB)" testid="act-mb"
+                        hint="Intermediate tensors one sample keeps for backward, in MB (10⁶ bytes)."
+                        value=value_of(Field::ActivationMb) on_input=setter(Field::ActivationMb) error=error_of(Field::ActivationMb) />
+                </Show>
+
+                <h3 class="section-title">"Hardware"</h3>
+                <SelectField label="GPU" testid="gpu" options=gpu_options
+                    value=value_of(Field::Gpu) on_change=setter(Field::Gpu) />
+                <Show when=is_custom_gpu>
+                    <NumberField label="Custom capacity (MiB)" testid="gpu-capacity"
+                        hint="Total memory as nvidia-smi reports it."
+                        value=value_of(Field::CustomCapacity) on_input=setter(Field::CustomCapacity) error=error_of(Field::CustomCapacity) />
+                </Show>
+                <div class="overheads">
+                    <NumberField label="CUDA context (MiB)" testid="cuda-context"
+                        value=value_of(Field::CudaContext) on_input=setter(Field::CudaContext) error=error_of(Field::CudaContext) />
+                    <NumberField label="Allocator reserve (%)" testid="allocator-reserve"
+                        value=value_of(Field::AllocatorReserve) on_input=setter(Field::AllocatorReserve) error=error_of(Field::AllocatorReserve) />
+                    <NumberField label="Safety margin (%)" testid="safety-margin"
+                        value=value_of(Field::SafetyMargin) on_input=setter(Field::SafetyMargin) error=error_of(Field::SafetyMargin) />
                 </div>
-                <SelectField
-                    label="Numerical precision"
-                    testid="precision"
-                    options=Precision::ALL.iter().map(|p| (p.key(), p.label())).collect()
-                    value=Signal::derive(move || state.with(|s| s.precision.key()))
-                    on_change=set(|s, v| {
-                        if let Some(p) = Precision::from_key(&v) {
-                            s.precision = p;
-                        }
-                    })
-                />
-                <SelectField
-                    label="Optimizer"
-                    testid="optimizer"
-                    options=SIMPLE_OPTIMIZERS.iter().map(|o| (o.key(), o.label())).collect()
-                    value=Signal::derive(move || state.with(|s| s.optimizer.key()))
-                    on_change=set(|s, v| {
-                        if let Some(o) = Optimizer::from_key(&v) {
-                            s.optimizer = o;
-                        }
-                    })
-                />
-                <NumberField
-                    label="Batch size"
-                    testid="batch"
-                    hint="Samples per step, a whole number."
-                    value=Signal::derive(move || state.with(|s| s.batch.clone()))
-                    on_input=set(|s, v| s.batch = v)
-                    error=batch_error
-                />
-                <NumberField
-                    label="Activation memory per sample (MB)"
-                    testid="act-mb"
-                    hint="Intermediate tensors one sample keeps for backward, in MB (10⁶ bytes)."
-                    value=Signal::derive(move || state.with(|s| s.activation_mb.clone()))
-                    on_input=set(|s, v| s.activation_mb = v)
-                    error=activation_error
-                />
+                <NumberField label="Number of GPUs" testid="num-gpus"
+                    hint="Data-parallel replicas."
+                    value=value_of(Field::NumGpus) on_input=setter(Field::NumGpus) error=error_of(Field::NumGpus) />
+                <SelectField label="Sharding" testid="sharding"
+                    options=options(&Sharding::ALL, Sharding::key, Sharding::label)
+                    value=value_of(Field::Sharding) on_change=setter(Field::Sharding) />
+                <Show when=is_arch>
+                    <NumberField label="Tensor parallelism (GPUs per group)" testid="tensor-parallel"
+                        hint="Splits weights and most activations across the group."
+                        value=value_of(Field::TensorParallel) on_input=setter(Field::TensorParallel) error=error_of(Field::TensorParallel) />
+                </Show>
+                <NumberField label="Target global batch (optional)" testid="global-batch"
+                    hint="Samples per optimizer step, reached with gradient accumulation."
+                    value=value_of(Field::GlobalBatch) on_input=setter(Field::GlobalBatch) error=error_of(Field::GlobalBatch) />
+
                 <fieldset class="unit-switch" data-testid="unit">
                     <legend>"Show figures in"</legend>
-                    {ByteUnit::ALL
-                        .into_iter()
-                        .map(|u| {
-                            let id = match u {
-                                ByteUnit::Gb => "unit-gb",
-                                ByteUnit::Gib => "unit-gib",
-                            };
-                            view! {
-                                <label class="radio" for=id>
-                                    <input
-                                        type="radio"
-                                        name="unit"
-                                        id=id
-                                        data-testid=id
-                                        value=u.key()
-                                        prop:checked=move || unit.get() == u
-                                        on:change=move |_| state.update(|s| s.byte_unit = u)
-                                    />
-                                    {match u {
-                                        ByteUnit::Gb => "GB (10⁹ bytes)",
-                                        ByteUnit::Gib => "GiB (2³⁰ bytes)",
-                                    }}
-                                </label>
-                            }
-                        })
-                        .collect_view()}
+                    {unit_switch}
                 </fieldset>
             </form>
             <div class="results">
-                <BreakdownCard
-                    parts=parts
-                    total=total
-                    problem=problem
-                    unit=unit
-                    total_label=Signal::derive(|| "Total")
-                />
-                <SweepTable rows=sweep_rows unit=unit total_label=Signal::derive(|| "Total") />
+                {summary}
+                <BreakdownCard parts=parts total=total problem=problem unit=unit total_label=total_label />
+                <VerdictCard evaluation=evaluated unit=unit />
+                <MemoryChart rows=sweep_rows capacity_line=capacity_line unit=unit />
+                <SweepTable rows=sweep_rows unit=unit total_label=total_label />
             </div>
         </main>
         <Explanations />

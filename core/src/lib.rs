@@ -21,8 +21,8 @@ pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
 pub use number::FieldError;
 pub use optimizer::Optimizer;
 pub use plan::{
-    fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state, AccumulationPlan,
-    FitVerdict, Gpu, MaxBatch, Overheads, ShardedState, Sharding, BYTES_PER_MIB,
+    fit_verdict, largest_peak_that_fits, max_batch_that_fits, plan_accumulation, shard_model_state,
+    AccumulationPlan, FitVerdict, Gpu, MaxBatch, Overheads, ShardedState, Sharding, BYTES_PER_MIB,
 };
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use simple::{

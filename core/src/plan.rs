@@ -205,6 +205,17 @@ fn percent_of(bytes: u64, percent: u64) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }
 
+/// The largest peak that fits on a GPU of `capacity_bytes` with `overheads`: the line
+/// drawn on the chart.
+#[must_use]
+pub fn largest_peak_that_fits(capacity_bytes: u64, overheads: &Overheads) -> u64 {
+    let usable = fit_verdict(0, capacity_bytes, overheads)
+        .usable_bytes
+        .saturating_sub(overheads.cuda_context_bytes);
+    let peak = u128::from(usable) * 100 / (100 + u128::from(overheads.allocator_reserve_percent));
+    u64::try_from(peak).unwrap_or(u64::MAX)
+}
+
 /// Whether a step of `peak_bytes` fits on a GPU of `capacity_bytes` with `overheads`.
 #[must_use]
 pub fn fit_verdict(peak_bytes: u64, capacity_bytes: u64, overheads: &Overheads) -> FitVerdict {
@@ -482,6 +493,17 @@ mod tests {
         }
         for s in Sharding::ALL {
             assert_eq!(Sharding::from_key(s.key()), Some(s));
+        }
+    }
+
+    #[test]
+    fn the_largest_peak_that_fits_fits() {
+        let o = Overheads::default();
+        for capacity_mib in [1_000, 24_576, 81_559, 196_288] {
+            let capacity = capacity_mib * BYTES_PER_MIB;
+            let peak = largest_peak_that_fits(capacity, &o);
+            assert!(fit_verdict(peak, capacity, &o).fits());
+            assert!(!fit_verdict(peak + 100, capacity, &o).fits());
         }
     }
 

@@ -248,6 +248,8 @@ const KEYS: [&str; 16] = [
 ];
 
 proptest! {
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
     #[test]
     fn parse_never_panics_on_strings(s in ".{0,200}") {
         let _ = parse_hf_config(&s);

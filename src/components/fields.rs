@@ -9,7 +9,8 @@ use leptos::prelude::*;
 #[component]
 pub fn NumberField(
     /// The visible label.
-    label: &'static str,
+    #[prop(into)]
+    label: Signal<&'static str>,
     /// `id` of the input and its `data-testid`.
     testid: &'static str,
     /// The text in the field.
@@ -39,12 +40,13 @@ pub fn NumberField(
     };
     view! {
         <div class="field" class:invalid=move || error.with(Option::is_some)>
-            <label for=testid>{label}</label>
+            <label for=testid>{move || label.get()}</label>
             <input
                 id=testid
                 data-testid=testid
                 type="text"
                 inputmode="decimal"
+                maxlength="64"
                 autocomplete="off"
                 spellcheck="false"
                 prop:value=move || value.get()
@@ -71,7 +73,7 @@ pub fn SelectField(
     options: Vec<(&'static str, &'static str)>,
     /// The key of the chosen option.
     #[prop(into)]
-    value: Signal<&'static str>,
+    value: Signal<String>,
     /// Called with the key of the newly chosen option.
     on_change: Callback<String>,
 ) -> impl IntoView {
@@ -88,7 +90,7 @@ pub fn SelectField(
                     .into_iter()
                     .map(|(key, text)| {
                         view! {
-                            <option value=key selected=move || value.get() == key>
+                            <option value=key selected=move || value.with(|v| v == key)>
                                 {text}
                             </option>
                         }

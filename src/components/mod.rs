@@ -1,15 +1,21 @@
 //! The page's components, one (or a small family) per file.
 
 mod breakdown;
+mod chart;
+mod config_input;
 mod copy_button;
 mod explanations;
 mod fields;
 mod notices;
 mod sweep_table;
+mod verdict;
 
 pub use breakdown::{BreakdownCard, BreakdownPart};
+pub use chart::MemoryChart;
+pub use config_input::ConfigInput;
 pub use copy_button::CopyButton;
 pub use explanations::Explanations;
 pub use fields::{NumberField, SelectField};
 pub use notices::Notices;
 pub use sweep_table::SweepTable;
+pub use verdict::VerdictCard;

@@ -254,7 +254,7 @@ fn activations(a: &Architecture, s: &TrainingStep, seq: u64) -> Res<Activations>
     let masked = a.family.is_llama_like() && a.sliding_window > 0 && seq >= a.sliding_window;
     let kernel = if eager {
         Kernel::Eager
-    } else if w == 2 && a.head_dim % 8 == 0 && a.head_dim <= 256 && !masked {
+    } else if w == 2 && a.head_dim.is_multiple_of(8) && a.head_dim <= 256 && !masked {
         Kernel::Flash
     } else if masked || !gqa {
         Kernel::Efficient
@@ -643,7 +643,7 @@ pub fn estimate_peak(
             phase_peaks: vec![(Phase::Forward, fwd)],
             // what stays alive after a no-grad forward: the logits
             saved_activation_bytes: if arch.is_vision() {
-                storage(mul(step.batch, arch.vocab)?, 4)?
+                storage(mul(step.batch, arch.vocab)?, p.activation_bytes())?
             } else {
                 storage(
                     mul(mul(step.batch, seq)?, arch.vocab)?,

@@ -15,10 +15,18 @@
 //! dropped probabilities), MLP intermediates, 1-byte dropout masks, and the fp32
 //! `log_softmax` of the logits that the loss keeps.
 //!
+//! The attention kernel follows PyTorch's CUDA dispatch (sm80+): flash for 16-bit inputs
+//! without a mask (GQA allowed; keeps output + fp32 logsumexp), memory-efficient otherwise
+//! (logsumexp padded to 32), and the math fallback (seq x seq softmax kept, k/v repeated) for
+//! fp32 with grouped-query attention, which the memory-efficient kernel cannot do. HF passes a
+//! mask only when a sliding window is shorter than the sequence.
+//!
 //! The peak is the largest of: the forward's end (saved activations plus the loss's logits),
 //! the start of backward (saved activations plus the loss's gradient buffers, or one
 //! recomputed layer under checkpointing), the end of backward (all gradients), and the
 //! optimizer step (weights, gradients, state and foreach AdamW's parameter-sized temporary).
+//! Under checkpointing only layer inputs are saved, but with autocast the forward's weight-cast
+//! cache still holds every layer's 16-bit weight copies until the forward ends.
 //! Inference (`Optimizer::None`) is weights plus the largest live forward tensors.
 //!
 //! Vision convention: for ViT, `TrainingStep::seq_len` holds the image side in pixels (224);

@@ -1,0 +1,145 @@
+//! Will it fit: the verdict, the largest batch and the accumulation plan.
+
+use estimator_core::{format_bytes, ByteUnit, Evaluation, MaxBatch, PartKind};
+use leptos::prelude::*;
+
+/// The answer for the chosen GPU: fits or not, by how much, the largest batch that fits,
+/// and micro-batch x accumulation x GPUs for the global batch.
+#[component]
+pub fn VerdictCard(
+    /// The evaluation, when the inputs are valid.
+    #[prop(into)]
+    evaluation: Signal<Option<Evaluation>>,
+    /// The unit figures are shown in.
+    #[prop(into)]
+    unit: Signal<ByteUnit>,
+) -> impl IntoView {
+    let body = move || {
+        let unit = unit.get();
+        let Some(e) = evaluation.get() else {
+            return view! { <p data-testid="fit-verdict">"Waiting for valid inputs."</p> }
+                .into_any();
+        };
+        let Some(v) = e.verdict else {
+            return view! { <p data-testid="fit-verdict">"Choose a GPU to see whether the step fits."</p> }.into_any();
+        };
+        let per_gpu = if e.per_gpu { " per GPU" } else { "" };
+        let verdict = if v.fits() {
+            format!(
+                "Fits{per_gpu}: {} left.",
+                format_bytes(v.bytes_left(), unit)
+            )
+        } else {
+            format!(
+                "Does not fit{per_gpu}: {} missing.",
+                format_bytes(v.bytes_missing(), unit)
+            )
+        };
+        let dominant = e
+            .step
+            .parts
+            .iter()
+            .max_by_key(|(_, b)| *b)
+            .map(|(k, b)| (*k, *b));
+        let max_batch = match e.max_batch {
+            Some(MaxBatch::Fits(b)) => view! {
+                <p>
+                    "Largest batch that fits" {per_gpu} ": "
+                    <strong data-testid="max-batch" data-value=b.to_string()>{b.to_string()}</strong>
+                </p>
+            }
+            .into_any(),
+            Some(MaxBatch::NoneFits(at_one)) => {
+                let why = dominant
+                    .map(|(k, b)| {
+                        format!(
+                            " At the chosen batch, {} take the most: {}.",
+                            k.label().to_lowercase(),
+                            format_bytes(b, unit)
+                        )
+                    })
+                    .unwrap_or_default();
+                view! {
+                    <p data-testid="max-batch" data-value="0">
+                        {format!(
+                            "Even batch 1 does not fit: it needs {} of {} usable.{why} {}",
+                            format_bytes(at_one.needed_bytes, unit),
+                            format_bytes(at_one.usable_bytes, unit),
+                            advice(dominant.map(|(k, _)| k)),
+                        )}
+                    </p>
+                }
+                .into_any()
+            }
+            None => ().into_any(),
+        };
+        let accumulation = e.accumulation.map(|p| {
+            let reached = p.global_batch();
+            let target = e.plan.global_batch.unwrap_or(reached);
+            let overshoot = if reached > target {
+                format!(" ({reached} samples: the nearest whole split above {target})")
+            } else {
+                String::new()
+            };
+            view! {
+                <p data-testid="accumulation-plan"
+                   data-micro-batch=p.micro_batch.to_string()
+                   data-steps=p.accumulation_steps.to_string()
+                   data-gpus=p.num_gpus.to_string()>
+                    {format!(
+                        "Global batch {target}: micro-batch {} per GPU × {} accumulation step{} × {} GPU{}{overshoot}. \
+                         Each optimizer step then runs {} forward and backward pass{} per GPU.",
+                        p.micro_batch,
+                        p.accumulation_steps,
+                        if p.accumulation_steps == 1 { "" } else { "s" },
+                        p.num_gpus,
+                        if p.num_gpus == 1 { "" } else { "s" },
+                        p.accumulation_steps,
+                        if p.accumulation_steps == 1 { "" } else { "es" },
+                    )}
+                </p>
+            }
+        });
+        view! {
+            <p class="verdict" class:fits=v.fits() class:no-fit=!v.fits() data-testid="fit-verdict"
+               data-fits=if v.fits() { "true" } else { "false" }>
+                <strong>{verdict}</strong>
+            </p>
+            <dl class="parts overhead-lines">
+                <div class="row"><dt>"Peak of the step (tensors)"</dt><dd data-testid="need-peak" data-bytes=v.peak_bytes.to_string()>{format_bytes(v.peak_bytes, unit)}</dd></div>
+                <div class="row"><dt>"Allocator reserve"</dt><dd data-testid="need-reserve" data-bytes=v.allocator_reserve_bytes.to_string()>{format_bytes(v.allocator_reserve_bytes, unit)}</dd></div>
+                <div class="row"><dt>"CUDA context"</dt><dd data-testid="need-context" data-bytes=v.cuda_context_bytes.to_string()>{format_bytes(v.cuda_context_bytes, unit)}</dd></div>
+                <div class="row"><dt><strong>"Needed"</strong></dt><dd data-testid="need-total" data-bytes=v.needed_bytes.to_string()><strong>{format_bytes(v.needed_bytes, unit)}</strong></dd></div>
+                <div class="row"><dt>"GPU capacity"</dt><dd data-testid="gpu-capacity-bytes" data-bytes=v.capacity_bytes.to_string()>{format_bytes(v.capacity_bytes, unit)}</dd></div>
+                <div class="row"><dt>"Safety margin held back"</dt><dd data-bytes=v.safety_margin_bytes.to_string()>{format_bytes(v.safety_margin_bytes, unit)}</dd></div>
+                <div class="row"><dt><strong>"Usable"</strong></dt><dd data-testid="usable" data-bytes=v.usable_bytes.to_string()><strong>{format_bytes(v.usable_bytes, unit)}</strong></dd></div>
+            </dl>
+            {max_batch}
+            {accumulation}
+        }
+        .into_any()
+    };
+    view! {
+        <section class="card verdict-card" aria-labelledby="verdict-title">
+            <h2 id="verdict-title">"Will it fit?"</h2>
+            <div aria-live="polite">{body}</div>
+        </section>
+    }
+}
+
+/// What to try when even batch 1 does not fit, from what dominates.
+fn advice(dominant: Option<PartKind>) -> &'static str {
+    match dominant {
+        Some(PartKind::OptimizerStates) => {
+            "Try ZeRO-1 or more GPUs to shard the optimizer states, or SGD."
+        }
+        Some(PartKind::Weights | PartKind::Gradients) => {
+            "Try ZeRO-3/FSDP or tensor parallelism across more GPUs, or a larger GPU."
+        }
+        Some(PartKind::Activations | PartKind::Temporaries) => {
+            "Try activation checkpointing, a shorter sequence or a larger GPU."
+        }
+        Some(PartKind::KvCache) => "Try fewer generated tokens or a smaller batch.",
+        _ => "Try a larger GPU.",
+    }
+}
