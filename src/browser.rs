@@ -39,15 +39,28 @@ pub fn replace_query(query: &str) {
 /// # Errors
 /// A sentence for a person when the browser offers no storage.
 pub fn load_stored() -> Result<Option<String>, String> {
-    let storage = LocalStorage::raw();
-    storage
+    if !storage_available() {
+        return Err(
+            "This browser does not let the page keep your inputs: they will not be restored on reload."
+                .to_owned(),
+        );
+    }
+    LocalStorage::raw()
         .get_item(STORAGE_KEY)
         .map_err(|_| "This browser does not let the page read its saved inputs.".to_owned())
 }
 
 /// Stores the inputs; quietly does nothing where storage is unavailable or full.
 pub fn store(query: &str) {
-    let _ = LocalStorage::raw().set_item(STORAGE_KEY, query);
+    if storage_available() {
+        let _ = LocalStorage::raw().set_item(STORAGE_KEY, query);
+    }
+}
+
+/// Whether localStorage can be reached. gloo's accessor throws (and so kills the app) where
+/// the browser refuses storage, as some private windows do, so it is only called after this.
+fn storage_available() -> bool {
+    web_sys::window().is_some_and(|w| matches!(w.local_storage(), Ok(Some(_))))
 }
 
 /// Sets the document's title.

@@ -88,6 +88,10 @@ pub fn decode_query(query: &str) -> Decoded {
         }
         decoded.state.reset(field);
     }
+    if decoded.state.preset.is_some() && !decoded.state.config_json.is_empty() {
+        notices.push("Ignored the link's config.json: the link names a preset model.".to_owned());
+        decoded.state.config_json.clear();
+    }
     if decoded.state.preset.is_none() {
         if let Err(why) = decoded.state.architecture() {
             notices.push(format!(

@@ -612,6 +612,13 @@ impl PageState {
             invalid.push((Field::NewTokens, e));
         }
         invalid.extend(self.plan_field_errors());
+        // The custom capacity is checked even while another GPU is chosen: it travels in
+        // links all the same.
+        if self.gpu != Some(Gpu::Custom) {
+            if let Err(e) = parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false) {
+                invalid.push((Field::CustomCapacity, e));
+            }
+        }
         invalid
     }
 

@@ -19,7 +19,8 @@ const types = {
 
 /** Serves dist/ on 127.0.0.1 at a free port; unknown paths fall back to index.html. */
 export async function serveDist() {
-  const server = createServer(async (req, res) => {
+  // Large headers: the hostile-link tests open URLs with 100 KB values.
+  const server = createServer({ maxHeaderSize: 1 << 20 }, async (req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url, 'http://x').pathname)).replace(/^(\.\.[/\\])+/, '');
     let file = join(dist, path);
     try {

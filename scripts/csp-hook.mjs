@@ -1,0 +1,34 @@
+// Trunk post-build hook: writes the Content-Security-Policy into the staged index.html.
+// The policy allows only the page's own origin; Trunk's inline loader script is allowed by
+// its SHA-256 hash (it changes with every build), never by 'unsafe-inline'.
+import { createHash } from 'node:crypto';
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+const staging = process.env.TRUNK_STAGING_DIR;
+if (!staging) throw new Error('TRUNK_STAGING_DIR is not set: run this as a Trunk hook');
+const file = join(staging, 'index.html');
+let html = await readFile(file, 'utf8');
+
+const hashes = [...html.matchAll(/<script type="module">([\s\S]*?)<\/script>/g)].map(
+  ([, body]) => `'sha256-${createHash('sha256').update(body).digest('base64')}'`,
+);
+if (hashes.length === 0) throw new Error('no inline loader script found in index.html');
+
+const policy = [
+  "default-src 'self'",
+  `script-src 'self' 'wasm-unsafe-eval' ${hashes.join(' ')}`,
+  "style-src 'self'",
+  "img-src 'self' data:",
+  "connect-src 'self'",
+  "font-src 'self'",
+  "object-src 'none'",
+  "base-uri 'none'",
+  "form-action 'none'",
+].join('; ');
+
+const placeholder = '__CONTENT_SECURITY_POLICY__';
+if (!html.includes(placeholder)) throw new Error(`no ${placeholder} in index.html`);
+html = html.replace(placeholder, policy);
+await writeFile(file, html);
+console.log(`CSP written (${hashes.length} inline script hash)`);
