@@ -1,0 +1,56 @@
+// Browser benchmark (figures, not a test): in headless Chromium, the time from an input
+// event to the updated numbers (median of 100 changes) and from navigation to the first
+// complete render (median of 10 loads). Run after `trunk build --release`.
+import { serveDist, launch } from '../tests/e2e/harness.mjs';
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const server = await serveDist();
+const browser = await launch();
+const page = await browser.newPage();
+
+const loads = [];
+for (let i = 0; i < 10; i++) {
+  await page.goto(`${server.origin}/?gpu=h100-80&r=${i}`.replace(/&r=\d+$/, ''));
+  await page.getByTestId('sweep-row').first().waitFor();
+  const t = await page.evaluate(() => {
+    const nav = performance.getEntriesByType('navigation')[0];
+    return performance.now() - nav.startTime;
+  });
+  loads.push(t);
+}
+
+async function inputLatency(query, field, values) {
+  await page.goto(`${server.origin}/?${query}`);
+  await page.getByTestId('total').waitFor();
+  return page.evaluate(
+    async ({ field, values }) => {
+      const input = document.querySelector(`[data-testid="${field}"]`);
+      const figure = () => document.querySelector('[data-testid="total"]')?.dataset.bytes;
+      const times = [];
+      for (const value of values) {
+        const before = figure();
+        const start = performance.now();
+        input.value = value;
+        input.dispatchEvent(new Event('input', { bubbles: true }));
+        // Wait (microtask by microtask, then task by task) until the figure has changed.
+        for (let turn = 0; figure() === before && turn < 10_000; turn++) {
+          await (turn < 100 ? Promise.resolve() : new Promise((r) => setTimeout(r, 0)));
+        }
+        times.push(performance.now() - start);
+      }
+      return times;
+    },
+    { field, values },
+  );
+}
+
+// Each value differs from the one before, so every change moves the figure.
+const batches = Array.from({ length: 100 }, (_, i) => String(1 + (i % 50)));
+const simple = await inputLatency('gpu=h100-80', 'batch', batches);
+const arch = await inputLatency('m=arch&model=llama3-8b&s=2048&gpu=h100-80&n=8&shard=zero2', 'batch', batches);
+
+console.log(`navigation to first complete render (median of ${loads.length}): ${median(loads).toFixed(1)} ms`);
+console.log(`input to updated numbers, simple mode (median of 100): ${median(simple).toFixed(2)} ms`);
+console.log(`input to updated numbers, architecture mode, Llama-3-8B (median of 100): ${median(arch).toFixed(2)} ms`);
+await browser.close();
+await server.close();
