@@ -1,0 +1,578 @@
+#!/usr/bin/env python3
+"""Measure the peak memory of one training step of a Hugging Face config.json.
+
+Method (see validation/README.md and shared/reference/README.md):
+  * torch + transformers, model built from config with random weights (nothing downloaded);
+  * everything runs under FakeTensorMode (no real memory, only shapes/dtypes), on fake CPU tensors;
+  * one untracked warm-up step, then one step tracked by
+    torch.distributed._tools.mem_tracker.MemTracker: forward (+loss), backward,
+    optimizer.step(), zero_grad(set_to_none=True);
+  * the CPU path is made to allocate what the CUDA path would (CUDA emulation):
+      - every storage rounded up to 512 bytes (CUDA caching allocator block);
+      - dropout goes through aten.native_dropout (1-byte bool mask, like the fused CUDA kernel);
+      - F.scaled_dot_product_attention dispatches like CUDA: flash (fp16/bf16, no mask,
+        head_dim <= 256, GQA ok) > mem-efficient (no GQA) > math; the CUDA kernels' own aten ops are
+        called (their fake/meta implementations give the saved out + fp32 logsumexp);
+      - under AMP, the ops that CUDA autocast runs in fp32 (layer_norm, softmax, log_softmax, pow,
+        rsqrt, exp, ...) get AutocastCPU kernels that cast to fp32; the bf16 list (linear, matmul,
+        addmm, bmm, ...) is the same on CPU and CUDA and keeps PyTorch's own cached-cast kernels.
+
+Example:
+  python validation/measure.py --config validation/configs/gpt2.json --model-name gpt2 \
+      --batch 1 --seq 1024 --precision amp_bf16 --optimizer adamw --attn sdpa --out rows.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import weakref
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.distributed._tools import mem_tracker as _mt  # noqa: E402
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType  # noqa: E402
+from torch.utils._pytree import tree_map  # noqa: E402
+
+torch.set_num_threads(1)
+
+ROUND_BYTES = 512
+CATS = [
+    ("parameter", _MemRefType.PARAM),
+    ("buffer", _MemRefType.BUFFER),
+    ("gradient", _MemRefType.GRAD),
+    ("activation", _MemRefType.ACT),
+    ("temp", _MemRefType.TEMP),
+    ("optstate", _MemRefType.OPT),
+    ("other", _MemRefType.OTH),
+]
+
+# ----------------------------------------------------------------------------------------------
+# CUDA emulation
+# ----------------------------------------------------------------------------------------------
+_EMULATION_INSTALLED = False
+_orig_dropout = F.dropout
+_orig_sdpa = F.scaled_dot_product_attention
+_lib = None
+
+
+def _round_mem(self) -> int:  # replaces _WeakRefInfo._calculate_mem_consumed
+    mem = self.size * self.element_size
+    return math.ceil(mem / ROUND_BYTES) * ROUND_BYTES
+
+
+def _cuda_dropout(input, p=0.5, training=True, inplace=False):
+    # at::dropout on CUDA uses the fused kernel (native_dropout, bool mask) when
+    # train and 0 < p < 1 and numel > 0; the in-place variant never does.
+    if training and 0.0 < p < 1.0 and not inplace and input.numel() > 0:
+        return torch.ops.aten.native_dropout.default(input, p, True)[0]
+    return _orig_dropout(input, p, training, inplace)
+
+
+def _sdpa_choice(q, k, v, attn_mask, dropout_p, enable_gqa):
+    """Mirror of sdp_utils.cpp's choice on an sm80+ GPU: flash > mem-efficient > math."""
+    dt = q.dtype
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    gqa = q.dim() == 4 and k.shape[-3] != q.shape[-3]
+    if gqa and not enable_gqa:
+        return "math"  # shapes would not even match
+    if (
+        q.dim() == 4
+        and dt in (torch.float16, torch.bfloat16)
+        and attn_mask is None
+        and d_qk == d_v
+        and d_qk % 8 == 0
+        and d_qk <= 256
+    ):
+        return "flash"
+    align = 8 if dt in (torch.float16, torch.bfloat16) else 4
+    if (
+        q.dim() == 4
+        and dt in (torch.float16, torch.bfloat16, torch.float32)
+        and not gqa
+        and d_qk % align == 0
+        and d_v % align == 0
+    ):
+        return "efficient"
+    return "math"
+
+
+SDPA_LOG: dict = {}
+
+
+def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+    if torch.is_autocast_enabled("cpu"):
+        # scaled_dot_product_attention is on CUDA autocast's lower-precision list.
+        adt = torch.get_autocast_dtype("cpu")
+
+        def cast(t):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (adt, torch.float64):
+                return t.to(adt)
+            return t
+
+        query, key, value, attn_mask = cast(query), cast(key), cast(value), cast(attn_mask)
+        with torch.autocast("cpu", enabled=False):
+            return _cuda_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    kind = _sdpa_choice(query, key, value, attn_mask, dropout_p, enable_gqa)
+    SDPA_LOG[kind] = SDPA_LOG.get(kind, 0) + 1
+    if kind == "flash":
+        out = torch.ops.aten._scaled_dot_product_flash_attention.default(
+            query, key, value, dropout_p, is_causal, False, scale=scale)
+        return out[0]
+    if kind == "efficient":
+        need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        out = torch.ops.aten._scaled_dot_product_efficient_attention.default(
+            query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale)
+        return out[0]
+    # math: the explicit composite (keeps the seq x seq probabilities)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        pass
+    return torch.ops.aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+
+
+# Ops that CUDA autocast runs in fp32 but CPU autocast leaves alone (autocast_mode.cpp, CUDA
+# "fp32" policy). The lower-precision lists agree for the ops these models use.
+CUDA_FP32_OPS = [
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
+    "softplus", "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim",
+    "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss",
+    "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss",
+    "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss",
+    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+]
+# CUDA "fp32_set_opt_dtype" policy: if the op's optional dtype is not given, run it with
+# dtype=float32 (no fp32 copy of the input is made); if it is given, run it as is.
+CUDA_FP32_SET_OPT_DTYPE_OPS = [
+    "softmax.int", "softmax.Dimname", "log_softmax.int", "log_softmax.Dimname",
+    "prod", "prod.dim_int", "cumprod", "cumsum", "sum", "sum.dim_IntList",
+]
+# On CPU's fp32 list but on none of CUDA's: CUDA runs them as composites with autocast still on
+# (cross_entropy_loss -> log_softmax(dtype=input dtype) -> nll_loss in fp32).
+CUDA_FALLTHROUGH_OPS = ["cross_entropy_loss"]
+
+
+def _install_autocast_fp32_kernels():
+    global _lib
+    _lib = torch.library.Library("aten", "IMPL")
+    excl = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    for name in CUDA_FP32_OPS:
+        base, _, ov = name.partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        if packet is None:
+            continue
+        op = getattr(packet, ov or "default", None)
+        if op is None:
+            continue
+
+        def make(op):
+            def cast(t):
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype in (
+                        torch.float16, torch.bfloat16):
+                    return t.to(torch.float32)
+                return t
+
+            def kernel(*args, **kwargs):
+                args = tree_map(cast, args)
+                kwargs = tree_map(cast, kwargs)
+                with torch._C._ExcludeDispatchKeyGuard(excl):
+                    return op(*args, **kwargs)
+            return kernel
+
+        try:
+            _lib.impl(name, make(op), "AutocastCPU")
+        except Exception as e:  # pragma: no cover - op missing in this torch
+            print(f"[measure] could not register fp32 autocast for {name}: {e}", file=sys.stderr)
+
+    for name in CUDA_FP32_SET_OPT_DTYPE_OPS:
+        base, _, ov = name.partition(".")
+        try:
+            op = getattr(getattr(torch.ops.aten, base), ov or "default")
+        except AttributeError:  # Dimname overloads are not exposed in Python
+            continue
+        names = [a.name for a in op._schema.arguments]
+        kw_only = [a.kwarg_only for a in op._schema.arguments]
+        di = names.index("dtype")
+
+        def make_sod(op, di, kwo):
+            def kernel(*args, **kwargs):
+                given = kwargs.get("dtype") is not None or (len(args) > di and args[di] is not None)
+                first = args[0]
+                if not given and isinstance(first, torch.Tensor) and first.is_floating_point() \
+                        and first.dtype != torch.float64:
+                    if len(args) > di:
+                        args = args[:di] + (torch.float32,) + args[di + 1:]
+                    else:
+                        kwargs["dtype"] = torch.float32
+                with torch._C._ExcludeDispatchKeyGuard(excl):
+                    return op(*args, **kwargs)
+            return kernel
+
+        _lib.impl(name, make_sod(op, di, kw_only[di]), "AutocastCPU")
+
+    for name in CUDA_FALLTHROUGH_OPS:
+        _lib.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+
+
+def install_cuda_emulation():
+    global _EMULATION_INSTALLED
+    if _EMULATION_INSTALLED:
+        return
+    _mt._WeakRefInfo._calculate_mem_consumed = _round_mem
+    F.dropout = _cuda_dropout
+    F.scaled_dot_product_attention = _cuda_sdpa
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _install_autocast_fp32_kernels()
+    # transformers treats FakeTensors as "tracing" and then always materialises the causal mask
+    # (a seq x seq bool tensor, which also rules out the flash kernel). Real CUDA runs, with real
+    # tensors and no padding, skip it and call sdpa with is_causal=True: do the same.
+    import transformers.masking_utils as mu
+    _orig_ignore = mu._ignore_causal_mask_sdpa
+
+    def _ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offset,
+                                 local_attention_size=None):
+        if padding_mask is None and (q_length == 1 or kv_length == q_length) and (
+                local_attention_size is None or kv_length < local_attention_size):
+            return True
+        return _orig_ignore(padding_mask, q_length, kv_length, q_offset, kv_offset,
+                            local_attention_size)
+
+    mu._ignore_causal_mask_sdpa = _ignore_causal_mask_sdpa
+    # our position ids are 0..seq-1 in every row: no packed sequences (the check reads values)
+    mu.find_packed_sequence_indices = lambda position_ids: None
+    _EMULATION_INSTALLED = True
+
+
+# ----------------------------------------------------------------------------------------------
+# Tracker with per-phase peaks and AMP weight copy accounting
+# ----------------------------------------------------------------------------------------------
+_CPU_SIDE_OUTPUTS = {
+    torch.ops.aten._scaled_dot_product_flash_attention.default: (6, 7),
+    torch.ops.aten._scaled_dot_product_efficient_attention.default: (2, 3),
+}
+
+
+class PhaseTracker(MemTracker):
+    def __init__(self, param_storages):
+        super().__init__()
+        self._param_cdata = param_storages  # set of StorageImpl pointers of parameters
+        self.copy_refs = []
+        self.record_copies = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        res = super().__torch_dispatch__(func, types, args, kwargs)
+        if func in _CPU_SIDE_OUTPUTS and isinstance(res, tuple):
+            # on CUDA the philox seed/offset of the fused attention kernels are CPU tensors:
+            # they are not in the GPU's memory, so they cost nothing here
+            for i in _CPU_SIDE_OUTPUTS[func]:
+                t = res[i]
+                if isinstance(t, torch.Tensor):
+                    w = self._WINFO.get(t.untyped_storage(), (None, None))[0]
+                    if w is not None and w.mem_consumed > 0:
+                        self._update_snap(_mt._UpdateType.DEL, w)
+                        w.mem_consumed = 0
+                        w.size = t.untyped_storage().size()
+                        w._calculate_mem_consumed = lambda: 0
+        if self.record_copies and func is torch.ops.aten._to_copy.default:
+            src = args[0]
+            if isinstance(src, torch.Tensor) and src.untyped_storage()._cdata in self._param_cdata \
+                    and isinstance(res, torch.Tensor):
+                self.copy_refs.append(weakref.ref(res.untyped_storage()))
+        return res
+
+    def snap(self):
+        s = self.get_tracker_snapshot("current")
+        return _flat(s)
+
+    def reset_peak(self):
+        s = self.get_tracker_snapshot("current")
+        self._peak_mem = {d: v[_mt._TOTAL_KEY] for d, v in s.items()}
+        self._peak_mem_snap = s
+
+    def peak(self):
+        return _flat(self.get_tracker_snapshot("peak"))
+
+    def alive_copy_bytes(self):
+        seen, tot = set(), 0
+        for r in self.copy_refs:
+            st = r()
+            if st is None or st._cdata in seen:
+                continue
+            seen.add(st._cdata)
+            w = self._WINFO.get(st, (None, None))[0]
+            if w is not None:
+                tot += w.mem_consumed
+        return tot
+
+
+def _flat(snap):
+    out = {k: 0 for k, _ in CATS}
+    for dev_snap in snap.values():
+        for k, ref in CATS:
+            out[k] += int(dev_snap.get(ref, 0))
+    out["total"] = sum(out[k] for k, _ in CATS)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Model / step
+# ----------------------------------------------------------------------------------------------
+def load_config(path, attn):
+    import transformers
+    with open(path) as f:
+        d = json.load(f)
+    d = dict(d)
+    mt = d.pop("model_type")
+    for k in ("transformers_version", "_name_or_path", "torch_dtype", "dtype"):
+        d.pop(k, None)
+    cfg = transformers.AutoConfig.for_model(mt, **d)
+    cfg.use_cache = False
+    arch = (d.get("architectures") or [None])[0]
+    return cfg, arch
+
+
+def build_model(cfg, arch, attn, dtype):
+    import transformers
+    if arch and hasattr(transformers, arch):
+        cls = getattr(transformers, arch)
+    elif cfg.model_type == "bert":
+        cls = transformers.BertForMaskedLM
+    else:
+        cls = transformers.AutoModelForCausalLM
+    if cls is transformers.AutoModelForCausalLM:
+        model = cls.from_config(cfg, attn_implementation=attn, dtype=dtype)
+    else:
+        model = cls._from_config(cfg, attn_implementation=attn, dtype=dtype)
+    return model
+
+
+def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False):
+    install_cuda_emulation()
+    import transformers
+    t0 = time.time()
+    torch.manual_seed(0)
+    cfg, arch = load_config(config_path, attn)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    amp = precision == "amp_bf16"
+    train = optimizer != "none"
+    is_mlm = cfg.model_type == "bert" or (arch or "").endswith("ForMaskedLM")
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = build_model(cfg, arch, attn, dtype)
+        if gc:
+            model.gradient_checkpointing_enable()
+        model.train(train)
+        if train:
+            model.config.use_cache = False
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), dtype=torch.long)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if optimizer == "adamw":
+            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        elif optimizer == "sgd":
+            opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+        else:
+            opt = None
+
+        def fwd():
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else _nullctx()
+            with ctx:
+                if train:
+                    out = model(input_ids=ids, labels=ids)
+                else:
+                    out = model(input_ids=ids)
+            return out
+
+        # warm-up (untracked)
+        if train:
+            out = fwd()
+            out.loss.backward()
+            del out
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                out = fwd()
+                del out
+
+        param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
+        mt = PhaseTracker(param_cdata)
+        mt.track_external(model, ids)
+        if opt is not None:
+            mt.track_external(opt)
+        phase_peaks = {}
+        with mt:
+            start = mt.snap()
+            mt.reset_peak()
+            mt.record_copies = amp
+            if train:
+                # keep only the loss, as a training loop does (the logits die here)
+                out = _LossOnly(fwd().loss)
+            else:
+                with torch.no_grad():
+                    out = fwd()
+            mt.record_copies = False
+            end_fwd = mt.snap()
+            amp_copy = mt.alive_copy_bytes() if amp else 0
+            phase_peaks["fwd"] = mt.peak()
+            after_bwd = None
+            if train:
+                loss = out.loss
+                mt.reset_peak()
+                loss.backward()
+                del loss, out
+                phase_peaks["bwd"] = mt.peak()
+                after_bwd = mt.snap()
+                mt.reset_peak()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                phase_peaks["opt"] = mt.peak()
+            else:
+                del out
+            end = mt.snap()
+
+    n_params = sum(p.numel() for p in model.parameters())
+    param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
+    opt_state_bytes = start["optstate"]
+    grad_bytes = after_bwd["gradient"] if after_bwd else 0
+    peak_phase = max(phase_peaks, key=lambda k: phase_peaks[k]["total"])
+    pk = phase_peaks[peak_phase]
+    opt_step_temp = max(0, pk["optstate"] - opt_state_bytes)
+    at_peak = {
+        "parameter": pk["parameter"], "buffer": pk["buffer"], "gradient": pk["gradient"],
+        "optstate": pk["optstate"] - opt_step_temp, "opt_step_temp": opt_step_temp,
+        "activation": pk["activation"], "temp": pk["temp"], "other": pk["other"],
+        "total": pk["total"],
+    }
+    phase_order = ["fwd", "bwd", "opt"]
+    row = {
+        "config": {
+            "model": model_name, "batch": batch, "seq": seq, "image": 224,
+            "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
+            "mode": "fake", "tracker": "memtracker", "emulate_cuda": True,
+            "round_bytes": ROUND_BYTES, "opt_impl": "foreach", "warmup_steps": 1,
+        },
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "torchvision": _torchvision_version()},
+        "n_params": n_params,
+        "param_bytes": param_bytes,
+        "buffer_bytes": buffer_bytes,
+        "input_bytes": input_bytes,
+        "grad_bytes": grad_bytes,
+        "opt_state_bytes": opt_state_bytes,
+        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
+        "peak_bytes": pk["total"],
+        "peak_phase": peak_phase,
+        "at_peak": at_peak,
+        "act_temp_at_peak": pk["activation"] + pk["temp"] + opt_step_temp,
+        "saved_act_bytes": end_fwd["total"] - start["total"],
+        "amp_weight_copy_bytes": amp_copy,
+        "phase_peak_bytes": {k: phase_peaks[k]["total"] for k in phase_order if k in phase_peaks},
+        "phase_peaks": {k: phase_peaks[k] for k in phase_order if k in phase_peaks},
+        "start_bytes": start["total"],
+        "end_bytes": end["total"],
+        "after_bwd_bytes": after_bwd["total"] if after_bwd else None,
+        "time_s": round(time.time() - t0, 2),
+        "sdpa_kernels": dict(SDPA_LOG),
+    }
+    SDPA_LOG.clear()
+    return row
+
+
+def _torchvision_version():
+    try:
+        import torchvision
+        return torchvision.__version__
+    except Exception:
+        return None
+
+
+class _LossOnly:
+    def __init__(self, loss):
+        self.loss = loss
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="path to a Hugging Face config.json")
+    ap.add_argument("--model-name", help="name written to the row (default: file stem)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default="fp32")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
+    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    ap.add_argument("--gc", action="store_true", help="gradient checkpointing of every layer")
+    ap.add_argument("--out", help="append the row(s) to this .jsonl file")
+    ap.add_argument("--grid", help="a JSON file: list of {config, model, batch, seq, precision, "
+                    "optimizer, attn, gc}; each is measured in its own subprocess")
+    ap.add_argument("--keep-kernel-log", action="store_true",
+                    help="keep the sdpa_kernels diagnostic key in the row")
+    a = ap.parse_args(argv)
+    if a.grid:
+        return run_grid(a.grid, a.out, a.keep_kernel_log)
+    if not a.config:
+        ap.error("--config or --grid is required")
+    name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
+    row = measure(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
+    kernels = row.pop("sdpa_kernels")
+    if a.keep_kernel_log:
+        row["sdpa_kernels"] = kernels
+    line = json.dumps(row)
+    print(line)
+    print(f"[measure] {name} b{a.batch} s{a.seq} {a.precision} {a.optimizer} {a.attn} gc={a.gc}: "
+          f"peak {row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']}, sdpa kernels {kernels}, "
+          f"{row['time_s']} s", file=sys.stderr)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(line + "\n")
+    return 0
+
+
+def run_grid(grid_path, out, keep_log):
+    import subprocess
+    with open(grid_path) as f:
+        grid = json.load(f)
+    here = os.path.dirname(os.path.abspath(grid_path))
+    fails = 0
+    for g in grid:
+        cfgp = g["config"]
+        if not os.path.isabs(cfgp) and not os.path.exists(cfgp):
+            cfgp = os.path.join(here, cfgp)
+        cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp,
+               "--model-name", g["model"], "--batch", str(g["batch"]), "--seq", str(g["seq"]),
+               "--precision", g["precision"], "--optimizer", g["optimizer"], "--attn", g.get("attn", "sdpa")]
+        if g.get("gc"):
+            cmd.append("--gc")
+        if out:
+            cmd += ["--out", out]
+        if keep_log:
+            cmd.append("--keep-kernel-log")
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+        if r.returncode != 0:
+            fails += 1
+            print(f"[grid] FAILED: {g}", file=sys.stderr)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
