@@ -11,7 +11,7 @@ use leptos::prelude::*;
 use crate::browser;
 use crate::components::{
     BreakdownCard, BreakdownPart, ConfigInput, Explanations, MemoryChart, Notices, NumberField,
-    SelectField, SweepTable, VerdictCard,
+    RadioGroup, SelectField, SweepTable, VerdictCard,
 };
 
 /// The inputs the page opens with: the URL's if it has any, else the saved ones, else the
@@ -181,44 +181,6 @@ pub fn App() -> impl IntoView {
         });
     });
 
-    let mode_switch = Mode::ALL
-        .into_iter()
-        .map(|m| {
-            let id = match m {
-                Mode::Simple => "mode-simple",
-                Mode::Architecture => "mode-arch",
-            };
-            view! {
-                <label class="radio" for=id>
-                    <input type="radio" name="mode" id=id data-testid=id value=m.key()
-                        prop:checked=move || mode.get() == m
-                        on:change=move |_| state.update(|s| s.mode = m) />
-                    {m.label()}
-                </label>
-            }
-        })
-        .collect_view();
-    let unit_switch = ByteUnit::ALL
-        .into_iter()
-        .map(|u| {
-            let id = match u {
-                ByteUnit::Gb => "unit-gb",
-                ByteUnit::Gib => "unit-gib",
-            };
-            view! {
-                <label class="radio" for=id>
-                    <input type="radio" name="unit" id=id data-testid=id value=u.key()
-                        prop:checked=move || unit.get() == u
-                        on:change=move |_| state.update(|s| s.byte_unit = u) />
-                    {match u {
-                        ByteUnit::Gb => "GB (10⁹ bytes)",
-                        ByteUnit::Gib => "GiB (2³⁰ bytes)",
-                    }}
-                </label>
-            }
-        })
-        .collect_view();
-
     let summary = move || {
         evaluation.with(|e| {
             e.as_ref().ok().map(|e| {
@@ -255,10 +217,9 @@ pub fn App() -> impl IntoView {
         <main class="layout">
             <form class="card inputs" aria-labelledby="inputs-title" on:submit=|ev| ev.prevent_default()>
                 <h2 id="inputs-title">"Model and training step"</h2>
-                <fieldset class="mode-switch" data-testid="mode">
-                    <legend>"Describe the model"</legend>
-                    {mode_switch}
-                </fieldset>
+                <RadioGroup legend="Describe the model" name="mode" testid="mode"
+                    options=options(&Mode::ALL, Mode::key, Mode::label)
+                    value=value_of(Field::Mode) on_change=setter(Field::Mode) />
                 <Show when=move || !is_arch()>
                     <div class="field-row">
                         <NumberField label="Model parameters" testid="params"
@@ -350,10 +311,9 @@ pub fn App() -> impl IntoView {
                     hint="Samples per optimizer step, reached with gradient accumulation."
                     value=value_of(Field::GlobalBatch) on_input=setter(Field::GlobalBatch) error=error_of(Field::GlobalBatch) />
 
-                <fieldset class="unit-switch" data-testid="unit">
-                    <legend>"Show figures in"</legend>
-                    {unit_switch}
-                </fieldset>
+                <RadioGroup legend="Show figures in" name="unit" testid="unit"
+                    options=options(&ByteUnit::ALL, ByteUnit::key, ByteUnit::label)
+                    value=value_of(Field::ByteUnit) on_change=setter(Field::ByteUnit) />
             </form>
             <div class="results">
                 {summary}

@@ -41,6 +41,15 @@ impl ByteUnit {
         }
     }
 
+    /// Name shown to a person, with what the unit is.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            ByteUnit::Gb => "GB (10⁹ bytes)",
+            ByteUnit::Gib => "GiB (2³⁰ bytes)",
+        }
+    }
+
     /// The unit whose [`key`](Self::key) is `key`.
     #[must_use]
     pub fn from_key(key: &str) -> Option<Self> {

@@ -100,3 +100,48 @@ pub fn SelectField(
         </div>
     }
 }
+
+/// A fieldset of radio buttons, one per `(key, label)` choice; each input's `id` and
+/// `data-testid` is `{name}-{key}`.
+#[component]
+pub fn RadioGroup(
+    /// The fieldset's legend.
+    legend: &'static str,
+    /// The inputs' `name`, and the prefix of their ids.
+    name: &'static str,
+    /// `data-testid` of the fieldset.
+    testid: &'static str,
+    /// The choices as `(key, label)`.
+    options: Vec<(&'static str, &'static str)>,
+    /// The key of the chosen option.
+    #[prop(into)]
+    value: Signal<String>,
+    /// Called with the key of the newly chosen option.
+    on_change: Callback<String>,
+) -> impl IntoView {
+    view! {
+        <fieldset class="radio-group" data-testid=testid>
+            <legend>{legend}</legend>
+            {options
+                .into_iter()
+                .map(|(key, text)| {
+                    let id = format!("{name}-{key}");
+                    view! {
+                        <label class="radio">
+                            <input
+                                type="radio"
+                                name=name
+                                id=id.clone()
+                                data-testid=id
+                                value=key
+                                prop:checked=move || value.with(|v| v == key)
+                                on:change=move |_| on_change.run(key.to_owned())
+                            />
+                            {text}
+                        </label>
+                    }
+                })
+                .collect_view()}
+        </fieldset>
+    }
+}

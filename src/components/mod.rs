@@ -15,7 +15,7 @@ pub use chart::MemoryChart;
 pub use config_input::ConfigInput;
 pub use copy_button::CopyButton;
 pub use explanations::Explanations;
-pub use fields::{NumberField, SelectField};
+pub use fields::{NumberField, RadioGroup, SelectField};
 pub use notices::Notices;
 pub use sweep_table::SweepTable;
 pub use verdict::VerdictCard;

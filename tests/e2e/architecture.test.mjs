@@ -3,23 +3,14 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
-import { serveDist, launch, openPage, bytesOf, typeInto } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
 
-let server;
-let browser;
-before(async () => {
-  server = await serveDist();
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  await server?.close();
-});
+const env = useServerAndBrowser({ before, after });
 
 const fixture = (name) => new URL(`../../core/tests/fixtures/configs/${name}.json`, import.meta.url);
 
 async function archPage() {
-  const opened = await openPage(browser, server.origin + '/?gpu=none');
+  const opened = await openPage(env.browser, env.server.origin + '/?gpu=none');
   await opened.page.getByTestId('mode-arch').check();
   await opened.page.getByTestId('model').waitFor();
   return opened;
@@ -79,7 +70,7 @@ test('a pasted config is read, and travels in the URL', async () => {
 
   const url = page.url();
   assert.match(url, /[?&]cfg=/);
-  const other = await browser.newContext();
+  const other = await env.browser.newContext();
   const fresh = await other.newPage();
   await fresh.goto(url);
   await fresh.getByTestId('total').waitFor();

@@ -3,18 +3,9 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
-import { serveDist, launch, openPage, bytesOf } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf } from './harness.mjs';
 
-let server;
-let browser;
-before(async () => {
-  server = await serveDist();
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  await server?.close();
-});
+const env = useServerAndBrowser({ before, after });
 
 /** A small deterministic PRNG, so a failing case can be replayed. */
 function prng(seed) {
@@ -62,7 +53,7 @@ function hostileQueries() {
 test('at least 50 hostile links: the page renders, says what it ignored, throws nothing, runs nothing', async () => {
   const queries = hostileQueries();
   assert.ok(queries.length >= 50, `${queries.length} cases`);
-  const context = await browser.newContext();
+  const context = await env.browser.newContext();
   const page = await context.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
@@ -74,7 +65,7 @@ test('at least 50 hostile links: the page renders, says what it ignored, throws 
   });
   for (const query of queries) {
     const label = query.slice(0, 60);
-    await page.goto(`${server.origin}/?${query}`);
+    await page.goto(`${env.server.origin}/?${query}`);
     await page.getByTestId('total').waitFor();
     assert.ok((await page.getByTestId('notice').count()) >= 1, `no notice for ${label}`);
     assert.equal(await page.evaluate(() => window.__pwned), undefined, `script ran for ${label}`);
@@ -87,7 +78,7 @@ test('at least 50 hostile links: the page renders, says what it ignored, throws 
 
 test('garbage or missing localStorage is handled like a bad link', async () => {
   for (const stored of ['\u0000\u0001', 'b=%%%', 'x'.repeat(200_000), '{"json": true}', payloads[1]]) {
-    const context = await browser.newContext();
+    const context = await env.browser.newContext();
     await context.addInitScript((value) => {
       if (!sessionStorage.getItem('seeded')) {
         localStorage.setItem('batch-size-memory-estimator:v1', value);
@@ -97,7 +88,7 @@ test('garbage or missing localStorage is handled like a bad link', async () => {
     const page = await context.newPage();
     const errors = [];
     page.on('pageerror', (e) => errors.push(String(e)));
-    await page.goto(server.origin);
+    await page.goto(env.server.origin);
     await page.getByTestId('total').waitFor();
     assert.ok((await page.getByTestId('notice').count()) >= 1, stored.slice(0, 20));
     assert.equal(await bytesOf(page, 'total'), 102_096_000_000n);
@@ -105,14 +96,14 @@ test('garbage or missing localStorage is handled like a bad link', async () => {
     await context.close();
   }
   // A browser that refuses storage altogether (some private windows).
-  const context = await browser.newContext();
+  const context = await env.browser.newContext();
   await context.addInitScript(() => {
     Object.defineProperty(window, 'localStorage', { get() { throw new DOMException('denied', 'SecurityError'); } });
   });
   const page = await context.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  await page.goto(server.origin);
+  await page.goto(env.server.origin);
   await page.getByTestId('total').waitFor();
   assert.equal(await bytesOf(page, 'total'), 102_096_000_000n);
   await page.getByTestId('batch').fill('16');
@@ -122,9 +113,9 @@ test('garbage or missing localStorage is handled like a bad link', async () => {
 });
 
 test('every request stays on the page origin, in every mode', async () => {
-  const { page, requests, errors, context } = await openPage(browser, server.origin, {
+  const { page, requests, errors, context } = await openPage(env.browser, env.server.origin, {
     permissions: ['clipboard-read', 'clipboard-write'],
-    origin: server.origin,
+    origin: env.server.origin,
   });
   await page.getByTestId('copy-sweep').click();
   await page.getByTestId('mode-arch').check();
@@ -136,7 +127,7 @@ test('every request stays on the page origin, in every mode', async () => {
   const csp = await page.locator('meta[http-equiv="Content-Security-Policy"]').getAttribute('content');
   assert.match(csp, /default-src 'self'/);
   assert.doesNotMatch(csp, /unsafe-inline|\*/);
-  const foreign = requests.filter((u) => !u.startsWith(server.origin + '/'));
+  const foreign = requests.filter((u) => !u.startsWith(env.server.origin + '/'));
   assert.deepEqual(foreign, []);
   assert.deepEqual(errors, [], 'no CSP violation or other error');
   await context.close();
@@ -149,9 +140,9 @@ for (const colorScheme of ['light', 'dark']) {
   for (const query of ['', 'm=arch&model=llama3-8b&gpu=h100-80&n=8&shard=zero3&gb=512', 'm=arch&model=custom&gpu=custom&o=none', 'b=abc']) {
     test(`axe-core: no serious or critical violation (${colorScheme}, ?${query || 'defaults'})`, async () => {
       // The audit script is injected by the test, so this context alone bypasses the CSP.
-      const context = await browser.newContext({ colorScheme, bypassCSP: true });
+      const context = await env.browser.newContext({ colorScheme, bypassCSP: true });
       const page = await context.newPage();
-      await page.goto(`${server.origin}/?${query}`);
+      await page.goto(`${env.server.origin}/?${query}`);
       await page.getByTestId('total').waitFor();
       await page.evaluate(axeSource);
       const results = await page.evaluate(() => window.axe.run(document, { resultTypes: ['violations'] }));
@@ -174,10 +165,10 @@ async function tabTo(page, testid, limit = 120) {
 }
 
 test('keyboard only: reach and change every control, then copy the table', async () => {
-  const context = await browser.newContext();
-  await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: server.origin });
+  const context = await env.browser.newContext();
+  await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: env.server.origin });
   const page = await context.newPage();
-  await page.goto(server.origin + '/?gpu=none');
+  await page.goto(env.server.origin + '/?gpu=none');
   await page.getByTestId('total').waitFor();
 
   await tabTo(page, 'params');

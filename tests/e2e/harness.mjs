@@ -94,3 +94,20 @@ export async function typeInto(page, testid, text) {
   if (text === '') await field.press('Backspace');
   else await field.pressSequentially(text);
 }
+
+/**
+ * Registers the file's `before`/`after` hooks: one static server and one browser for all of
+ * its tests. Read `env.server` and `env.browser` inside the tests.
+ */
+export function useServerAndBrowser({ before, after }) {
+  const env = {};
+  before(async () => {
+    env.server = await serveDist();
+    env.browser = await launch();
+  });
+  after(async () => {
+    await env.browser?.close();
+    await env.server?.close();
+  });
+  return env;
+}

@@ -2,21 +2,12 @@
 // GPUs, accumulation, the KV cache and the chart.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serveDist, launch, openPage, bytesOf, typeInto } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
 
-let server;
-let browser;
-before(async () => {
-  server = await serveDist();
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  await server?.close();
-});
+const env = useServerAndBrowser({ before, after });
 
 test('the largest batch fits and one more does not', async () => {
-  const { page, errors, context } = await openPage(browser, server.origin + '/?p=1&pu=B&a=2000&gpu=a100-80');
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + '/?p=1&pu=B&a=2000&gpu=a100-80');
   const max = Number(await page.getByTestId('max-batch').getAttribute('data-value'));
   assert.ok(max > 1, `max batch ${max}`);
   await typeInto(page, 'batch', String(max));
@@ -32,7 +23,7 @@ test('the largest batch fits and one more does not', async () => {
 });
 
 test('overheads are their own lines and editable', async () => {
-  const { page, context } = await openPage(browser, server.origin + '/?p=1&pu=B&a=100&b=4&gpu=custom&cap=20000');
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?p=1&pu=B&a=100&b=4&gpu=custom&cap=20000');
   assert.equal(await bytesOf(page, 'gpu-capacity-bytes'), 20000n * 1048576n);
   assert.equal(await bytesOf(page, 'need-context'), 500n * 1048576n);
   const peak = await bytesOf(page, 'need-peak');
@@ -48,14 +39,14 @@ test('overheads are their own lines and editable', async () => {
 });
 
 test('even batch 1 not fitting is said plainly', async () => {
-  const { page, context } = await openPage(browser, server.origin + '/?m=arch&model=llama3-70b&b=1&s=2048&gpu=h100-80');
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?m=arch&model=llama3-70b&b=1&s=2048&gpu=h100-80');
   assert.equal(await page.getByTestId('max-batch').getAttribute('data-value'), '0');
   assert.match(await page.getByTestId('max-batch').textContent(), /Even batch 1 does not fit/);
   await context.close();
 });
 
 test('sharding lowers per-GPU memory stage by stage, and says it is per GPU', async () => {
-  const { page, context } = await openPage(browser, server.origin + '/?m=arch&model=llama3-8b&b=1&s=2048&gpu=h100-80&n=8');
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?m=arch&model=llama3-8b&b=1&s=2048&gpu=h100-80&n=8');
   let last = await bytesOf(page, 'total');
   for (const stage of ['zero1', 'zero2', 'zero3']) {
     await page.getByTestId('sharding').selectOption(stage);
@@ -70,7 +61,7 @@ test('sharding lowers per-GPU memory stage by stage, and says it is per GPU', as
 });
 
 test('gradient accumulation reaches the global batch with the largest micro-batch', async () => {
-  const { page, context } = await openPage(browser, server.origin + '/?p=1&pu=B&a=2000&gpu=a100-80&n=4');
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?p=1&pu=B&a=2000&gpu=a100-80&n=4');
   await typeInto(page, 'global-batch', '1024');
   const plan = page.getByTestId('accumulation-plan');
   const micro = Number(await plan.getAttribute('data-micro-batch'));
@@ -84,7 +75,7 @@ test('gradient accumulation reaches the global batch with the largest micro-batc
 });
 
 test('generation adds a KV cache with grouped-query attention', async () => {
-  const { page, context } = await openPage(browser, server.origin + '/?m=arch&model=llama3-8b&o=none&r=bf16&b=4&s=1024&gpu=none');
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?m=arch&model=llama3-8b&o=none&r=bf16&b=4&s=1024&gpu=none');
   const before = await bytesOf(page, 'total');
   await typeInto(page, 'new-tokens', '1024');
   // 4 x 2048 tokens x 32 layers x K and V x 8 KV heads x 128 x 2 bytes.
@@ -94,7 +85,7 @@ test('generation adds a KV cache with grouped-query attention', async () => {
 });
 
 test('the chart follows the sweep and draws the GPU line', async () => {
-  const { page, context } = await openPage(browser, server.origin + '/?gpu=h200');
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?gpu=h200');
   const chart = page.getByTestId('memory-chart');
   assert.equal(await chart.getAttribute('role'), 'img');
   assert.equal(await page.getByTestId('chart-bar').count(), await page.getByTestId('sweep-row').count());
@@ -108,14 +99,14 @@ test('the chart follows the sweep and draws the GPU line', async () => {
 });
 
 test('the hardware settings travel in the URL', async () => {
-  const { page, context } = await openPage(browser, server.origin);
+  const { page, context } = await openPage(env.browser, env.server.origin);
   await page.getByTestId('gpu').selectOption('custom');
   await typeInto(page, 'gpu-capacity', '30000');
   await typeInto(page, 'num-gpus', '16');
   await page.getByTestId('sharding').selectOption('zero2');
   await typeInto(page, 'global-batch', '512');
   const url = page.url();
-  const other = await browser.newContext();
+  const other = await env.browser.newContext();
   const fresh = await other.newPage();
   await fresh.goto(url);
   await fresh.getByTestId('total').waitFor();

@@ -2,23 +2,14 @@
 // the tables, share the link, reload, and try bad values.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serveDist, launch, openPage, bytesOf, typeInto } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
 
-let server;
-let browser;
-before(async () => {
-  server = await serveDist();
-  browser = await launch();
-});
-after(async () => {
-  await browser?.close();
-  await server?.close();
-});
+const env = useServerAndBrowser({ before, after });
 
 const clipboard = ['clipboard-read', 'clipboard-write'];
 
 test('the defaults show the example of the issue, to the byte', async () => {
-  const { page, errors, context } = await openPage(browser, server.origin);
+  const { page, errors, context } = await openPage(env.browser, env.server.origin);
   assert.equal(await bytesOf(page, 'weights'), 14_000_000_000n);
   assert.equal(await bytesOf(page, 'gradients'), 28_000_000_000n);
   assert.equal(await bytesOf(page, 'optimizer-states'), 56_000_000_000n);
@@ -30,7 +21,7 @@ test('the defaults show the example of the issue, to the byte', async () => {
 });
 
 test('typing updates the figures without a button', async () => {
-  const { page, errors, context } = await openPage(browser, server.origin);
+  const { page, errors, context } = await openPage(env.browser, env.server.origin);
   await typeInto(page, 'params', '7000');
   await page.getByTestId('params-unit').selectOption('M');
   assert.equal(await bytesOf(page, 'weights'), 14_000_000_000n);
@@ -54,7 +45,7 @@ test('typing updates the figures without a button', async () => {
 });
 
 test('the GiB switch changes only what is shown', async () => {
-  const { page, context } = await openPage(browser, server.origin);
+  const { page, context } = await openPage(env.browser, env.server.origin);
   const before = await bytesOf(page, 'total');
   await page.getByTestId('unit-gib').check();
   assert.match(await page.getByTestId('total').textContent(), /95\.08 GiB/);
@@ -66,7 +57,7 @@ test('the GiB switch changes only what is shown', async () => {
 });
 
 test('the sweep has powers of two around the chosen batch, which is highlighted', async () => {
-  const { page, context } = await openPage(browser, server.origin);
+  const { page, context } = await openPage(env.browser, env.server.origin);
   await typeInto(page, 'batch', '12');
   const rows = page.getByTestId('sweep-row');
   await page.locator('[data-testid="sweep-row"][data-batch="12"]').waitFor();
@@ -78,7 +69,7 @@ test('the sweep has powers of two around the chosen batch, which is highlighted'
 });
 
 test('copy as Markdown and as TSV, then read the clipboard', async () => {
-  const { page, context } = await openPage(browser, server.origin, { permissions: clipboard, origin: server.origin });
+  const { page, context } = await openPage(env.browser, env.server.origin, { permissions: clipboard, origin: env.server.origin });
   await page.getByTestId('copy-sweep').click();
   await page.getByTestId('copy-sweep').getByText('Copied!').waitFor();
   const markdown = await page.evaluate(() => navigator.clipboard.readText());
@@ -104,12 +95,12 @@ test('copy as Markdown and as TSV, then read the clipboard', async () => {
 });
 
 test('a refused clipboard says what went wrong', async () => {
-  const context = await browser.newContext();
+  const context = await env.browser.newContext();
   await context.addInitScript(() => {
     navigator.clipboard.writeText = () => Promise.reject(new DOMException('Write permission denied.', 'NotAllowedError'));
   });
   const page = await context.newPage();
-  await page.goto(server.origin);
+  await page.goto(env.server.origin);
   await page.getByTestId('copy-sweep').click();
   const status = page.getByTestId('copy-sweep-status');
   await status.getByText(/Copy failed/).waitFor();
@@ -129,7 +120,7 @@ async function fieldValues(page) {
 }
 
 test('the URL holds every input and opens the same page elsewhere', async () => {
-  const { page, context } = await openPage(browser, server.origin);
+  const { page, context } = await openPage(env.browser, env.server.origin);
   const historyBefore = await page.evaluate(() => history.length);
   await typeInto(page, 'params', '13');
   await page.getByTestId('precision').selectOption('fp32');
@@ -143,7 +134,7 @@ test('the URL holds every input and opens the same page elsewhere', async () => 
   const historyAfter = await page.evaluate(() => history.length);
   assert.equal(historyAfter, historyBefore, 'typing replaces the history entry instead of pushing');
 
-  const other = await browser.newContext();
+  const other = await env.browser.newContext();
   const fresh = await other.newPage();
   await fresh.goto(url);
   await fresh.getByTestId('total').waitFor();
@@ -154,15 +145,15 @@ test('the URL holds every input and opens the same page elsewhere', async () => 
 });
 
 test('a reload keeps the inputs, and the URL wins over storage', async () => {
-  const { page, context } = await openPage(browser, server.origin);
+  const { page, context } = await openPage(env.browser, env.server.origin);
   await typeInto(page, 'batch', '24');
   await page.getByTestId('precision').selectOption('int8');
-  await page.goto(server.origin + '/');
+  await page.goto(env.server.origin + '/');
   await page.getByTestId('total').waitFor();
   assert.equal(await page.getByTestId('batch').inputValue(), '24');
   assert.equal(await page.getByTestId('precision').inputValue(), 'int8');
 
-  await page.goto(server.origin + '/?b=2');
+  await page.goto(env.server.origin + '/?b=2');
   await page.getByTestId('total').waitFor();
   assert.equal(await page.getByTestId('batch').inputValue(), '2');
   assert.equal(await page.getByTestId('precision').inputValue(), 'fp16');
@@ -170,7 +161,7 @@ test('a reload keeps the inputs, and the URL wins over storage', async () => {
 });
 
 test('bad values get a message at their field and the rest keeps working', async () => {
-  const { page, errors, context } = await openPage(browser, server.origin);
+  const { page, errors, context } = await openPage(env.browser, env.server.origin);
   const cases = [
     ['batch', '', /Enter a number/],
     ['batch', '0', /greater than zero/],
@@ -208,7 +199,7 @@ test('bad values get a message at their field and the rest keeps working', async
 });
 
 test('a malformed link falls back to defaults with a notice naming the bad parts', async () => {
-  const { page, errors, context } = await openPage(browser, server.origin + '/?b=abc&p=-3&pr=fp64&zz=1&a=%E0%A4');
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + '/?b=abc&p=-3&pr=fp64&zz=1&a=%E0%A4');
   const notices = await page.getByTestId('notice').allTextContents();
   assert.equal(notices.length, 5, notices.join('\n'));
   assert.ok(notices.some((n) => n.includes('batch size') && n.includes('abc')));
@@ -222,7 +213,7 @@ test('a malformed link falls back to defaults with a notice naming the bad parts
 });
 
 test('garbage in storage falls back to defaults with a notice', async () => {
-  const context = await browser.newContext();
+  const context = await env.browser.newContext();
   await context.addInitScript(() => {
     if (!sessionStorage.getItem('seeded')) {
       localStorage.setItem('batch-size-memory-estimator:v1', '"b=%%%&pr=<script>alert(1)</script>"');
@@ -232,7 +223,7 @@ test('garbage in storage falls back to defaults with a notice', async () => {
   const page = await context.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  await page.goto(server.origin);
+  await page.goto(env.server.origin);
   await page.getByTestId('total').waitFor();
   const notices = await page.getByTestId('notice').allTextContents();
   assert.ok(notices.length >= 2 && notices.every((n) => n.startsWith('Saved inputs')), notices.join('\n'));
@@ -242,11 +233,11 @@ test('garbage in storage falls back to defaults with a notice', async () => {
 });
 
 test('no request leaves the page origin', async () => {
-  const { page, requests, context } = await openPage(browser, server.origin, { permissions: clipboard, origin: server.origin });
+  const { page, requests, context } = await openPage(env.browser, env.server.origin, { permissions: clipboard, origin: env.server.origin });
   await typeInto(page, 'batch', '16');
   await page.getByTestId('copy-sweep').click();
   await page.waitForLoadState('networkidle');
-  const foreign = requests.filter((u) => !u.startsWith(server.origin + '/'));
+  const foreign = requests.filter((u) => !u.startsWith(env.server.origin + '/'));
   assert.deepEqual(foreign, []);
   await context.close();
 });
