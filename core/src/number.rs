@@ -135,7 +135,12 @@ fn parse_decimal(text: &str) -> Result<Decimal, FieldError> {
         exponent = exponent.saturating_add(if negative { -value } else { value });
     }
     exponent = exponent.saturating_add(overflowed_digits);
-    let exponent = i32::try_from(exponent.clamp(-10_000, 10_000)).unwrap_or(0);
+    let mut exponent = i32::try_from(exponent.clamp(-10_000, 10_000)).unwrap_or(0);
+    // Drop trailing fractional zeros ("7.000...") so scaling cannot overflow on them.
+    while exponent < 0 && digits != 0 && digits.is_multiple_of(10) {
+        digits /= 10;
+        exponent += 1;
+    }
     Ok(Decimal { digits, exponent })
 }
 

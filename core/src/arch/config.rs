@@ -575,9 +575,16 @@ pub fn parse_hf_config(json: &str) -> Result<Architecture, ConfigError> {
         1,
         MAX_DIM,
     )?;
+    // Only the llama-like families have grouped-query attention (GPT-2, BERT and ViT ignore
+    // the field, and `to_config_json` writes it for the llama-like ones only).
+    let explicit_kv_heads = if family.is_llama_like() {
+        get_u64(m, &["num_key_value_heads"])?
+    } else {
+        None
+    };
     let kv_heads = check_range(
         "num_key_value_heads",
-        get_u64(m, &["num_key_value_heads"])?.unwrap_or(heads),
+        explicit_kv_heads.unwrap_or(heads),
         1,
         heads,
     )?;
