@@ -48,6 +48,23 @@ struct Options {
     notices: Vec<String>,
 }
 
+/// Flags that set one input of the page, with the input they set.
+const FIELD_FLAGS: [(&str, Field); 13] = [
+    ("--batch", Field::Batch),
+    ("--seq", Field::SeqLen),
+    ("--precision", Field::Recipe),
+    ("--optimizer", Field::Optimizer),
+    ("--attention", Field::Attention),
+    ("--checkpointing", Field::Checkpointing),
+    ("--generate", Field::NewTokens),
+    ("--gpu", Field::Gpu),
+    ("--capacity-mib", Field::CustomCapacity),
+    ("--gpus", Field::NumGpus),
+    ("--sharding", Field::Sharding),
+    ("--tp", Field::TensorParallel),
+    ("--global-batch", Field::GlobalBatch),
+];
+
 fn set(state: &mut PageState, flag: &str, field: Field, value: &str) -> Result<(), String> {
     state
         .set(field, value)
@@ -98,20 +115,10 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 state.mode = Mode::Architecture;
                 set(&mut state, flag, Field::Model, value()?)?;
             }
-            "--batch" => set(&mut state, flag, Field::Batch, value()?)?,
-            "--seq" => set(&mut state, flag, Field::SeqLen, value()?)?,
-            "--precision" => set(&mut state, flag, Field::Recipe, value()?)?,
-            "--optimizer" => set(&mut state, flag, Field::Optimizer, value()?)?,
-            "--attention" => set(&mut state, flag, Field::Attention, value()?)?,
-            "--checkpointing" => set(&mut state, flag, Field::Checkpointing, value()?)?,
-            "--generate" => set(&mut state, flag, Field::NewTokens, value()?)?,
-            "--gpu" => set(&mut state, flag, Field::Gpu, value()?)?,
-            "--capacity-mib" => set(&mut state, flag, Field::CustomCapacity, value()?)?,
-            "--gpus" => set(&mut state, flag, Field::NumGpus, value()?)?,
-            "--sharding" => set(&mut state, flag, Field::Sharding, value()?)?,
-            "--tp" => set(&mut state, flag, Field::TensorParallel, value()?)?,
-            "--global-batch" => set(&mut state, flag, Field::GlobalBatch, value()?)?,
-            other => return Err(format!("unknown argument {other:?}")),
+            other => match FIELD_FLAGS.iter().find(|(name, _)| *name == other) {
+                Some((_, field)) => set(&mut state, flag, *field, value()?)?,
+                None => return Err(format!("unknown argument {other:?}")),
+            },
         }
         i += 1;
     }

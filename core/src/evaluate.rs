@@ -267,10 +267,17 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
             let tp = plan.tensor_parallel.max(1);
             let n = plan.num_gpus.max(1);
-            let whole_params = estimate
-                .phase_peaks
-                .first()
-                .map_or(estimate.at_peak.parameters, |(_, c)| c.parameters);
+            // Persistent state as held between steps: gradients exist only from the end of
+            // backward on, so each category is its largest over the phases.
+            let persistent = |bytes: fn(&CategoryBytes) -> u64| {
+                estimate
+                    .phase_peaks
+                    .iter()
+                    .map(|(_, c)| bytes(c))
+                    .max()
+                    .unwrap_or(0)
+            };
+            let whole_params = persistent(|c| c.parameters);
             let gathered = u128::from(whole_params)
                 * u128::from(arch.largest_layer_parameter_count())
                 / u128::from(estimate.n_params.max(1));
@@ -336,24 +343,8 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
             let model_state = shard_model_state(
                 ShardedState {
                     parameter_bytes: whole_params / tp,
-                    gradient_bytes: if step.optimizer.trains() {
-                        estimate
-                            .phase_peaks
-                            .iter()
-                            .map(|(_, c)| c.gradients)
-                            .max()
-                            .unwrap_or(0)
-                            / tp
-                    } else {
-                        0
-                    },
-                    optimizer_state_bytes: estimate
-                        .phase_peaks
-                        .iter()
-                        .map(|(_, c)| c.optimizer_states)
-                        .min()
-                        .unwrap_or(0)
-                        / tp,
+                    gradient_bytes: persistent(|c| c.gradients) / tp,
+                    optimizer_state_bytes: persistent(|c| c.optimizer_states) / tp,
                 },
                 plan.sharding,
                 n,

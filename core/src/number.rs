@@ -144,33 +144,32 @@ fn parse_decimal(text: &str) -> Result<Decimal, FieldError> {
     Ok(Decimal { digits, exponent })
 }
 
+/// `value x 10^power`, or `None` past `u128`.
+fn times_power_of_ten(value: u128, power: u32) -> Option<u128> {
+    if value == 0 {
+        return Some(0);
+    }
+    (0..power).try_fold(value, |v, _| v.checked_mul(10))
+}
+
 /// `decimal x scale`, exactly, or `Err` when it is not an integer (`Ok(None)` = too large).
 fn scaled_integer(decimal: Decimal, scale: u64) -> Result<Option<u128>, ()> {
-    let mut value = decimal.digits.checked_mul(u128::from(scale));
-    let Some(mut v) = value else {
+    let Some(mut value) = decimal.digits.checked_mul(u128::from(scale)) else {
         return Ok(None);
     };
-    if v == 0 {
-        return Ok(Some(0));
-    }
     if decimal.exponent >= 0 {
-        for _ in 0..decimal.exponent {
-            match v.checked_mul(10) {
-                Some(next) => v = next,
-                None => return Ok(None),
-            }
-        }
-        value = Some(v);
-    } else {
-        for _ in 0..decimal.exponent.unsigned_abs() {
-            if v % 10 != 0 {
-                return Err(());
-            }
-            v /= 10;
-        }
-        value = Some(v);
+        return Ok(times_power_of_ten(value, decimal.exponent.unsigned_abs()));
     }
-    Ok(value)
+    for _ in 0..decimal.exponent.unsigned_abs() {
+        if value == 0 {
+            break;
+        }
+        if value % 10 != 0 {
+            return Err(());
+        }
+        value /= 10;
+    }
+    Ok(Some(value))
 }
 
 /// Parses a positive whole count of `what`, `text x scale`, in `1..=max`.
@@ -210,11 +209,7 @@ pub fn parse_rounded_amount(text: &str, scale: u64, max: u64) -> Result<u64, Fie
         .checked_mul(u128::from(scale))
         .ok_or_else(too_large)?;
     let rounded = if decimal.exponent >= 0 {
-        let mut v = digits_scaled;
-        for _ in 0..decimal.exponent {
-            v = v.checked_mul(10).ok_or_else(too_large)?;
-        }
-        v
+        times_power_of_ten(digits_scaled, decimal.exponent.unsigned_abs()).ok_or_else(too_large)?
     } else {
         let shift = decimal.exponent.unsigned_abs();
         if shift > 38 {
