@@ -151,7 +151,7 @@ impl Default for PageState {
             batch: "8".to_owned(),
             activation_mb: "512".to_owned(),
             byte_unit: ByteUnit::Gb,
-            preset: Some(Preset::Llama3_8B),
+            preset: Preset::from_key("llama3-8b"),
             config_json: String::new(),
             seq_len: "2048".to_owned(),
             recipe: PrecisionRecipe::AmpBf16,
@@ -501,7 +501,7 @@ impl PageState {
     /// Why the pasted config cannot be used.
     pub fn architecture(&self) -> Result<crate::Architecture, crate::ConfigError> {
         match self.preset {
-            Some(preset) => Ok(preset.architecture()),
+            Some(preset) => preset.architecture(),
             None => crate::parse_hf_config(&self.config_json),
         }
     }

@@ -34,6 +34,9 @@
 
 mod config;
 mod estimate;
+mod families;
+mod model;
+mod ops;
 mod presets;
 mod recipe;
 

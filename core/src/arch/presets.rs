@@ -1,106 +1,106 @@
-//! Published model configurations, usable without a `config.json`.
+//! Published models, usable without a `config.json`: each preset is a config read by the same
+//! family reader as a pasted one (the files in `presets/` hold the fields the readers use).
 
-use super::config::{Architecture, ModelFamily};
+use super::config::{parse_hf_config, Architecture, ConfigError, ModelFamily};
 
 /// A well-known model with its published configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Preset {
-    /// GPT-2 small (124M).
-    Gpt2Small,
-    /// GPT-2 medium (355M).
-    Gpt2Medium,
-    /// GPT-2 large (774M).
-    Gpt2Large,
-    /// BERT base, uncased, masked-LM head.
-    BertBase,
-    /// Llama 3.2 1B.
-    Llama32_1B,
-    /// Llama 3 8B.
-    Llama3_8B,
-    /// Llama 3 70B.
-    Llama3_70B,
-    /// Mistral 7B v0.1.
-    Mistral7B,
-    /// Qwen2.5 0.5B.
-    Qwen25_0_5B,
-    /// Qwen2.5 7B.
-    Qwen25_7B,
-    /// Gemma 2B.
-    Gemma2B,
-    /// Phi-3 mini 4k.
-    Phi3Mini,
-    /// ViT-B/16 (torchvision `vit_b_16`, 224 px).
-    VitB16,
+pub struct Preset(usize);
+
+struct PresetSpec {
+    key: &'static str,
+    label: &'static str,
+    family: ModelFamily,
+    default_seq_len: u64,
+    config: &'static str,
 }
 
-struct Dims {
-    family: ModelFamily,
-    layers: u64,
-    hidden: u64,
-    heads: u64,
-    kv: u64,
-    head_dim: u64,
-    inter: u64,
-    vocab: u64,
-    tie: bool,
+macro_rules! presets {
+    ($(($key:literal, $label:literal, $family:ident, $seq:literal)),* $(,)?) => {
+        const PRESETS: &[PresetSpec] = &[$(PresetSpec {
+            key: $key,
+            label: $label,
+            family: ModelFamily::$family,
+            default_seq_len: $seq,
+            config: include_str!(concat!("presets/", $key, ".json")),
+        }),*];
+    };
 }
+
+// Grouped by family, in the order the page lists them. Keys are URL ids: never change one.
+presets![
+    ("llama3.2-1b", "Llama 3.2 1B", Llama, 2048),
+    ("llama3.2-3b", "Llama 3.2 3B", Llama, 2048),
+    ("llama3-8b", "Llama 3 8B", Llama, 2048),
+    ("llama3.1-8b", "Llama 3.1 8B", Llama, 2048),
+    ("llama3-70b", "Llama 3 70B", Llama, 2048),
+    ("llama3.3-70b", "Llama 3.3 70B", Llama, 2048),
+    ("qwen3-0.6b", "Qwen3 0.6B", Qwen3, 2048),
+    ("qwen3-1.7b", "Qwen3 1.7B", Qwen3, 2048),
+    ("qwen3-4b", "Qwen3 4B", Qwen3, 2048),
+    ("qwen3-8b", "Qwen3 8B", Qwen3, 2048),
+    ("qwen3-14b", "Qwen3 14B", Qwen3, 2048),
+    ("qwen3-32b", "Qwen3 32B", Qwen3, 2048),
+    ("qwen2.5-0.5b", "Qwen2.5 0.5B", Qwen2, 2048),
+    ("qwen2.5-7b", "Qwen2.5 7B", Qwen2, 2048),
+    ("gemma3-1b", "Gemma 3 1B", Gemma3, 2048),
+    ("gemma3-4b", "Gemma 3 4B (text)", Gemma3, 2048),
+    ("gemma3-12b", "Gemma 3 12B (text)", Gemma3, 2048),
+    ("gemma3-27b", "Gemma 3 27B (text)", Gemma3, 2048),
+    ("gemma2-2b", "Gemma 2 2B", Gemma2, 2048),
+    ("gemma2-9b", "Gemma 2 9B", Gemma2, 2048),
+    ("gemma-2b", "Gemma 2B", Gemma, 2048),
+    ("mistral-7b", "Mistral 7B v0.1", Mistral, 2048),
+    ("phi4-mini", "Phi-4-mini (3.8B)", Phi3, 2048),
+    ("phi3-mini", "Phi-3 mini 4k", Phi3, 4096),
+    ("olmo2-1b", "OLMo 2 1B", Olmo2, 2048),
+    ("olmo2-7b", "OLMo 2 7B", Olmo2, 2048),
+    ("smollm3-3b", "SmolLM3 3B", SmolLm3, 2048),
+    ("granite3.3-2b", "Granite 3.3 2B", Granite, 2048),
+    ("granite3.3-8b", "Granite 3.3 8B", Granite, 2048),
+    ("gpt2", "GPT-2 (124M)", Gpt2, 1024),
+    ("gpt2-medium", "GPT-2 medium (355M)", Gpt2, 1024),
+    ("gpt2-large", "GPT-2 large (774M)", Gpt2, 1024),
+    ("bert-base", "BERT base (110M)", Bert, 512),
+    ("roberta-base", "RoBERTa base (125M)", Roberta, 512),
+    ("xlm-roberta-base", "XLM-RoBERTa base (278M)", XlmRoberta, 512),
+    ("vit-b16", "ViT-B/16 (224 px)", Vit, 224),
+];
+
+const COUNT: usize = 36;
 
 impl Preset {
-    /// Every preset, in the order the page lists them.
-    pub const ALL: [Preset; 13] = [
-        Preset::Gpt2Small,
-        Preset::Gpt2Medium,
-        Preset::Gpt2Large,
-        Preset::BertBase,
-        Preset::Llama32_1B,
-        Preset::Llama3_8B,
-        Preset::Llama3_70B,
-        Preset::Mistral7B,
-        Preset::Qwen25_0_5B,
-        Preset::Qwen25_7B,
-        Preset::Gemma2B,
-        Preset::Phi3Mini,
-        Preset::VitB16,
-    ];
+    /// Every preset, grouped by family in the order the page lists them.
+    pub const ALL: [Preset; COUNT] = {
+        let mut all = [Preset(0); COUNT];
+        let mut i = 0;
+        while i < COUNT {
+            all[i] = Preset(i);
+            i += 1;
+        }
+        all
+    };
+
+    fn spec(self) -> &'static PresetSpec {
+        &PRESETS[self.0 % PRESETS.len()]
+    }
 
     /// Short stable URL id.
     #[must_use]
-    pub const fn key(self) -> &'static str {
-        match self {
-            Preset::Gpt2Small => "gpt2",
-            Preset::Gpt2Medium => "gpt2-medium",
-            Preset::Gpt2Large => "gpt2-large",
-            Preset::BertBase => "bert-base",
-            Preset::Llama32_1B => "llama3.2-1b",
-            Preset::Llama3_8B => "llama3-8b",
-            Preset::Llama3_70B => "llama3-70b",
-            Preset::Mistral7B => "mistral-7b",
-            Preset::Qwen25_0_5B => "qwen2.5-0.5b",
-            Preset::Qwen25_7B => "qwen2.5-7b",
-            Preset::Gemma2B => "gemma-2b",
-            Preset::Phi3Mini => "phi3-mini",
-            Preset::VitB16 => "vit-b16",
-        }
+    pub fn key(self) -> &'static str {
+        self.spec().key
     }
 
     /// Name shown to a person.
     #[must_use]
-    pub const fn label(self) -> &'static str {
-        match self {
-            Preset::Gpt2Small => "GPT-2 (124M)",
-            Preset::Gpt2Medium => "GPT-2 medium (355M)",
-            Preset::Gpt2Large => "GPT-2 large (774M)",
-            Preset::BertBase => "BERT base (110M)",
-            Preset::Llama32_1B => "Llama 3.2 1B",
-            Preset::Llama3_8B => "Llama 3 8B",
-            Preset::Llama3_70B => "Llama 3 70B",
-            Preset::Mistral7B => "Mistral 7B v0.1",
-            Preset::Qwen25_0_5B => "Qwen2.5 0.5B",
-            Preset::Qwen25_7B => "Qwen2.5 7B",
-            Preset::Gemma2B => "Gemma 2B",
-            Preset::Phi3Mini => "Phi-3 mini 4k",
-            Preset::VitB16 => "ViT-B/16 (224 px)",
-        }
+    pub fn label(self) -> &'static str {
+        self.spec().label
+    }
+
+    /// The family (the page groups presets by it).
+    #[must_use]
+    pub fn family(self) -> ModelFamily {
+        self.spec().family
     }
 
     /// The preset whose [`key`](Self::key) is `key`.
@@ -111,115 +111,87 @@ impl Preset {
 
     /// A typical sequence length (for ViT: the image side, 224).
     #[must_use]
-    pub const fn default_seq_len(self) -> u64 {
-        match self {
-            Preset::Gpt2Small | Preset::Gpt2Medium | Preset::Gpt2Large => 1024,
-            Preset::BertBase => 512,
-            Preset::VitB16 => 224,
-            Preset::Phi3Mini => 4096,
-            _ => 2048,
-        }
+    pub fn default_seq_len(self) -> u64 {
+        self.spec().default_seq_len
     }
 
-    fn dims(self) -> Dims {
-        use ModelFamily as F;
-        let d = |family, layers, hidden, heads, kv, head_dim, inter, vocab, tie| Dims {
-            family,
-            layers,
-            hidden,
-            heads,
-            kv,
-            head_dim,
-            inter,
-            vocab,
-            tie,
-        };
-        match self {
-            Preset::Gpt2Small => d(F::Gpt2, 12, 768, 12, 12, 64, 3072, 50257, true),
-            Preset::Gpt2Medium => d(F::Gpt2, 24, 1024, 16, 16, 64, 4096, 50257, true),
-            Preset::Gpt2Large => d(F::Gpt2, 36, 1280, 20, 20, 64, 5120, 50257, true),
-            Preset::BertBase => d(F::Bert, 12, 768, 12, 12, 64, 3072, 30522, true),
-            Preset::Llama32_1B => d(F::Llama, 16, 2048, 32, 8, 64, 8192, 128256, true),
-            Preset::Llama3_8B => d(F::Llama, 32, 4096, 32, 8, 128, 14336, 128256, false),
-            Preset::Llama3_70B => d(F::Llama, 80, 8192, 64, 8, 128, 28672, 128256, false),
-            Preset::Mistral7B => d(F::Mistral, 32, 4096, 32, 8, 128, 14336, 32000, false),
-            Preset::Qwen25_0_5B => d(F::Qwen2, 24, 896, 14, 2, 64, 4864, 151936, true),
-            Preset::Qwen25_7B => d(F::Qwen2, 28, 3584, 28, 4, 128, 18944, 152064, false),
-            Preset::Gemma2B => d(F::Gemma, 18, 2048, 8, 1, 256, 16384, 256000, true),
-            Preset::Phi3Mini => d(F::Phi3, 32, 3072, 32, 32, 96, 8192, 32064, false),
-            Preset::VitB16 => d(F::Vit, 12, 768, 12, 12, 64, 3072, 1000, false),
-        }
+    /// The published configuration, as the family reader turns it into a model.
+    ///
+    /// # Errors
+    /// Never for the shipped presets (a test reads each); typed so that a broken preset file
+    /// shows as a config error rather than a crash.
+    pub fn architecture(self) -> Result<Architecture, ConfigError> {
+        parse_hf_config(self.spec().config)
     }
 
-    /// The published architecture.
+    /// The preset's config text (the fields its reader uses).
     #[must_use]
-    pub fn architecture(self) -> Architecture {
-        let d = self.dims();
-        let f = d.family;
-        Architecture {
-            family: f,
-            layers: d.layers,
-            hidden: d.hidden,
-            heads: d.heads,
-            kv_heads: d.kv,
-            head_dim: d.head_dim,
-            intermediate: d.inter,
-            vocab: d.vocab,
-            max_positions: match f {
-                ModelFamily::Gpt2 => 1024,
-                ModelFamily::Bert => 512,
-                _ => 0,
-            },
-            tie_embeddings: d.tie,
-            qkv_bias: matches!(
-                f,
-                ModelFamily::Gpt2 | ModelFamily::Bert | ModelFamily::Vit | ModelFamily::Qwen2
-            ),
-            o_bias: matches!(f, ModelFamily::Gpt2 | ModelFamily::Bert | ModelFamily::Vit),
-            mlp_bias: matches!(f, ModelFamily::Gpt2 | ModelFamily::Bert | ModelFamily::Vit),
-            type_vocab: if f == ModelFamily::Bert { 2 } else { 0 },
-            attn_dropout: matches!(f, ModelFamily::Gpt2 | ModelFamily::Bert),
-            hidden_dropout: matches!(f, ModelFamily::Gpt2 | ModelFamily::Bert),
-            python_gelu: f == ModelFamily::Gpt2,
-            image_size: if f == ModelFamily::Vit { 224 } else { 0 },
-            patch_size: if f == ModelFamily::Vit { 16 } else { 0 },
-            sliding_window: match self {
-                Preset::Mistral7B => 4096,
-                Preset::Phi3Mini => 2047,
-                _ => 0,
-            },
-        }
+    pub fn config_json(self) -> &'static str {
+        self.spec().config
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::parse_hf_config;
 
     #[test]
-    fn presets_round_trip_and_keys_are_unique() {
+    fn presets_parse_round_trip_and_keys_are_unique() {
+        assert_eq!(PRESETS.len(), COUNT);
         for p in Preset::ALL {
             assert_eq!(Preset::from_key(p.key()), Some(p));
-            let a = p.architecture();
-            assert_eq!(parse_hf_config(&a.to_config_json()), Ok(a.clone()), "{p:?}");
+            let a = p.architecture().unwrap_or_else(|e| panic!("{}: {e}", p.key()));
+            assert_eq!(a.family(), p.family(), "{}", p.key());
+            assert_eq!(parse_hf_config(&a.to_config_json()), Ok(a.clone()), "{}", p.key());
         }
     }
 
     #[track_caller]
-    fn params(p: Preset, expected: u64) {
-        assert_eq!(p.architecture().parameter_count(), expected, "{p:?}");
+    fn params(key: &str, expected: u64) {
+        let a = Preset::from_key(key).map(Preset::architecture);
+        assert_eq!(a.map(|a| a.map(|a| a.parameter_count())), Some(Ok(expected)), "{key}");
     }
 
+    /// PyTorch's counts for the same configs (transformers 5.24 on the meta device; see
+    /// validation/README.md), the torchvision count for ViT-B/16.
     #[test]
     fn preset_counts_match_pytorch() {
-        params(Preset::Gpt2Small, 124_439_808);
-        params(Preset::Gpt2Medium, 354_823_168);
-        params(Preset::Llama32_1B, 1_235_814_400);
-        params(Preset::Llama3_8B, 8_030_261_248);
-        params(Preset::BertBase, 109_514_298);
-        params(Preset::VitB16, 86_567_656);
-        params(Preset::Mistral7B, 7_241_732_096);
-        params(Preset::Qwen25_0_5B, 494_032_768);
+        for (key, n) in [
+            ("gpt2", 124_439_808),
+            ("gpt2-medium", 354_823_168),
+            ("llama3.2-1b", 1_235_814_400),
+            ("llama3-8b", 8_030_261_248),
+            ("bert-base", 109_514_298),
+            ("vit-b16", 86_567_656),
+            ("mistral-7b", 7_241_732_096),
+            ("qwen2.5-0.5b", 494_032_768),
+            ("gemma-2b", 2_506_172_416),
+            ("phi3-mini", 3_821_079_552),
+            ("llama3.1-8b", 8_030_261_248),
+            ("llama3.2-3b", 3_212_749_824),
+            ("llama3.3-70b", 70_553_706_496),
+            ("qwen3-0.6b", 596_049_920),
+            ("qwen3-1.7b", 1_720_574_976),
+            ("qwen3-4b", 4_022_468_096),
+            ("qwen3-8b", 8_190_735_360),
+            ("qwen3-14b", 14_768_307_200),
+            ("qwen3-32b", 32_762_123_264),
+            ("gemma2-2b", 2_614_341_888),
+            ("gemma2-9b", 9_241_705_984),
+            ("gemma3-1b", 999_885_952),
+            ("gemma3-4b", 3_880_263_168),
+            ("gemma3-12b", 11_766_034_176),
+            ("gemma3-27b", 27_009_346_304),
+            ("olmo2-1b", 1_484_916_736),
+            ("olmo2-7b", 7_298_617_344),
+            ("smollm3-3b", 3_075_098_624),
+            ("phi4-mini", 3_836_021_760),
+            ("granite3.3-2b", 2_533_539_840),
+            ("granite3.3-8b", 8_170_864_640),
+            ("roberta-base", 124_697_433),
+            ("xlm-roberta-base", 278_295_186),
+        ] {
+            params(key, n);
+        }
     }
 }

@@ -1,0 +1,667 @@
+//! Family readers: each turns its `config.json` into a [`ModelSpec`]. Adding a family is a
+//! reader here, presets and measured rows; the op kinds and the estimator stay as they are.
+
+use super::config::{
+    check_range, Architecture, ConfigError, ModelFamily, Reader, MAX_DIM, MAX_LAYERS, MAX_VOCAB,
+};
+use super::model::{
+    Attention, EmbedScale, Embedding, Head, Layer, ModelSpec, Placement, QkNorm, Vision,
+};
+use super::ops::{Activation, Mlp, MlpKind, NormKind, RmsStyle};
+use serde_json::{Map, Value};
+
+/// Shown when a multimodal Gemma 3 config is read through its `text_config`.
+pub(crate) const MULTIMODAL_NOTE: &str =
+    "Multimodal config: only the language model (text_config) is estimated, not the vision tower.";
+/// Shown for Gemma 2 with SDPA, which transformers refuses (soft-capping).
+pub(crate) const GEMMA2_EAGER_NOTE: &str =
+    "Gemma 2 soft-caps its attention logits, which SDPA cannot do: transformers runs eager attention, and so does the estimate.";
+
+/// Reads any supported config.
+pub(crate) fn read(m: &Map<String, Value>) -> Result<Architecture, ConfigError> {
+    let model_type = match m.get("model_type") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => {
+            return Err(ConfigError::InvalidField {
+                field: "model_type".into(),
+                reason: "expected a string".into(),
+            })
+        }
+        None => return Err(ConfigError::MissingField("model_type".into())),
+    };
+    if model_type == "gemma3" {
+        // the multimodal wrapper: the language model is its text_config
+        let mut outer = Reader::new(m);
+        outer.record("model_type", "gemma3".into());
+        let text = outer
+            .object("text_config")?
+            .ok_or_else(|| ConfigError::MissingField("text_config".into()))?;
+        let mut inner = Reader::new(text);
+        let mut arch = decoder(ModelFamily::Gemma3, &mut inner)?;
+        outer.record("text_config", Value::Object(inner.used));
+        arch.notes.insert(0, MULTIMODAL_NOTE);
+        arch.compact = Value::Object(outer.used).to_string();
+        return Ok(arch);
+    }
+    let family = match model_type {
+        "qwen2_5" => ModelFamily::Qwen2,
+        t => ModelFamily::from_key(t)
+            .ok_or_else(|| ConfigError::UnsupportedModelType(t.to_string()))?,
+    };
+    let mut r = Reader::new(m);
+    r.record("model_type", model_type.into());
+    let mut arch = match family {
+        ModelFamily::Gpt2 => gpt2(&mut r)?,
+        ModelFamily::Bert | ModelFamily::Roberta | ModelFamily::XlmRoberta => {
+            encoder(family, &mut r)?
+        }
+        ModelFamily::Vit => vit(&mut r)?,
+        _ => decoder(family, &mut r)?,
+    };
+    arch.compact = Value::Object(r.used).to_string();
+    Ok(arch)
+}
+
+fn arch(family: ModelFamily, spec: ModelSpec, max_seq: Option<u64>) -> Architecture {
+    Architecture {
+        family,
+        spec,
+        max_seq,
+        notes: Vec::new(),
+        compact: String::new(),
+    }
+}
+
+/// Heads, key/value heads and head width, validated against each other; `defaults` (heads,
+/// key/value heads, head width) stand in for absent fields where the family's config class
+/// has them.
+fn heads(
+    r: &mut Reader,
+    hidden: u64,
+    hidden_name: &str,
+    heads_names: &[&str],
+    gqa: bool,
+    defaults: Option<(u64, u64, u64)>,
+) -> Result<(u64, u64, u64), ConfigError> {
+    let heads = match defaults {
+        Some((d, _, _)) => r.opt(heads_names, d, 1, MAX_DIM)?,
+        None => r.req(heads_names, 1, MAX_DIM)?,
+    };
+    let kv = if gqa {
+        r.u64(&["num_key_value_heads"])?
+            .unwrap_or(defaults.map_or(heads, |(_, kv, _)| kv.min(heads)))
+    } else {
+        heads
+    };
+    let kv = check_range("num_key_value_heads", kv, 1, heads)?;
+    if heads % kv != 0 {
+        return Err(ConfigError::InvalidField {
+            field: "num_key_value_heads".into(),
+            reason: format!("{heads} attention heads are not a multiple of {kv} key/value heads"),
+        });
+    }
+    let explicit = if gqa { r.u64(&["head_dim"])? } else { None };
+    let head_dim = match explicit.or(defaults.map(|(_, _, d)| d)) {
+        Some(d) => check_range("head_dim", d, 1, MAX_DIM)?,
+        None => {
+            if hidden % heads != 0 {
+                return Err(ConfigError::InvalidField {
+                    field: hidden_name.into(),
+                    reason: format!("{hidden} is not divisible by {heads} heads"),
+                });
+            }
+            hidden / heads
+        }
+    };
+    if heads.saturating_mul(head_dim) > MAX_DIM {
+        return Err(ConfigError::InvalidField {
+            field: "head_dim".into(),
+            reason: format!("{heads} heads of {head_dim} exceed {MAX_DIM} attention channels"),
+        });
+    }
+    Ok((heads, kv, head_dim))
+}
+
+/// Checks `rope_scaling` / `rope_parameters`: the type must be one transformers implements.
+/// None of them changes memory (they rescale frequencies), but an unknown one is a typo.
+fn rope(r: &mut Reader) -> Result<(), ConfigError> {
+    for name in ["rope_scaling", "rope_parameters"] {
+        let Some(o) = r.object(name)? else {
+            continue;
+        };
+        let kind = o.get("rope_type").or_else(|| o.get("type"));
+        match kind {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t))
+                if [
+                    "default", "linear", "dynamic", "yarn", "longrope", "llama3", "su",
+                ]
+                .contains(&t.as_str()) => {}
+            Some(v) => {
+                return Err(ConfigError::InvalidField {
+                    field: name.into(),
+                    reason: format!(
+                        "rope type {v} is not one of default, linear, dynamic, yarn, longrope, llama3"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which layers use a sliding window: `layer_types` when given, else the family's rule.
+fn windows(
+    family: ModelFamily,
+    r: &mut Reader,
+    layers: u64,
+) -> Result<Vec<Option<u64>>, ConfigError> {
+    let n = usize::try_from(layers).unwrap_or(usize::MAX);
+    let window = |r: &mut Reader, default: u64| -> Result<Option<u64>, ConfigError> {
+        let w = r.opt(&["sliding_window"], default, 0, u64::MAX)?;
+        Ok((w > 0).then_some(w))
+    };
+    if let Some(types) = r.array("layer_types")? {
+        if types.len() != n {
+            return Err(ConfigError::InvalidField {
+                field: "layer_types".into(),
+                reason: format!("has {} entries for {layers} layers", types.len()),
+            });
+        }
+        let w = window(r, 0)?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(None),
+                Some("sliding_attention") => w.map(Some).ok_or_else(|| {
+                    ConfigError::MissingField("sliding_window".into())
+                }),
+                _ => Err(ConfigError::InvalidField {
+                    field: "layer_types".into(),
+                    reason: format!(
+                        "{t} is neither \"full_attention\" nor \"sliding_attention\""
+                    ),
+                }),
+            })
+            .collect();
+    }
+    Ok(match family {
+        ModelFamily::Mistral | ModelFamily::Phi3 => vec![window(r, 0)?; n],
+        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::SmolLm3 => {
+            if r.bool("use_sliding_window", false)? {
+                let w = window(r, 0)?;
+                let from = r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS)?;
+                (0..layers).map(|i| if i >= from { w } else { None }).collect()
+            } else {
+                vec![None; n]
+            }
+        }
+        ModelFamily::Gemma2 => {
+            let w = window(r, 4096)?;
+            (0..layers)
+                .map(|i| if (i + 1) % 2 == 1 { w } else { None })
+                .collect()
+        }
+        ModelFamily::Gemma3 => {
+            let w = window(r, 4096)?;
+            let pattern = r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS)?;
+            (0..layers)
+                .map(|i| if (i + 1) % pattern != 0 { w } else { None })
+                .collect()
+        }
+        _ => vec![None; n],
+    })
+}
+
+/// Decoder-only families with rotary embeddings: Llama and its descendants.
+fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigError> {
+    use ModelFamily as F;
+    let g3 = family == F::Gemma3;
+    // Gemma 3's multimodal configs leave most text fields at Gemma3TextConfig's defaults
+    let dflt = |v: u64| g3.then_some(v);
+    let hidden = match dflt(2304) {
+        Some(d) => r.opt(&["hidden_size"], d, 1, MAX_DIM)?,
+        None => r.req(&["hidden_size"], 1, MAX_DIM)?,
+    };
+    let layers = match dflt(26) {
+        Some(d) => r.opt(&["num_hidden_layers"], d, 1, MAX_LAYERS)?,
+        None => r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?,
+    };
+    let (heads, kv_heads, head_dim) = heads(
+        r,
+        hidden,
+        "hidden_size",
+        &["num_attention_heads"],
+        true,
+        g3.then_some((8, 4, 256)),
+    )?;
+    let intermediate = match dflt(9216) {
+        Some(d) => r.opt(&["intermediate_size"], d, 1, 1 << 22)?,
+        None => r.req(&["intermediate_size"], 1, 1 << 22)?,
+    };
+    let vocab = match dflt(262_208) {
+        Some(d) => r.opt(&["vocab_size"], d, 1, MAX_VOCAB)?,
+        None => r.req(&["vocab_size"], 1, MAX_VOCAB)?,
+    };
+    rope(r)?;
+    let gemma = matches!(family, F::Gemma | F::Gemma2 | F::Gemma3);
+    let tied = r.bool(
+        "tie_word_embeddings",
+        gemma || family == F::SmolLm3,
+    )?;
+    let attention_bias = r.bool("attention_bias", false)?;
+    let (qkv_bias, o_bias) = match family {
+        F::Qwen2 => (true, false),
+        F::Phi3 => (false, false),
+        _ => (attention_bias, attention_bias),
+    };
+    let mlp_bias = match family {
+        F::Llama | F::Granite | F::SmolLm3 => r.bool("mlp_bias", false)?,
+        _ => false,
+    };
+    let probs_dropout = r.prob(&["attention_dropout"], 0.0)?;
+    let hidden_dropout = if family == F::Phi3 {
+        r.prob(&["resid_pdrop"], 0.0)?
+    } else {
+        false
+    };
+    let rotary_dim = if family == F::Phi3 {
+        match r.positive("partial_rotary_factor")? {
+            None => head_dim,
+            Some(f) if f <= 1.0 => {
+                // transformers: int(head_dim * partial_rotary_factor)
+                let d = (head_dim as f64 * f) as u64;
+                check_range("partial_rotary_factor", d, 1, head_dim)?
+            }
+            Some(f) => {
+                return Err(ConfigError::InvalidField {
+                    field: "partial_rotary_factor".into(),
+                    reason: format!("{f} is not in (0, 1]"),
+                })
+            }
+        }
+    } else {
+        head_dim
+    };
+    let ropes: Vec<bool> = if family == F::SmolLm3 {
+        match r.array("no_rope_layers")? {
+            Some(list) => {
+                if list.len() as u64 != layers {
+                    return Err(ConfigError::InvalidField {
+                        field: "no_rope_layers".into(),
+                        reason: format!("has {} entries for {layers} layers", list.len()),
+                    });
+                }
+                list.iter()
+                    .map(|v| match v.as_u64() {
+                        Some(0) => Ok(false),
+                        Some(1) => Ok(true),
+                        _ => Err(ConfigError::InvalidField {
+                            field: "no_rope_layers".into(),
+                            reason: format!("entries are 1 (rotary) or 0 (none), got {v}"),
+                        }),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            None => {
+                let every = r.opt(&["no_rope_layer_interval"], 4, 1, MAX_LAYERS)?;
+                (0..layers).map(|i| (i + 1) % every != 0).collect()
+            }
+        }
+    } else {
+        (0..layers).map(|_| true).collect()
+    };
+    let windows = windows(family, r, layers)?;
+    let (attn_softcap, final_softcap) = if matches!(family, F::Gemma2 | F::Gemma3) {
+        (
+            r.positive("attn_logit_softcapping")?.is_some(),
+            r.positive("final_logit_softcapping")?.is_some(),
+        )
+    } else {
+        (false, false)
+    };
+    let (embed_scale, logits_scaled) = match family {
+        F::Granite => {
+            r.positive("embedding_multiplier")?;
+            r.positive("residual_multiplier")?;
+            r.positive("attention_multiplier")?;
+            r.positive("logits_scaling")?;
+            (EmbedScale::Scalar, true)
+        }
+        _ if gemma => (EmbedScale::Tensor, false),
+        _ => (EmbedScale::None, false),
+    };
+    let (norm, placement, qk_norm) = match family {
+        F::Gemma | F::Gemma2 => (RmsStyle::Gemma, Placement::Pre, None),
+        F::Gemma3 => (
+            RmsStyle::Gemma,
+            Placement::Sandwich,
+            Some(QkNorm {
+                style: RmsStyle::Gemma,
+                per_head: true,
+            }),
+        ),
+        F::Qwen3 => (
+            RmsStyle::Llama,
+            Placement::Pre,
+            Some(QkNorm {
+                style: RmsStyle::Llama,
+                per_head: true,
+            }),
+        ),
+        F::Olmo2 => (
+            RmsStyle::Olmo2,
+            Placement::Post,
+            Some(QkNorm {
+                style: RmsStyle::Olmo2,
+                per_head: false,
+            }),
+        ),
+        _ => (RmsStyle::Llama, Placement::Pre, None),
+    };
+    let placement = if family == F::Gemma2 {
+        Placement::Sandwich
+    } else {
+        placement
+    };
+    let mlp = Mlp {
+        kind: MlpKind::Gated {
+            fused: family == F::Phi3,
+        },
+        hidden,
+        inner: intermediate,
+        bias: mlp_bias,
+        act: Activation::Kernel,
+    };
+    let layer = |window: Option<u64>, rope: bool| Layer {
+        attention: Attention {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            fused_qkv: family == F::Phi3,
+            qkv_bias,
+            o_bias,
+            qk_norm,
+            rotary_dim: rope.then_some(rotary_dim),
+            window,
+            softcap: attn_softcap,
+            probs_dropout,
+            softmax_fp32: true,
+        },
+        mlp,
+        norm: NormKind::Rms(norm),
+        placement,
+        hidden_dropout,
+    };
+    let layers: Vec<Layer> = windows
+        .iter()
+        .zip(&ropes)
+        .map(|(w, rope)| layer(*w, *rope))
+        .collect();
+    let any_rope = ropes.iter().any(|r| *r);
+    // one rotary module (inv_freq and original_inv_freq); Gemma 3 has a local and a global one
+    let rotary_modules = match (any_rope, g3) {
+        (false, _) => 0,
+        (true, true) => 2,
+        (true, false) => 1,
+    };
+    let mut buffers = vec![(rotary_dim / 2, 4); 2 * rotary_modules];
+    if g3 {
+        buffers.push((1, 4)); // embed_scale
+    }
+    let spec = ModelSpec {
+        embedding: Embedding {
+            vocab,
+            hidden,
+            positions: 0,
+            token_types: 0,
+            norm: false,
+            dropout: false,
+            scale: embed_scale,
+        },
+        vision: None,
+        layers,
+        final_norm: Some(NormKind::Rms(norm)),
+        head: Head::CausalLm {
+            softcap: final_softcap,
+            scaled: logits_scaled,
+        },
+        tied,
+        rotary_tables: vec![rotary_dim; rotary_modules],
+        buffers,
+    };
+    let mut a = arch(family, spec, None);
+    if family == F::Gemma2 && attn_softcap {
+        a.notes.push(GEMMA2_EAGER_NOTE);
+    }
+    Ok(a)
+}
+
+fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
+    let hidden = r.req(&["n_embd", "hidden_size"], 1, MAX_DIM)?;
+    let layers = r.req(&["n_layer", "num_hidden_layers"], 1, MAX_LAYERS)?;
+    let (heads, _, head_dim) = heads(
+        r,
+        hidden,
+        "n_embd",
+        &["n_head", "num_attention_heads"],
+        false,
+        None,
+    )?;
+    let intermediate = r.opt(&["n_inner"], 4 * hidden, 1, 1 << 22)?;
+    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
+    let positions = r.opt(&["n_positions", "n_ctx"], 1024, 1, MAX_VOCAB)?;
+    let tied = r.bool("tie_word_embeddings", true)?;
+    let attn_dropout = r.prob(&["attn_pdrop"], 0.1)?;
+    let resid_dropout = r.prob(&["resid_pdrop"], 0.1)?;
+    let embd_dropout = r.prob(&["embd_pdrop"], if resid_dropout { 0.1 } else { 0.0 })?;
+    let act = match r.string("activation_function")? {
+        None | Some("gelu_new") => Activation::PythonGeluTanh,
+        Some(_) => Activation::Kernel,
+    };
+    let layer = Layer {
+        attention: Attention {
+            hidden,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            fused_qkv: true,
+            qkv_bias: true,
+            o_bias: true,
+            qk_norm: None,
+            rotary_dim: None,
+            window: None,
+            softcap: false,
+            probs_dropout: attn_dropout,
+            softmax_fp32: false,
+        },
+        mlp: Mlp {
+            kind: MlpKind::Plain,
+            hidden,
+            inner: intermediate,
+            bias: true,
+            act,
+        },
+        norm: NormKind::LayerNorm,
+        placement: Placement::Pre,
+        hidden_dropout: resid_dropout,
+    };
+    let spec = ModelSpec {
+        embedding: Embedding {
+            vocab,
+            hidden,
+            positions,
+            token_types: 0,
+            norm: false,
+            dropout: embd_dropout,
+            scale: EmbedScale::None,
+        },
+        vision: None,
+        layers: vec![layer; layers as usize],
+        final_norm: Some(NormKind::LayerNorm),
+        head: Head::CausalLm {
+            softcap: false,
+            scaled: false,
+        },
+        tied,
+        rotary_tables: Vec::new(),
+        buffers: Vec::new(),
+    };
+    Ok(arch(ModelFamily::Gpt2, spec, Some(positions)))
+}
+
+/// BERT, RoBERTa and XLM-RoBERTa as masked-LM encoders.
+fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigError> {
+    let roberta = family != ModelFamily::Bert;
+    let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
+    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
+    let (heads, _, head_dim) = heads(
+        r,
+        hidden,
+        "hidden_size",
+        &["num_attention_heads"],
+        false,
+        None,
+    )?;
+    let intermediate = r.req(&["intermediate_size"], 1, 1 << 22)?;
+    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
+    let positions = r.opt(
+        &["max_position_embeddings"],
+        if roberta { 514 } else { 512 },
+        1,
+        MAX_VOCAB,
+    )?;
+    // RoBERTa numbers positions from padding_idx + 1, so two rows are never used by text
+    let pad = if roberta {
+        r.opt(&["pad_token_id"], 1, 0, MAX_VOCAB)? + 1
+    } else {
+        0
+    };
+    if positions <= pad {
+        return Err(ConfigError::InvalidField {
+            field: "max_position_embeddings".into(),
+            reason: format!("{positions} leaves no position after the padding offset {pad}"),
+        });
+    }
+    let token_types = r.opt(&["type_vocab_size"], 2, 0, MAX_VOCAB)?;
+    let tied = r.bool("tie_word_embeddings", true)?;
+    let attn_dropout = r.prob(&["attention_probs_dropout_prob"], 0.1)?;
+    let hidden_dropout = r.prob(&["hidden_dropout_prob"], 0.1)?;
+    let layer = Layer {
+        attention: Attention {
+            hidden,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            fused_qkv: false,
+            qkv_bias: true,
+            o_bias: true,
+            qk_norm: None,
+            rotary_dim: None,
+            window: None,
+            softcap: false,
+            probs_dropout: attn_dropout,
+            softmax_fp32: false,
+        },
+        mlp: Mlp {
+            kind: MlpKind::Plain,
+            hidden,
+            inner: intermediate,
+            bias: true,
+            act: Activation::Kernel,
+        },
+        norm: NormKind::LayerNorm,
+        placement: Placement::PostResidual,
+        hidden_dropout,
+    };
+    let spec = ModelSpec {
+        embedding: Embedding {
+            vocab,
+            hidden,
+            positions,
+            token_types,
+            norm: true,
+            dropout: hidden_dropout,
+            scale: EmbedScale::None,
+        },
+        vision: None,
+        layers: vec![layer; layers as usize],
+        final_norm: None,
+        head: Head::MaskedLm,
+        tied,
+        rotary_tables: Vec::new(),
+        // position_ids and token_type_ids buffers (int64)
+        buffers: vec![(positions, 8), (positions, 8)],
+    };
+    Ok(arch(family, spec, Some(positions - pad)))
+}
+
+fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
+    let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
+    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
+    let (heads, _, head_dim) = heads(
+        r,
+        hidden,
+        "hidden_size",
+        &["num_attention_heads"],
+        false,
+        None,
+    )?;
+    let intermediate = r.opt(&["intermediate_size", "mlp_dim"], 4 * hidden, 1, 1 << 22)?;
+    let classes = r.opt(&["num_labels", "num_classes"], 1000, 1, MAX_VOCAB)?;
+    let image = r.opt(&["image_size"], 224, 1, 1 << 16)?;
+    let patch = r.opt(&["patch_size"], 16, 1, image)?;
+    if image % patch != 0 {
+        return Err(ConfigError::InvalidField {
+            field: "image_size".into(),
+            reason: format!("{image} is not a multiple of patch_size {patch}"),
+        });
+    }
+    let layer = Layer {
+        attention: Attention {
+            hidden,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            fused_qkv: true,
+            qkv_bias: true,
+            o_bias: true,
+            qk_norm: None,
+            rotary_dim: None,
+            window: None,
+            softcap: false,
+            probs_dropout: false,
+            softmax_fp32: false,
+        },
+        mlp: Mlp {
+            kind: MlpKind::Plain,
+            hidden,
+            inner: intermediate,
+            bias: true,
+            act: Activation::Kernel,
+        },
+        norm: NormKind::LayerNorm,
+        placement: Placement::Pre,
+        hidden_dropout: false,
+    };
+    let spec = ModelSpec {
+        embedding: Embedding {
+            vocab: classes,
+            hidden,
+            positions: 0,
+            token_types: 0,
+            norm: false,
+            dropout: false,
+            scale: EmbedScale::None,
+        },
+        vision: Some(Vision { image, patch }),
+        layers: vec![layer; layers as usize],
+        final_norm: Some(NormKind::LayerNorm),
+        head: Head::ImageClassifier,
+        tied: false,
+        rotary_tables: Vec::new(),
+        buffers: Vec::new(),
+    };
+    Ok(arch(ModelFamily::Vit, spec, None))
+}

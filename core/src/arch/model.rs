@@ -1,0 +1,644 @@
+//! A model as data: embeddings, a list of layers, the final norm, the head and the loss, each
+//! built from the op kinds of [`super::ops`]. Family readers (`families.rs`) produce a
+//! [`ModelSpec`]; the estimator (`estimate.rs`) runs it on a [`Tape`].
+
+use super::ops::{
+    add, dropout, mul, residual, storage, Activation, Dtypes, Linear, Mlp, Norm, NormKind, Res,
+    RmsStyle, Tape, T,
+};
+
+/// Where a layer's norms sit around its two sub-blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Placement {
+    /// `x + block(norm(x))` (Llama, GPT-2, ViT).
+    Pre,
+    /// `x + norm(block(norm(x)))` (Gemma 2 and 3: pre- and post-norms).
+    Sandwich,
+    /// `x + norm(block(x))` (OLMo 2: norms after the sub-blocks).
+    Post,
+    /// `norm(x + block(x))` (BERT, RoBERTa).
+    PostResidual,
+}
+
+/// How the query/key norm of a layer normalises (Qwen3 and Gemma 3 per head, OLMo 2 over the
+/// whole projection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct QkNorm {
+    pub style: RmsStyle,
+    pub per_head: bool,
+}
+
+/// The attention implementation that runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    Eager,
+    Flash,
+    Efficient,
+    Math,
+}
+
+/// What the attention of one step sees.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepShape {
+    pub batch: u64,
+    pub seq: u64,
+    pub eager: bool,
+    pub d: Dtypes,
+}
+
+/// A self-attention block: projections, optional q/k norm and rotary embedding, the kernel
+/// and the output projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Attention {
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    /// One projection for q, k and v (GPT-2, ViT, Phi-3).
+    pub fused_qkv: bool,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub qk_norm: Option<QkNorm>,
+    /// Rotary dimensions per head; `None` for layers without rotary (learned positions, NoPE).
+    pub rotary_dim: Option<u64>,
+    /// Sliding window; `None` for full attention.
+    pub window: Option<u64>,
+    /// Soft-capping of the attention logits (eager only: SDPA has no such knob).
+    pub softcap: bool,
+    /// Dropout on the attention probabilities in training.
+    pub probs_dropout: bool,
+    /// The eager softmax runs in fp32 (HF's `softmax(..., dtype=float32)`).
+    pub softmax_fp32: bool,
+}
+
+impl Attention {
+    fn q_width(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+    fn kv_width(&self) -> u64 {
+        self.kv_heads * self.head_dim
+    }
+    pub fn linears(&self) -> Vec<Linear> {
+        let (h, q, kv, b) = (self.hidden, self.q_width(), self.kv_width(), self.qkv_bias);
+        let mut v = if self.fused_qkv {
+            vec![Linear::new(h, q + 2 * kv, b)]
+        } else {
+            vec![
+                Linear::new(h, q, b),
+                Linear::new(h, kv, b),
+                Linear::new(h, kv, b),
+            ]
+        };
+        v.push(Linear::new(q, h, self.o_bias));
+        v
+    }
+    fn qk_norms(&self) -> Option<(Norm, Norm)> {
+        self.qk_norm.map(|n| {
+            let kind = NormKind::Rms(n.style);
+            if n.per_head {
+                (
+                    Norm {
+                        kind,
+                        width: self.head_dim,
+                        rows: self.heads,
+                    },
+                    Norm {
+                        kind,
+                        width: self.head_dim,
+                        rows: self.kv_heads,
+                    },
+                )
+            } else {
+                (Norm::new(kind, self.q_width()), Norm::new(kind, self.kv_width()))
+            }
+        })
+    }
+    pub fn params(&self, out: &mut Vec<u64>) {
+        for l in self.linears() {
+            l.params(out);
+        }
+        if let Some((q, k)) = self.qk_norms() {
+            out.push(q.width);
+            out.push(k.width);
+        }
+    }
+    /// Whether HF passes a mask (it skips it, for `is_causal`, unless a sliding window is
+    /// shorter than the keys).
+    pub fn masked(&self, seq: u64) -> bool {
+        self.window.is_some_and(|w| seq >= w)
+    }
+    /// The kernel PyTorch's CUDA dispatch picks on sm80+: flash for 16-bit inputs without a
+    /// mask (GQA allowed), memory-efficient otherwise (GQA allowed since PyTorch 2.14), and
+    /// the math fallback for shapes neither takes.
+    pub fn kernel(&self, s: &StepShape) -> Kernel {
+        let hd = self.head_dim;
+        if s.eager {
+            Kernel::Eager
+        } else if s.d.act == 2 && hd.is_multiple_of(8) && hd <= 256 && !self.masked(s.seq) {
+            Kernel::Flash
+        } else if hd.is_multiple_of(if s.d.act == 2 { 8 } else { 4 }) {
+            Kernel::Efficient
+        } else {
+            Kernel::Math
+        }
+    }
+    pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
+        let d = s.d;
+        let (h, qw, kvw) = (self.hidden, self.q_width(), self.kv_width());
+        let (mut q, mut k, v) = if self.fused_qkv {
+            let qkv = Linear::new(h, qw + 2 * kvw, self.qkv_bias).forward(tape, x, d)?;
+            (qkv, qkv, qkv) // views of one storage
+        } else {
+            (
+                Linear::new(h, qw, self.qkv_bias).forward(tape, x, d)?,
+                Linear::new(h, kvw, self.qkv_bias).forward(tape, x, d)?,
+                Linear::new(h, kvw, self.qkv_bias).forward(tape, x, d)?,
+            )
+        };
+        if let Some((qn, kn)) = self.qk_norms() {
+            q = qn.forward(tape, q, d)?;
+            k = kn.forward(tape, k, d)?;
+        }
+        if self.rotary_dim.is_some() {
+            // q * cos + rotate_half(q) * sin keeps cos and sin (shared), not q; the result
+            // takes the wider of q's and the tables' dtype
+            q = tape.tensor(qw, q.bytes.max(d.resid()))?;
+            k = tape.tensor(kvw, k.bytes.max(d.resid()))?;
+        }
+        let kernel = self.kernel(s);
+        let w = d.act;
+        let gqa = self.heads != self.kv_heads;
+        // k/v repeated for every query head: inside the math and memory-efficient kernels
+        // (repeat_interleave before the kernel), and by HF's repeat_kv on the paths where it
+        // does not pass enable_gqa (eager, or SDPA with a mask) unless the expand stays a view
+        // (one kv head and one sample: it folds into a stride-0 view)
+        let view_ok = self.kv_heads == 1 && s.batch == 1;
+        let repeat = gqa
+            && match kernel {
+                Kernel::Math | Kernel::Efficient => true,
+                Kernel::Eager => !view_ok,
+                Kernel::Flash => false,
+            };
+        let (k, v) = if repeat {
+            (tape.tensor(qw, k.bytes)?, tape.tensor(qw, v.bytes)?)
+        } else {
+            (k, v)
+        };
+        // the kernel's inputs in the activations' dtype (SDPA and matmul are on autocast's
+        // 16-bit list)
+        for t in [q, k, v] {
+            let c = tape.cast(t, w)?;
+            tape.save(c)?;
+        }
+        let heads_rows = mul(s.batch, self.heads)?;
+        let hs2 = mul(heads_rows, mul(s.seq, s.seq)?)?;
+        match kernel {
+            Kernel::Flash => {
+                tape.raw(mul(heads_rows, s.seq)?, 4)
+                    .and_then(|t| tape.save(t))?; // logsumexp
+            }
+            Kernel::Efficient => {
+                // the memory-efficient kernel pads its logsumexp to a multiple of 32
+                let padded = s.seq.div_ceil(32).checked_mul(32);
+                let padded = padded.ok_or(super::estimate::EstimateError::TooLarge)?;
+                tape.raw(mul(heads_rows, padded)?, 4)
+                    .and_then(|t| tape.save(t))?;
+            }
+            Kernel::Math => {
+                tape.raw(hs2, w).and_then(|t| tape.save(t))?; // softmax output
+                if self.probs_dropout {
+                    tape.raw(hs2, 1).and_then(|t| tape.save(t))?;
+                    tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                }
+            }
+            Kernel::Eager => {
+                if self.softcap {
+                    tape.raw(hs2, w).and_then(|t| tape.save(t))?; // tanh of the capped logits
+                }
+                let sm = if d.amp || self.softmax_fp32 { 4 } else { w };
+                tape.raw(hs2, sm).and_then(|t| tape.save(t))?;
+                if self.probs_dropout {
+                    tape.raw(hs2, 1).and_then(|t| tape.save(t))?;
+                    tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                } else if sm != w {
+                    tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                }
+            }
+        }
+        let out = tape.tensor(qw, w)?;
+        Linear::new(qw, h, self.o_bias).forward(tape, out, d)
+    }
+}
+
+/// One transformer layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Layer {
+    pub attention: Attention,
+    pub mlp: Mlp,
+    pub norm: NormKind,
+    pub placement: Placement,
+    /// Dropout after each sub-block in training.
+    pub hidden_dropout: bool,
+}
+
+impl Layer {
+    fn norm(&self) -> Norm {
+        Norm::new(self.norm, self.attention.hidden)
+    }
+    fn norm_count(&self) -> usize {
+        if self.placement == Placement::Sandwich {
+            4
+        } else {
+            2
+        }
+    }
+    /// Element counts of every parameter tensor.
+    pub fn params(&self) -> Vec<u64> {
+        let mut v = Vec::new();
+        self.attention.params(&mut v);
+        self.mlp.params(&mut v);
+        for _ in 0..self.norm_count() {
+            self.norm().params(&mut v);
+        }
+        v
+    }
+    /// Element counts of the weights and biases of the matmuls (what autocast casts).
+    pub fn linear_params(&self) -> Vec<u64> {
+        let mut v = Vec::new();
+        for l in self.attention.linears() {
+            l.params(&mut v);
+        }
+        self.mlp.params(&mut v);
+        v
+    }
+    pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
+        let d = s.d;
+        let norm = self.norm();
+        let hd = self.hidden_dropout;
+        match self.placement {
+            Placement::Pre | Placement::Sandwich => {
+                let sandwich = self.placement == Placement::Sandwich;
+                let n = norm.forward(tape, x, d)?;
+                let mut a = self.attention.forward(tape, n, s)?;
+                if sandwich {
+                    a = norm.forward(tape, a, d)?;
+                }
+                let a = dropout(tape, a, hd)?;
+                let x = residual(tape, x, a)?;
+                let n = norm.forward(tape, x, d)?;
+                let mut m = self.mlp.forward(tape, n, d)?;
+                if sandwich {
+                    m = norm.forward(tape, m, d)?;
+                }
+                let m = dropout(tape, m, hd)?;
+                residual(tape, x, m)
+            }
+            Placement::Post => {
+                let a = self.attention.forward(tape, x, s)?;
+                let a = norm.forward(tape, a, d)?;
+                let x = residual(tape, x, a)?;
+                let m = self.mlp.forward(tape, x, d)?;
+                let m = norm.forward(tape, m, d)?;
+                residual(tape, x, m)
+            }
+            Placement::PostResidual => {
+                let a = self.attention.forward(tape, x, s)?;
+                let a = dropout(tape, a, hd)?;
+                let sum = residual(tape, x, a)?;
+                let x = norm.forward(tape, sum, d)?;
+                let m = self.mlp.forward(tape, x, d)?;
+                let m = dropout(tape, m, hd)?;
+                let sum = residual(tape, x, m)?;
+                norm.forward(tape, sum, d)
+            }
+        }
+    }
+}
+
+/// How the token embeddings are scaled before the first layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum EmbedScale {
+    None,
+    /// Multiplied by a 0-dim tensor (Gemma's `normalizer`), which the product keeps.
+    Tensor,
+    /// Multiplied by a Python float (Granite's `embedding_multiplier`).
+    Scalar,
+}
+
+/// The input side of a text model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Embedding {
+    pub vocab: u64,
+    pub hidden: u64,
+    /// Learned position rows (GPT-2, BERT, RoBERTa with its offset), 0 for none.
+    pub positions: u64,
+    /// Token-type rows (BERT), 0 for none.
+    pub token_types: u64,
+    /// A LayerNorm after the sum (BERT, RoBERTa).
+    pub norm: bool,
+    pub dropout: bool,
+    pub scale: EmbedScale,
+}
+
+/// ViT's patch embedding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Vision {
+    pub image: u64,
+    pub patch: u64,
+}
+
+impl Vision {
+    /// Patches plus the class token.
+    pub fn tokens(&self) -> u64 {
+        let side = self.image.checked_div(self.patch).unwrap_or(0);
+        side * side + 1
+    }
+}
+
+/// The output side: the head and its loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Head {
+    /// Next-token prediction: `lm_head`, optional soft-capping (Gemma 2) or division of the
+    /// logits (Granite), cross-entropy on fp32 logits with shifted labels.
+    CausalLm { softcap: bool, scaled: bool },
+    /// BERT/RoBERTa masked-LM head: dense, GELU, LayerNorm, decoder with bias, every token
+    /// labelled.
+    MaskedLm,
+    /// ViT: LayerNorm and a linear classifier on the class token.
+    ImageClassifier,
+}
+
+/// A whole model.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ModelSpec {
+    pub embedding: Embedding,
+    pub vision: Option<Vision>,
+    pub layers: Vec<Layer>,
+    pub final_norm: Option<NormKind>,
+    pub head: Head,
+    pub tied: bool,
+    /// Width of each pair of rotary tables (cos, sin) the model computes per forward.
+    pub rotary_tables: Vec<u64>,
+    /// Element counts of the module buffers (rotary `inv_freq`, BERT's id buffers).
+    pub buffers: Vec<(u64, u64)>,
+}
+
+/// What a forward pass keeps, and the transients around it.
+pub(crate) struct ForwardTape {
+    /// Saved by each layer (without autocast's weight copies).
+    pub per_layer: Vec<u64>,
+    /// Saved outside the layers: embeddings, rotary tables, masks, final norm, head, loss.
+    pub outside: u64,
+    /// The part of `outside` saved by the final norm, head and loss (freed before the last
+    /// layer's backward).
+    pub head_saved: u64,
+    /// Gradient buffers of the loss at the start of backward.
+    pub loss_buffers: u64,
+    /// Extra forward transient at the loss (logits and their fp32 copy).
+    pub loss_forward: u64,
+    /// Largest set of live tensors in a no-grad forward, beyond weights and input.
+    pub inference: u64,
+}
+
+impl ModelSpec {
+    pub fn hidden(&self) -> u64 {
+        self.embedding.hidden
+    }
+    fn vocab(&self) -> u64 {
+        self.embedding.vocab
+    }
+    /// Element counts of every parameter tensor (tied weights once).
+    pub fn parameter_tensors(&self) -> Vec<u64> {
+        let mut t = self.outside_params(true);
+        for l in &self.layers {
+            t.extend(l.params());
+        }
+        t
+    }
+    /// Parameters outside the layers; `with_tied_head` adds a separate head matrix.
+    fn outside_params(&self, with_embeddings: bool) -> Vec<u64> {
+        let (h, v) = (self.hidden(), self.vocab());
+        let e = &self.embedding;
+        let mut t = Vec::new();
+        if with_embeddings {
+            if let Some(vis) = self.vision {
+                let p = vis.patch;
+                t.extend([h * 3 * p * p, h, h, vis.tokens() * h]);
+            } else {
+                t.push(v * h);
+                if e.positions > 0 {
+                    t.push(e.positions * h);
+                }
+                if e.token_types > 0 {
+                    t.push(e.token_types * h);
+                }
+                if e.norm {
+                    t.extend([h, h]);
+                }
+            }
+        }
+        t.extend(self.head_params());
+        t
+    }
+    /// The final norm and the head (with the tied matrix when tied: its gradient is there).
+    fn head_params(&self) -> Vec<u64> {
+        let (h, v) = (self.hidden(), self.vocab());
+        let mut t = Vec::new();
+        if let Some(n) = self.final_norm {
+            Norm::new(n, h).params(&mut t);
+        }
+        match self.head {
+            Head::CausalLm { .. } => {
+                if !self.tied {
+                    t.push(v * h);
+                }
+            }
+            Head::MaskedLm => t.extend([h * h, h, h, h, v]),
+            Head::ImageClassifier => t.extend([v * h, v]),
+        }
+        t
+    }
+    /// Matmul weights outside the layers that autocast casts.
+    pub fn head_linears(&self) -> Vec<u64> {
+        let (h, v) = (self.hidden(), self.vocab());
+        match self.head {
+            Head::MaskedLm => vec![h * h, h, v * h, v],
+            Head::ImageClassifier => {
+                let p = self.vision.map_or(0, |vis| vis.patch);
+                vec![v * h, v, h * 3 * p * p, h]
+            }
+            Head::CausalLm { .. } => vec![v * h],
+        }
+    }
+    /// Parameters whose gradients exist once backward reaches the last layer: the head (and
+    /// a tied embedding), the final norm, and the last layer's output matmul.
+    pub fn head_gradient_tensors(&self) -> Vec<u64> {
+        let (h, v) = (self.hidden(), self.vocab());
+        let mut t = self.head_params();
+        if self.tied && matches!(self.head, Head::CausalLm { .. }) {
+            t.push(v * h);
+        }
+        if self.head == Head::MaskedLm {
+            t.push(v * h); // the tied decoder
+        }
+        if let Some(last) = self.layers.last() {
+            last.mlp.down().params(&mut t);
+        }
+        t
+    }
+
+    /// Runs the forward of one step on a tape.
+    pub fn forward(&self, s: &StepShape) -> Res<ForwardTape> {
+        let d = s.d;
+        let (w, r) = (d.act, d.resid());
+        let (h, v) = (self.hidden(), self.vocab());
+        let tokens = mul(s.batch, s.seq)?;
+        let tv = mul(tokens, v)?;
+        let mut tape = Tape::new(tokens);
+        let mut x = self.embed(&mut tape, s)?;
+        for &width in &self.rotary_tables {
+            tape.saved(width, r)?; // cos
+            tape.saved(width, r)?; // sin
+        }
+        if self.layers.iter().any(|l| l.attention.masked(s.seq)) {
+            // the sliding-window bool mask, shared by the layers that use it
+            tape.raw(mul(s.batch, mul(s.seq, s.seq)?)?, 1)
+                .and_then(|m| tape.save(m))?;
+        }
+        let mut per_layer = Vec::with_capacity(self.layers.len());
+        let mut before = tape.total();
+        let outside_start = before;
+        for layer in &self.layers {
+            x = layer.forward(&mut tape, x, s)?;
+            per_layer.push(tape.total() - before);
+            before = tape.total();
+        }
+        let head_start = tape.total();
+        let hidden_r = storage(tokens, mul(h, r)?)?;
+        let (loss_buffers, loss_forward, inference) = match self.head {
+            Head::CausalLm { softcap, scaled } => {
+                let x = match self.final_norm {
+                    Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
+                    None => x,
+                };
+                let logits = Linear::new(h, v, false).forward(&mut tape, x, d)?;
+                if softcap {
+                    let t = tape.like(logits, w)?; // tanh(logits / cap)
+                    tape.save(t)?;
+                }
+                let _ = scaled;
+                tape.raw(tv, 4).and_then(|t| tape.save(t))?; // log_softmax of fp32 logits
+                tape.saved(1, 8)?; // shifted labels
+                let logits_w = storage(tv, w)?;
+                let logits_32 = storage(tv, 4)?;
+                let inner = storage(tokens, mul(self.max_inner(), w)?)?;
+                let k = self.layers.last().map_or(3, |l| l.mlp.inference_inner_tensors());
+                let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
+                // the final norm's output (and its 16-bit cast for a LayerNorm under
+                // autocast) next to the logits
+                let head_live = if self.final_norm == Some(NormKind::LayerNorm) {
+                    add(
+                        add(logits_w, hidden_r)?,
+                        if d.amp { storage(tokens, mul(h, 2)?)? } else { 0 },
+                    )?
+                } else {
+                    add(logits_w, storage(tokens, mul(h, w)?)?)?
+                };
+                let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
+                    0
+                } else {
+                    mlp_live
+                };
+                (
+                    mul(logits_32, 2)?,
+                    add(logits_w, if w == 4 { 0 } else { logits_32 })?,
+                    head_live.max(mlp_live),
+                )
+            }
+            Head::MaskedLm => {
+                let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
+                let y = Activation::Kernel.forward(&mut tape, y, d)?;
+                let y = Norm::new(NormKind::LayerNorm, h).forward(&mut tape, y, d)?;
+                Linear::new(h, v, true).forward(&mut tape, y, d)?;
+                // cross_entropy: log_softmax (fp32 under autocast) kept; under autocast the
+                // 16-bit logits stay referenced by the graph too
+                tape.raw(tv, if d.amp { 4 } else { w })
+                    .and_then(|t| tape.save(t))?;
+                if d.amp {
+                    tape.raw(tv, 2).and_then(|t| tape.save(t))?;
+                }
+                let buffers = if d.amp {
+                    storage(tv, 4)?
+                } else {
+                    mul(storage(tv, w)?, 2)?
+                };
+                let live = add(
+                    add(storage(tv, w)?, mul(hidden_r, 2)?)?,
+                    if d.amp { storage(tokens, mul(h, 2)?)? } else { 0 },
+                )?;
+                (buffers, storage(tv, w)?, live)
+            }
+            Head::ImageClassifier => {
+                let b = s.batch;
+                // the final LayerNorm runs over every token; the classifier reads the class token
+                tape.save(x)?;
+                tape.saved(1, 4)?;
+                tape.saved(1, 4)?;
+                if d.amp {
+                    tape.raw(mul(b, h)?, 2).and_then(|t| tape.save(t))?;
+                    tape.raw(mul(b, v)?, 2).and_then(|t| tape.save(t))?;
+                } else {
+                    tape.saved(h, w)?;
+                }
+                tape.raw(mul(b, v)?, if w == 2 && !d.amp { 2 } else { 4 })
+                    .and_then(|t| tape.save(t))?;
+                let inner = storage(tokens, mul(self.max_inner(), w)?)?;
+                let live = add(mul(hidden_r, 5)?, mul(inner, 2)?)?;
+                (storage(mul(b, v)?, 4)?, 0, live)
+            }
+        };
+        let total = tape.total();
+        let layers_total = head_start - outside_start;
+        Ok(ForwardTape {
+            per_layer,
+            outside: total - layers_total,
+            head_saved: total - head_start,
+            loss_buffers,
+            loss_forward,
+            inference,
+        })
+    }
+
+    fn max_inner(&self) -> u64 {
+        self.layers.iter().map(|l| l.mlp.inner).max().unwrap_or(0)
+    }
+
+    /// The embeddings' forward: returns the residual stream entering the first layer.
+    fn embed(&self, tape: &mut Tape, s: &StepShape) -> Res<T> {
+        let d = s.d;
+        let r = d.resid();
+        let h = self.hidden();
+        if let Some(vis) = self.vision {
+            if d.amp {
+                // the conv stem keeps its 16-bit cast of the image until the end of backward
+                let px = mul(mul(s.batch, 3)?, mul(vis.image, vis.image)?)?;
+                tape.raw(px, 2).and_then(|t| tape.save(t))?;
+            }
+            return tape.tensor(h, r);
+        }
+        let e = &self.embedding;
+        let mut x = tape.tensor(h, r)?;
+        match e.scale {
+            EmbedScale::Tensor => {
+                tape.raw(1, r).and_then(|t| tape.save(t))?; // the 0-dim normalizer
+                x = tape.like(x, r)?;
+            }
+            EmbedScale::Scalar => x = tape.like(x, r)?,
+            EmbedScale::None => {}
+        }
+        if e.norm {
+            x = Norm::new(NormKind::LayerNorm, h).forward(tape, x, d)?;
+        }
+        dropout(tape, x, e.dropout)
+    }
+}
