@@ -75,7 +75,9 @@ fn main() {
             black_box(estimate_peak(black_box(&arch), &step).ok());
         },
     );
-    let gpt2 = estimator_core::Preset::from_key("gpt2").and_then(|p| p.architecture().ok()).expect("preset");
+    let gpt2 = estimator_core::Preset::from_key("gpt2")
+        .and_then(|p| p.architecture().ok())
+        .expect("preset");
     let gpt2_step = estimator_core::TrainingStep {
         seq_len: 1024,
         ..step

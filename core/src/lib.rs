@@ -39,6 +39,6 @@ mod arch;
 pub use arch::{
     estimate_peak, parse_hf_config, Architecture, AttentionKernel, CategoryBytes, Checkpointing,
     ConfigError, EstimateError, ModelFamily, PeakEstimate, Phase, PrecisionRecipe, Preset,
-    TrainingStep,
+    SavedPart, TrainingStep,
 };
 // arch-end

@@ -119,8 +119,16 @@ impl ModelFamily {
     #[must_use]
     pub fn supported_model_types() -> String {
         let mut v: Vec<&str> = Self::ALL.iter().map(|f| f.key()).collect();
-        v.insert(v.iter().position(|k| *k == "gemma3_text").map_or(0, |i| i + 1), "gemma3");
-        v.insert(v.iter().position(|k| *k == "qwen2").map_or(0, |i| i + 1), "qwen2_5");
+        v.insert(
+            v.iter()
+                .position(|k| *k == "gemma3_text")
+                .map_or(0, |i| i + 1),
+            "gemma3",
+        );
+        v.insert(
+            v.iter().position(|k| *k == "qwen2").map_or(0, |i| i + 1),
+            "qwen2_5",
+        );
         v.join(", ")
     }
 }
@@ -331,10 +339,13 @@ impl<'a> Reader<'a> {
     pub fn u64(&mut self, names: &[&str]) -> Result<Option<u64>, ConfigError> {
         for name in names {
             if let Some(v) = self.get(name) {
-                return v.as_u64().map(Some).ok_or_else(|| ConfigError::InvalidField {
-                    field: (*name).to_string(),
-                    reason: format!("expected a non-negative integer, got {v}"),
-                });
+                return v
+                    .as_u64()
+                    .map(Some)
+                    .ok_or_else(|| ConfigError::InvalidField {
+                        field: (*name).to_string(),
+                        reason: format!("expected a non-negative integer, got {v}"),
+                    });
             }
         }
         Ok(None)
@@ -575,7 +586,10 @@ mod tests {
         let new = parse_hf_config(&format!(
             "{{{LLAMA},\"rope_parameters\":{{\"rope_theta\":500000.0,\"rope_type\":\"default\"}}}}"
         ));
-        assert_eq!(old.as_ref().map(Architecture::parameter_count), new.as_ref().map(Architecture::parameter_count));
+        assert_eq!(
+            old.as_ref().map(Architecture::parameter_count),
+            new.as_ref().map(Architecture::parameter_count)
+        );
         assert_eq!(old.map(|a| a.tie_word_embeddings()), Ok(false));
         for t in ["llama3", "linear", "dynamic", "yarn"] {
             let scaled = parse_hf_config(&format!(

@@ -2,7 +2,7 @@
 
 use super::config::Architecture;
 use super::model::StepShape;
-use super::ops::{add, mul, storage, sum_storages, Dtypes, Res, BLOCK};
+use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
 use super::recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};
 use crate::Optimizer;
 use std::fmt;
@@ -104,6 +104,9 @@ pub struct PeakEstimate {
     pub phase_peaks: Vec<(Phase, CategoryBytes)>,
     /// Bytes saved by the forward for backward (alive at its end).
     pub saved_activation_bytes: u64,
+    /// What those bytes are for (in inference: the forward's working set), summing to the
+    /// activations of the forward phase.
+    pub saved_parts: Vec<(SavedPart, u64)>,
 }
 
 /// Why a step cannot be estimated.
@@ -151,7 +154,6 @@ impl fmt::Display for EstimateError {
 
 impl std::error::Error for EstimateError {}
 
-
 /// Estimates the peak memory of one step of `arch` as configured by `step`.
 ///
 /// # Errors
@@ -190,8 +192,8 @@ pub fn estimate_peak(
         weight: p.residual_bytes(),
     };
     // Gemma 2's soft-capped attention runs eager whatever is asked (transformers refuses SDPA)
-    let eager = step.attention == AttentionKernel::Eager
-        || spec.layers.iter().any(|l| l.attention.softcap);
+    let eager =
+        step.attention == AttentionKernel::Eager || spec.layers.iter().any(|l| l.attention.softcap);
     let shape = StepShape {
         batch: step.batch,
         seq,
@@ -277,7 +279,11 @@ pub fn estimate_peak(
         } else {
             mul(tokens, arch.vocab_size())?
         };
+        let mut parts = PartBytes::default();
+        parts.add(SavedPart::WeightCopies, add(all_layer_casts, head_cast)?)?;
+        parts.add(SavedPart::WorkingSet, acts.inference)?;
         return Ok(PeakEstimate {
+            saved_parts: parts.listed(),
             n_params: arch.parameter_count(),
             peak_bytes: total,
             peak_phase: Phase::Forward,
@@ -306,7 +312,10 @@ pub fn estimate_peak(
     let (saved, bwd_inner) = match step.checkpointing {
         Checkpointing::None => (
             add(
-                add(full_layers.iter().try_fold(0, |a, &b| add(a, b))?, acts.outside)?,
+                add(
+                    full_layers.iter().try_fold(0, |a, &b| add(a, b))?,
+                    acts.outside,
+                )?,
                 head_cast,
             )?,
             layer_backward,
@@ -362,7 +371,19 @@ pub fn estimate_peak(
             best = (*ph, *c, t);
         }
     }
+    let mut parts = acts.outside_parts;
+    match step.checkpointing {
+        Checkpointing::None => {
+            parts.merge(&acts.layer_parts)?;
+            parts.add(SavedPart::WeightCopies, add(all_layer_casts, head_cast)?)?;
+        }
+        Checkpointing::Full => {
+            parts.add(SavedPart::LayerInputs, mul(layer_input, arch.num_layers())?)?;
+            parts.add(SavedPart::WeightCopies, head_cast)?;
+        }
+    }
     Ok(PeakEstimate {
+        saved_parts: parts.listed(),
         n_params: arch.parameter_count(),
         peak_bytes: best.2,
         peak_phase: best.0,
@@ -474,6 +495,57 @@ mod tests {
                 assert_eq!(small.phase_peaks.len(), 3);
             }
         }
+    }
+
+    #[test]
+    fn saved_parts_sum_to_the_saved_activations() {
+        for preset in Preset::ALL {
+            let seq = preset.default_seq_len();
+            for gc in [Checkpointing::None, Checkpointing::Full] {
+                for attention in AttentionKernel::ALL {
+                    let s = TrainingStep {
+                        checkpointing: gc,
+                        attention,
+                        ..step(2, seq, PrecisionRecipe::AmpBf16, Optimizer::AdamW)
+                    };
+                    let e = peak(preset, s);
+                    let sum: u64 = e.saved_parts.iter().map(|(_, b)| b).sum();
+                    assert_eq!(sum, e.saved_activation_bytes, "{} {gc:?}", preset.key());
+                }
+            }
+            let e = peak(preset, step(2, seq, PrecisionRecipe::Bf16, Optimizer::None));
+            let sum: u64 = e.saved_parts.iter().map(|(_, b)| b).sum();
+            assert_eq!(sum, e.at_peak.activations, "{} inference", preset.key());
+        }
+    }
+
+    #[test]
+    fn new_op_kinds_show_in_the_breakdown() {
+        let parts = |key: &str, attention| {
+            let s = TrainingStep {
+                attention,
+                ..step(1, 1024, PrecisionRecipe::Bf16, Optimizer::AdamW)
+            };
+            peak(P(key), s)
+                .saved_parts
+                .iter()
+                .map(|(p, _)| *p)
+                .collect::<Vec<_>>()
+        };
+        let qwen3 = parts("qwen3-0.6b", AttentionKernel::Sdpa);
+        assert!(qwen3.contains(&SavedPart::QkNorms) && !qwen3.contains(&SavedPart::PostNorms));
+        let gemma2 = parts("gemma2-2b", AttentionKernel::Sdpa);
+        assert!(gemma2.contains(&SavedPart::PostNorms) && gemma2.contains(&SavedPart::SoftCapping));
+        assert!(
+            gemma2.contains(&SavedPart::AttentionScores),
+            "Gemma 2 runs eager"
+        );
+        let olmo = parts("olmo2-1b", AttentionKernel::Sdpa);
+        assert!(olmo.contains(&SavedPart::QkNorms) && olmo.contains(&SavedPart::PostNorms));
+        let llama = parts("llama3.2-1b", AttentionKernel::Sdpa);
+        assert!(!llama.contains(&SavedPart::QkNorms) && !llama.contains(&SavedPart::Masks));
+        let phi = parts("phi3-mini", AttentionKernel::Sdpa);
+        assert!(!phi.contains(&SavedPart::Masks));
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn heads(
     let head_dim = match explicit.or(defaults.map(|(_, _, d)| d)) {
         Some(d) => check_range("head_dim", d, 1, MAX_DIM)?,
         None => {
-            if hidden % heads != 0 {
+            if !hidden.is_multiple_of(heads) {
                 return Err(ConfigError::InvalidField {
                     field: hidden_name.into(),
                     reason: format!("{hidden} is not divisible by {heads} heads"),
@@ -137,14 +137,12 @@ fn rope(r: &mut Reader) -> Result<(), ConfigError> {
                     "default", "linear", "dynamic", "yarn", "longrope", "llama3", "su",
                 ]
                 .contains(&t.as_str()) => {}
-            Some(v) => {
-                return Err(ConfigError::InvalidField {
-                    field: name.into(),
-                    reason: format!(
-                        "rope type {v} is not one of default, linear, dynamic, yarn, longrope, llama3"
-                    ),
-                })
-            }
+            Some(v) => return Err(ConfigError::InvalidField {
+                field: name.into(),
+                reason: format!(
+                    "rope type {v} is not one of default, linear, dynamic, yarn, longrope, llama3"
+                ),
+            }),
         }
     }
     Ok(())
@@ -173,14 +171,12 @@ fn windows(
             .iter()
             .map(|t| match t.as_str() {
                 Some("full_attention") => Ok(None),
-                Some("sliding_attention") => w.map(Some).ok_or_else(|| {
-                    ConfigError::MissingField("sliding_window".into())
-                }),
+                Some("sliding_attention") => w
+                    .map(Some)
+                    .ok_or_else(|| ConfigError::MissingField("sliding_window".into())),
                 _ => Err(ConfigError::InvalidField {
                     field: "layer_types".into(),
-                    reason: format!(
-                        "{t} is neither \"full_attention\" nor \"sliding_attention\""
-                    ),
+                    reason: format!("{t} is neither \"full_attention\" nor \"sliding_attention\""),
                 }),
             })
             .collect();
@@ -191,7 +187,9 @@ fn windows(
             if r.bool("use_sliding_window", false)? {
                 let w = window(r, 0)?;
                 let from = r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS)?;
-                (0..layers).map(|i| if i >= from { w } else { None }).collect()
+                (0..layers)
+                    .map(|i| if i >= from { w } else { None })
+                    .collect()
             } else {
                 vec![None; n]
             }
@@ -245,10 +243,7 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
     };
     rope(r)?;
     let gemma = matches!(family, F::Gemma | F::Gemma2 | F::Gemma3);
-    let tied = r.bool(
-        "tie_word_embeddings",
-        gemma || family == F::SmolLm3,
-    )?;
+    let tied = r.bool("tie_word_embeddings", gemma || family == F::SmolLm3)?;
     let attention_bias = r.bool("attention_bias", false)?;
     let (qkv_bias, o_bias) = match family {
         F::Qwen2 => (true, false),
@@ -388,6 +383,8 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             softcap: attn_softcap,
             probs_dropout,
             softmax_fp32: true,
+            rope_keeps_dtype: family == F::Olmo2,
+            rope_concat: family == F::Phi3,
         },
         mlp,
         norm: NormKind::Rms(norm),
@@ -428,7 +425,9 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             scaled: logits_scaled,
         },
         tied,
-        rotary_tables: vec![rotary_dim; rotary_modules],
+        rotary_width: rotary_dim,
+        rotary_per_attention_type: g3,
+        rotary_fp32: family == F::Olmo2,
         buffers,
     };
     let mut a = arch(family, spec, None);
@@ -475,6 +474,8 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
             softcap: false,
             probs_dropout: attn_dropout,
             softmax_fp32: false,
+            rope_keeps_dtype: false,
+            rope_concat: false,
         },
         mlp: Mlp {
             kind: MlpKind::Plain,
@@ -505,7 +506,9 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
             scaled: false,
         },
         tied,
-        rotary_tables: Vec::new(),
+        rotary_width: 0,
+        rotary_per_attention_type: false,
+        rotary_fp32: false,
         buffers: Vec::new(),
     };
     Ok(arch(ModelFamily::Gpt2, spec, Some(positions)))
@@ -563,6 +566,8 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             softcap: false,
             probs_dropout: attn_dropout,
             softmax_fp32: false,
+            rope_keeps_dtype: false,
+            rope_concat: false,
         },
         mlp: Mlp {
             kind: MlpKind::Plain,
@@ -590,7 +595,9 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         final_norm: None,
         head: Head::MaskedLm,
         tied,
-        rotary_tables: Vec::new(),
+        rotary_width: 0,
+        rotary_per_attention_type: false,
+        rotary_fp32: false,
         // position_ids and token_type_ids buffers (int64)
         buffers: vec![(positions, 8), (positions, 8)],
     };
@@ -633,6 +640,8 @@ fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
             softcap: false,
             probs_dropout: false,
             softmax_fp32: false,
+            rope_keeps_dtype: false,
+            rope_concat: false,
         },
         mlp: Mlp {
             kind: MlpKind::Plain,
@@ -660,7 +669,9 @@ fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
         final_norm: Some(NormKind::LayerNorm),
         head: Head::ImageClassifier,
         tied: false,
-        rotary_tables: Vec::new(),
+        rotary_width: 0,
+        rotary_per_attention_type: false,
+        rotary_fp32: false,
         buffers: Vec::new(),
     };
     Ok(arch(ModelFamily::Vit, spec, None))

@@ -44,5 +44,6 @@ pub use config::{parse_hf_config, Architecture, ConfigError, ModelFamily};
 pub use estimate::{
     estimate_peak, CategoryBytes, EstimateError, PeakEstimate, Phase, TrainingStep,
 };
+pub use ops::SavedPart;
 pub use presets::Preset;
 pub use recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};

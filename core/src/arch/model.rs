@@ -3,8 +3,8 @@
 //! [`ModelSpec`]; the estimator (`estimate.rs`) runs it on a [`Tape`].
 
 use super::ops::{
-    add, dropout, mul, residual, storage, Activation, Dtypes, Linear, Mlp, Norm, NormKind, Res,
-    RmsStyle, Tape, T,
+    add, dropout, mul, residual, storage, Activation, Dtypes, Linear, Mlp, Norm, NormKind,
+    PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 
 /// Where a layer's norms sit around its two sub-blocks.
@@ -69,6 +69,12 @@ pub(crate) struct Attention {
     pub probs_dropout: bool,
     /// The eager softmax runs in fp32 (HF's `softmax(..., dtype=float32)`).
     pub softmax_fp32: bool,
+    /// The rotary product is cast back to q's dtype (OLMo 2 keeps fp32 tables).
+    pub rope_keeps_dtype: bool,
+    /// The rotary product is a `torch.cat` of the rotated and passed-through dims (Phi-3):
+    /// q is then laid out head-major, and so is flash's output, which the output projection
+    /// needs copied to token-major.
+    pub rope_concat: bool,
 }
 
 impl Attention {
@@ -109,7 +115,10 @@ impl Attention {
                     },
                 )
             } else {
-                (Norm::new(kind, self.q_width()), Norm::new(kind, self.kv_width()))
+                (
+                    Norm::new(kind, self.q_width()),
+                    Norm::new(kind, self.kv_width()),
+                )
             }
         })
     }
@@ -144,6 +153,7 @@ impl Attention {
     }
     pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
         let d = s.d;
+        tape.part = SavedPart::Attention;
         let (h, qw, kvw) = (self.hidden, self.q_width(), self.kv_width());
         let (mut q, mut k, v) = if self.fused_qkv {
             let qkv = Linear::new(h, qw + 2 * kvw, self.qkv_bias).forward(tape, x, d)?;
@@ -156,37 +166,47 @@ impl Attention {
             )
         };
         if let Some((qn, kn)) = self.qk_norms() {
+            tape.part = SavedPart::QkNorms;
             q = qn.forward(tape, q, d)?;
             k = kn.forward(tape, k, d)?;
+            tape.part = SavedPart::Attention;
         }
         if self.rotary_dim.is_some() {
             // q * cos + rotate_half(q) * sin keeps cos and sin (shared), not q; the result
             // takes the wider of q's and the tables' dtype
-            q = tape.tensor(qw, q.bytes.max(d.resid()))?;
-            k = tape.tensor(kvw, k.bytes.max(d.resid()))?;
+            let (qb, kb) = if self.rope_keeps_dtype {
+                (q.bytes, k.bytes)
+            } else {
+                (q.bytes.max(d.resid()), k.bytes.max(d.resid()))
+            };
+            q = tape.tensor(qw, qb)?;
+            k = tape.tensor(kvw, kb)?;
         }
         let kernel = self.kernel(s);
         let w = d.act;
         let gqa = self.heads != self.kv_heads;
-        // k/v repeated for every query head: inside the math and memory-efficient kernels
-        // (repeat_interleave before the kernel), and by HF's repeat_kv on the paths where it
-        // does not pass enable_gqa (eager, or SDPA with a mask) unless the expand stays a view
-        // (one kv head and one sample: it folds into a stride-0 view)
+        let masked = self.masked(s.seq);
+        // k/v for every query head: the math kernel repeats them itself; HF's repeat_kv does
+        // on the paths where it does not pass enable_gqa (eager, or SDPA with a mask); flash
+        // and memory-efficient take grouped heads as they are. repeat_kv's expand stays a
+        // stride-0 view for one kv head and one sample, until a cast to 16 bits copies it.
         let view_ok = self.kv_heads == 1 && s.batch == 1;
-        let repeat = gqa
+        let repeats = gqa
             && match kernel {
-                Kernel::Math | Kernel::Efficient => true,
-                Kernel::Eager => !view_ok,
-                Kernel::Flash => false,
+                Kernel::Math | Kernel::Eager => true,
+                Kernel::Flash | Kernel::Efficient => masked,
             };
-        let (k, v) = if repeat {
-            (tape.tensor(qw, k.bytes)?, tape.tensor(qw, v.bytes)?)
-        } else {
-            (k, v)
-        };
+        let mut inputs = [q, k, v];
+        for t in &mut inputs[1..] {
+            if repeats && (kernel == Kernel::Math || !view_ok) {
+                *t = tape.tensor(qw, t.bytes)?;
+            } else if repeats && t.bytes != w {
+                *t = tape.tensor(qw, w)?; // the cast of the view is a full copy
+            }
+        }
         // the kernel's inputs in the activations' dtype (SDPA and matmul are on autocast's
         // 16-bit list)
-        for t in [q, k, v] {
+        for t in inputs {
             let c = tape.cast(t, w)?;
             tape.save(c)?;
         }
@@ -198,6 +218,15 @@ impl Attention {
                     .and_then(|t| tape.save(t))?; // logsumexp
             }
             Kernel::Efficient => {
+                if masked {
+                    tape.part = SavedPart::Masks;
+                    // SDPA turns HF's bool mask into an additive one in the query's dtype,
+                    // broadcast over heads, in every layer; the kernel keeps it for backward
+                    let padded = s.seq.div_ceil(16).saturating_mul(16);
+                    tape.raw(mul(s.batch, mul(s.seq, padded)?)?, w)
+                        .and_then(|t| tape.save(t))?;
+                    tape.part = SavedPart::Attention;
+                }
                 // the memory-efficient kernel pads its logsumexp to a multiple of 32
                 let padded = s.seq.div_ceil(32).checked_mul(32);
                 let padded = padded.ok_or(super::estimate::EstimateError::TooLarge)?;
@@ -205,6 +234,7 @@ impl Attention {
                     .and_then(|t| tape.save(t))?;
             }
             Kernel::Math => {
+                tape.part = SavedPart::AttentionScores;
                 tape.raw(hs2, w).and_then(|t| tape.save(t))?; // softmax output
                 if self.probs_dropout {
                     tape.raw(hs2, 1).and_then(|t| tape.save(t))?;
@@ -213,8 +243,10 @@ impl Attention {
             }
             Kernel::Eager => {
                 if self.softcap {
+                    tape.part = SavedPart::SoftCapping;
                     tape.raw(hs2, w).and_then(|t| tape.save(t))?; // tanh of the capped logits
                 }
+                tape.part = SavedPart::AttentionScores;
                 let sm = if d.amp || self.softmax_fp32 { 4 } else { w };
                 tape.raw(hs2, sm).and_then(|t| tape.save(t))?;
                 if self.probs_dropout {
@@ -225,7 +257,12 @@ impl Attention {
                 }
             }
         }
-        let out = tape.tensor(qw, w)?;
+        tape.part = SavedPart::Attention;
+        let mut out = tape.tensor(qw, w)?;
+        if kernel == Kernel::Flash && self.rope_concat && self.rotary_dim.is_some() {
+            tape.save(out)?;
+            out = tape.tensor(qw, w)?;
+        }
         Linear::new(qw, h, self.o_bias).forward(tape, out, d)
     }
 }
@@ -273,43 +310,51 @@ impl Layer {
     }
     pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
         let d = s.d;
-        let norm = self.norm();
         let hd = self.hidden_dropout;
+        let norm = |tape: &mut Tape, x: T, part: SavedPart| -> Res<T> {
+            tape.part = part;
+            self.norm().forward(tape, x, d)
+        };
+        let mlp = |tape: &mut Tape, x: T| -> Res<T> {
+            tape.part = SavedPart::Mlp;
+            self.mlp.forward(tape, x, d)
+        };
+        let (pre, post) = (SavedPart::Norms, SavedPart::PostNorms);
         match self.placement {
             Placement::Pre | Placement::Sandwich => {
                 let sandwich = self.placement == Placement::Sandwich;
-                let n = norm.forward(tape, x, d)?;
+                let n = norm(tape, x, pre)?;
                 let mut a = self.attention.forward(tape, n, s)?;
                 if sandwich {
-                    a = norm.forward(tape, a, d)?;
+                    a = norm(tape, a, post)?;
                 }
                 let a = dropout(tape, a, hd)?;
                 let x = residual(tape, x, a)?;
-                let n = norm.forward(tape, x, d)?;
-                let mut m = self.mlp.forward(tape, n, d)?;
+                let n = norm(tape, x, pre)?;
+                let mut m = mlp(tape, n)?;
                 if sandwich {
-                    m = norm.forward(tape, m, d)?;
+                    m = norm(tape, m, post)?;
                 }
                 let m = dropout(tape, m, hd)?;
                 residual(tape, x, m)
             }
             Placement::Post => {
                 let a = self.attention.forward(tape, x, s)?;
-                let a = norm.forward(tape, a, d)?;
+                let a = norm(tape, a, post)?;
                 let x = residual(tape, x, a)?;
-                let m = self.mlp.forward(tape, x, d)?;
-                let m = norm.forward(tape, m, d)?;
+                let m = mlp(tape, x)?;
+                let m = norm(tape, m, post)?;
                 residual(tape, x, m)
             }
             Placement::PostResidual => {
                 let a = self.attention.forward(tape, x, s)?;
                 let a = dropout(tape, a, hd)?;
                 let sum = residual(tape, x, a)?;
-                let x = norm.forward(tape, sum, d)?;
-                let m = self.mlp.forward(tape, x, d)?;
+                let x = norm(tape, sum, pre)?;
+                let m = mlp(tape, x)?;
                 let m = dropout(tape, m, hd)?;
                 let sum = residual(tape, x, m)?;
-                norm.forward(tape, sum, d)
+                norm(tape, sum, pre)
             }
         }
     }
@@ -377,8 +422,13 @@ pub(crate) struct ModelSpec {
     pub final_norm: Option<NormKind>,
     pub head: Head,
     pub tied: bool,
-    /// Width of each pair of rotary tables (cos, sin) the model computes per forward.
-    pub rotary_tables: Vec<u64>,
+    /// Width of the rotary tables (cos, sin) the model computes per forward, 0 for none.
+    pub rotary_width: u64,
+    /// One pair of tables per attention type that its layers use (Gemma 3: local and
+    /// global), else one pair.
+    pub rotary_per_attention_type: bool,
+    /// The tables stay in fp32 whatever the model's dtype (OLMo 2).
+    pub rotary_fp32: bool,
     /// Element counts of the module buffers (rotary `inv_freq`, BERT's id buffers).
     pub buffers: Vec<(u64, u64)>,
 }
@@ -398,6 +448,10 @@ pub(crate) struct ForwardTape {
     pub loss_forward: u64,
     /// Largest set of live tensors in a no-grad forward, beyond weights and input.
     pub inference: u64,
+    /// What the layers' saved bytes are for, summed over the layers.
+    pub layer_parts: PartBytes,
+    /// What the saved bytes outside the layers are for.
+    pub outside_parts: PartBytes,
 }
 
 impl ModelSpec {
@@ -496,16 +550,13 @@ impl ModelSpec {
         let tv = mul(tokens, v)?;
         let mut tape = Tape::new(tokens);
         let mut x = self.embed(&mut tape, s)?;
-        for &width in &self.rotary_tables {
-            tape.saved(width, r)?; // cos
-            tape.saved(width, r)?; // sin
-        }
-        if self.layers.iter().any(|l| l.attention.masked(s.seq)) {
-            // the sliding-window bool mask, shared by the layers that use it
-            tape.raw(mul(s.batch, mul(s.seq, s.seq)?)?, 1)
-                .and_then(|m| tape.save(m))?;
+        for _ in 0..self.rotary_pairs() {
+            let bytes = if self.rotary_fp32 { 4 } else { r };
+            tape.saved(self.rotary_width, bytes)?; // cos
+            tape.saved(self.rotary_width, bytes)?; // sin
         }
         let mut per_layer = Vec::with_capacity(self.layers.len());
+        let parts_before = tape.parts;
         let mut before = tape.total();
         let outside_start = before;
         for layer in &self.layers {
@@ -514,6 +565,8 @@ impl ModelSpec {
             before = tape.total();
         }
         let head_start = tape.total();
+        let parts_after = tape.parts;
+        tape.part = SavedPart::HeadAndLoss;
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let (loss_buffers, loss_forward, inference) = match self.head {
             Head::CausalLm { softcap, scaled } => {
@@ -523,8 +576,10 @@ impl ModelSpec {
                 };
                 let logits = Linear::new(h, v, false).forward(&mut tape, x, d)?;
                 if softcap {
+                    tape.part = SavedPart::SoftCapping;
                     let t = tape.like(logits, w)?; // tanh(logits / cap)
                     tape.save(t)?;
+                    tape.part = SavedPart::HeadAndLoss;
                 }
                 let _ = scaled;
                 tape.raw(tv, 4).and_then(|t| tape.save(t))?; // log_softmax of fp32 logits
@@ -532,14 +587,21 @@ impl ModelSpec {
                 let logits_w = storage(tv, w)?;
                 let logits_32 = storage(tv, 4)?;
                 let inner = storage(tokens, mul(self.max_inner(), w)?)?;
-                let k = self.layers.last().map_or(3, |l| l.mlp.inference_inner_tensors());
+                let k = self
+                    .layers
+                    .last()
+                    .map_or(3, |l| l.mlp.inference_inner_tensors());
                 let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
                 // the final norm's output (and its 16-bit cast for a LayerNorm under
                 // autocast) next to the logits
                 let head_live = if self.final_norm == Some(NormKind::LayerNorm) {
                     add(
                         add(logits_w, hidden_r)?,
-                        if d.amp { storage(tokens, mul(h, 2)?)? } else { 0 },
+                        if d.amp {
+                            storage(tokens, mul(h, 2)?)?
+                        } else {
+                            0
+                        },
                     )?
                 } else {
                     add(logits_w, storage(tokens, mul(h, w)?)?)?
@@ -574,7 +636,11 @@ impl ModelSpec {
                 };
                 let live = add(
                     add(storage(tv, w)?, mul(hidden_r, 2)?)?,
-                    if d.amp { storage(tokens, mul(h, 2)?)? } else { 0 },
+                    if d.amp {
+                        storage(tokens, mul(h, 2)?)?
+                    } else {
+                        0
+                    },
                 )?;
                 (buffers, storage(tv, w)?, live)
             }
@@ -599,7 +665,16 @@ impl ModelSpec {
         };
         let total = tape.total();
         let layers_total = head_start - outside_start;
+        let mut layer_parts = PartBytes::default();
+        let mut outside_parts = tape.parts;
+        for part in SavedPart::ALL {
+            let in_layers = parts_after.get(part) - parts_before.get(part);
+            layer_parts.add(part, in_layers)?;
+            outside_parts.0[part as usize] -= in_layers;
+        }
         Ok(ForwardTape {
+            layer_parts,
+            outside_parts,
             per_layer,
             outside: total - layers_total,
             head_saved: total - head_start,
@@ -607,6 +682,27 @@ impl ModelSpec {
             loss_forward,
             inference,
         })
+    }
+
+    /// Pairs of rotary tables a forward computes.
+    fn rotary_pairs(&self) -> usize {
+        let roped = self
+            .layers
+            .iter()
+            .filter(|l| l.attention.rotary_dim.is_some());
+        if self.rotary_per_attention_type {
+            let (mut local, mut global) = (false, false);
+            for l in roped {
+                if l.attention.window.is_some() {
+                    local = true;
+                } else {
+                    global = true;
+                }
+            }
+            usize::from(local) + usize::from(global)
+        } else {
+            usize::from(roped.count() > 0)
+        }
     }
 
     fn max_inner(&self) -> u64 {

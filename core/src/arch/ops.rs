@@ -58,9 +58,140 @@ pub(crate) struct T {
     pub bytes: u64,
 }
 
+/// What a saved tensor is for, so that a person sees where activations go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SavedPart {
+    /// Token embeddings, positions, rotary tables, the input ids.
+    Embeddings,
+    /// Norms before the sub-blocks (and BERT's after the residual).
+    Norms,
+    /// Norms after the sub-blocks (Gemma 2/3, OLMo 2).
+    PostNorms,
+    /// Query/key norms (Qwen3, Gemma 3, OLMo 2).
+    QkNorms,
+    /// Projection inputs, q, k, v, the attention output and the kernel's statistics.
+    Attention,
+    /// Eager attention's seq x seq probabilities.
+    AttentionScores,
+    /// Sliding-window masks the kernel keeps.
+    Masks,
+    /// Soft-capping's tanh outputs (Gemma 2).
+    SoftCapping,
+    /// MLP inputs and intermediates.
+    Mlp,
+    /// 1-byte dropout masks.
+    Dropout,
+    /// The final norm, the logits and the loss.
+    HeadAndLoss,
+    /// Autocast's 16-bit copies of the weights.
+    WeightCopies,
+    /// The layer inputs that checkpointing keeps.
+    LayerInputs,
+    /// The largest set of tensors alive at once in a no-grad forward.
+    WorkingSet,
+}
+
+impl SavedPart {
+    /// Every part, in the order the breakdown lists them.
+    pub const ALL: [SavedPart; 14] = [
+        SavedPart::Embeddings,
+        SavedPart::Norms,
+        SavedPart::PostNorms,
+        SavedPart::QkNorms,
+        SavedPart::Attention,
+        SavedPart::AttentionScores,
+        SavedPart::Masks,
+        SavedPart::SoftCapping,
+        SavedPart::Mlp,
+        SavedPart::Dropout,
+        SavedPart::HeadAndLoss,
+        SavedPart::WeightCopies,
+        SavedPart::LayerInputs,
+        SavedPart::WorkingSet,
+    ];
+
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            SavedPart::Embeddings => "embeddings",
+            SavedPart::Norms => "norms",
+            SavedPart::PostNorms => "post-norms",
+            SavedPart::QkNorms => "qk-norms",
+            SavedPart::Attention => "attention",
+            SavedPart::AttentionScores => "attention-scores",
+            SavedPart::Masks => "masks",
+            SavedPart::SoftCapping => "soft-capping",
+            SavedPart::Mlp => "mlp",
+            SavedPart::Dropout => "dropout",
+            SavedPart::HeadAndLoss => "head-loss",
+            SavedPart::WeightCopies => "weight-copies",
+            SavedPart::LayerInputs => "layer-inputs",
+            SavedPart::WorkingSet => "working-set",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            SavedPart::Embeddings => "Embeddings and rotary tables",
+            SavedPart::Norms => "Norms",
+            SavedPart::PostNorms => "Post-norms",
+            SavedPart::QkNorms => "Q/K norms",
+            SavedPart::Attention => "Attention (q, k, v, output)",
+            SavedPart::AttentionScores => "Attention scores (seq × seq)",
+            SavedPart::Masks => "Sliding-window masks",
+            SavedPart::SoftCapping => "Soft-capping buffers",
+            SavedPart::Mlp => "MLP",
+            SavedPart::Dropout => "Dropout masks",
+            SavedPart::HeadAndLoss => "Logits and loss",
+            SavedPart::WeightCopies => "Autocast weight copies",
+            SavedPart::LayerInputs => "Checkpointed layer inputs",
+            SavedPart::WorkingSet => "Forward working set (no-grad)",
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Bytes saved per [`SavedPart`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PartBytes(pub [u64; 14]);
+
+impl PartBytes {
+    pub fn add(&mut self, part: SavedPart, bytes: u64) -> Res<()> {
+        let slot = &mut self.0[part.index()];
+        *slot = add(*slot, bytes)?;
+        Ok(())
+    }
+    pub fn merge(&mut self, other: &PartBytes) -> Res<()> {
+        for part in SavedPart::ALL {
+            self.add(part, other.0[part.index()])?;
+        }
+        Ok(())
+    }
+    /// The non-zero parts, in display order.
+    pub fn listed(&self) -> Vec<(SavedPart, u64)> {
+        SavedPart::ALL
+            .into_iter()
+            .map(|p| (p, self.get(p)))
+            .filter(|(_, b)| *b > 0)
+            .collect()
+    }
+    pub fn get(&self, part: SavedPart) -> u64 {
+        self.0[part.index()]
+    }
+}
+
 /// The saved tensors of a forward pass.
 pub(crate) struct Tape {
     pub tokens: u64,
+    /// What the tensors saved now are for.
+    pub part: SavedPart,
+    pub parts: PartBytes,
     saved: Vec<bool>,
     total: u64,
 }
@@ -69,6 +200,8 @@ impl Tape {
     pub fn new(tokens: u64) -> Self {
         Tape {
             tokens,
+            part: SavedPart::Embeddings,
+            parts: PartBytes::default(),
             saved: Vec::new(),
             total: 0,
         }
@@ -91,7 +224,9 @@ impl Tape {
         if let Some(s) = self.saved.get_mut(t.id) {
             if !*s {
                 *s = true;
-                self.total = add(self.total, storage(t.elems, t.bytes)?)?;
+                let bytes = storage(t.elems, t.bytes)?;
+                self.total = add(self.total, bytes)?;
+                self.parts.add(self.part, bytes)?;
             }
         }
         Ok(())
@@ -266,8 +401,10 @@ pub(crate) fn dropout(tape: &mut Tape, x: T, on: bool) -> Res<T> {
     if !on {
         return Ok(x);
     }
+    let part = std::mem::replace(&mut tape.part, SavedPart::Dropout);
     let mask = tape.like(x, 1)?;
     tape.save(mask)?;
+    tape.part = part;
     tape.like(x, x.bytes)
 }
 

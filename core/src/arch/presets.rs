@@ -63,7 +63,12 @@ presets![
     ("gpt2-large", "GPT-2 large (774M)", Gpt2, 1024),
     ("bert-base", "BERT base (110M)", Bert, 512),
     ("roberta-base", "RoBERTa base (125M)", Roberta, 512),
-    ("xlm-roberta-base", "XLM-RoBERTa base (278M)", XlmRoberta, 512),
+    (
+        "xlm-roberta-base",
+        "XLM-RoBERTa base (278M)",
+        XlmRoberta,
+        512
+    ),
     ("vit-b16", "ViT-B/16 (224 px)", Vit, 224),
 ];
 
@@ -140,16 +145,27 @@ mod tests {
         assert_eq!(PRESETS.len(), COUNT);
         for p in Preset::ALL {
             assert_eq!(Preset::from_key(p.key()), Some(p));
-            let a = p.architecture().unwrap_or_else(|e| panic!("{}: {e}", p.key()));
+            let a = p
+                .architecture()
+                .unwrap_or_else(|e| panic!("{}: {e}", p.key()));
             assert_eq!(a.family(), p.family(), "{}", p.key());
-            assert_eq!(parse_hf_config(&a.to_config_json()), Ok(a.clone()), "{}", p.key());
+            assert_eq!(
+                parse_hf_config(&a.to_config_json()),
+                Ok(a.clone()),
+                "{}",
+                p.key()
+            );
         }
     }
 
     #[track_caller]
     fn params(key: &str, expected: u64) {
         let a = Preset::from_key(key).map(Preset::architecture);
-        assert_eq!(a.map(|a| a.map(|a| a.parameter_count())), Some(Ok(expected)), "{key}");
+        assert_eq!(
+            a.map(|a| a.map(|a| a.parameter_count())),
+            Some(Ok(expected)),
+            "{key}"
+        );
     }
 
     /// PyTorch's counts for the same configs (transformers 5.24 on the meta device; see
