@@ -6,8 +6,8 @@ use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::{
     estimate_peak, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
     simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, CategoryBytes, FitVerdict,
-    MaxBatch, Phase, PrecisionRecipe, ShardedState, SimpleInputs, SweepRow, TrainingStep,
-    MAX_BATCH,
+    MaxBatch, Phase, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow,
+    TrainingStep, MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -72,6 +72,34 @@ pub struct StepMemory {
     pub model_state_bytes: u64,
     /// Activations (saved for backward, or the KV cache in inference).
     pub activation_bytes: u64,
+    /// Architecture mode: what the activations alive at the peak are for, summing exactly to
+    /// the [`PartKind::Activations`] part. Empty in simple mode and when no activations are
+    /// alive at the peak.
+    pub activation_parts: Vec<(SavedPart, u64)>,
+}
+
+/// `parts` (summing to `whole`) scaled to sum exactly to `target`: each part in proportion,
+/// the rounding left over given to the largest part. Empty when either sum is 0.
+fn scale_parts(parts: &[(SavedPart, u64)], whole: u64, target: u64) -> Vec<(SavedPart, u64)> {
+    if whole == 0 || target == 0 {
+        return Vec::new();
+    }
+    if whole == target {
+        return parts.to_vec();
+    }
+    let mut scaled: Vec<(SavedPart, u64)> = parts
+        .iter()
+        .map(|&(part, bytes)| {
+            let share = u128::from(bytes) * u128::from(target) / u128::from(whole);
+            (part, u64::try_from(share).unwrap_or(u64::MAX))
+        })
+        .collect();
+    let sum = scaled.iter().fold(0u64, |a, (_, b)| a.saturating_add(*b));
+    if let Some(largest) = scaled.iter_mut().max_by_key(|(_, b)| *b) {
+        largest.1 = largest.1.saturating_add(target.saturating_sub(sum));
+    }
+    scaled.retain(|(_, b)| *b > 0);
+    scaled
 }
 
 /// Why nothing can be computed.
@@ -255,6 +283,7 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 peak_phase: None,
                 model_state_bytes: state.total(),
                 activation_bytes: b.activations,
+                activation_parts: Vec::new(),
             })
         }
         Model::Architecture {
@@ -355,12 +384,22 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
             } else {
                 kv.max(c.activations)
             };
+            // The saved parts sum to the forward's activations; the peak's are those (or none),
+            // divided by tensor parallelism.
+            let forward_activations = estimate
+                .phase_peaks
+                .iter()
+                .find(|(p, _)| *p == Phase::Forward)
+                .map_or(0, |(_, c)| c.activations);
+            let activation_parts =
+                scale_parts(&estimate.saved_parts, forward_activations, c.activations);
             Ok(StepMemory {
                 parts,
                 peak_bytes,
                 peak_phase: Some(phase),
                 model_state_bytes: model_state.total(),
                 activation_bytes,
+                activation_parts,
             })
         }
     }
@@ -524,6 +563,54 @@ mod tests {
         assert!(plan.global_batch() >= 1024);
         assert_eq!(plan.num_gpus, 4);
         assert_eq!(Gpu::from_key("custom"), Some(Gpu::Custom));
+    }
+
+    fn activations_and_parts(query: &str) -> (u64, Vec<(SavedPart, u64)>) {
+        let decoded = decode_query(query);
+        assert!(decoded.notices.is_empty(), "{query}: {:?}", decoded.notices);
+        let e = evaluate(&decoded.state).unwrap();
+        let activations = e
+            .step
+            .parts
+            .iter()
+            .find(|(k, _)| *k == PartKind::Activations)
+            .map_or(0, |(_, b)| *b);
+        (activations, e.step.activation_parts)
+    }
+
+    #[test]
+    fn activation_parts_sum_to_the_activations_at_the_peak() {
+        for query in [
+            "m=arch&model=gpt2&b=4&s=1024&r=amp-bf16",
+            "m=arch&model=gemma2-2b&b=2&s=2048&r=bf16",
+            "m=arch&model=gemma3-1b&b=2&s=2048&r=amp-bf16&gc=full",
+            "m=arch&model=qwen3-8b&b=1&s=2048&r=bf16&o=none",
+            "m=arch&model=llama3-8b&b=3&s=2048&r=amp-bf16&tp=3",
+            "m=arch&model=llama3-8b&b=1&s=2048&r=bf16",
+        ] {
+            let (activations, parts) = activations_and_parts(query);
+            let sum: u64 = parts.iter().map(|(_, b)| *b).sum();
+            assert_eq!(sum, activations, "{query}");
+            assert_eq!(parts.is_empty(), activations == 0, "{query}");
+        }
+        let (_, qwen3) = activations_and_parts("m=arch&model=qwen3-0.6b&b=1&s=1024");
+        assert!(qwen3.iter().any(|(p, _)| *p == SavedPart::QkNorms));
+        let simple = evaluate(&decode_query("p=1&pu=B&b=8&a=2000").state).unwrap();
+        assert!(simple.step.activation_parts.is_empty());
+    }
+
+    #[test]
+    fn scaled_parts_keep_their_sum() {
+        let parts = [
+            (SavedPart::Mlp, 7),
+            (SavedPart::Attention, 5),
+            (SavedPart::Norms, 1),
+        ];
+        let scaled = scale_parts(&parts, 13, 6);
+        assert_eq!(scaled.iter().map(|(_, b)| b).sum::<u64>(), 6);
+        assert_eq!(scale_parts(&parts, 13, 13), parts.to_vec());
+        assert!(scale_parts(&parts, 13, 0).is_empty());
+        assert!(scale_parts(&[], 0, 5).is_empty());
     }
 
     proptest! {

@@ -256,10 +256,10 @@ pub fn estimate_peak(
     let layer_casts = spec
         .layers
         .iter()
-        .map(|l| cast(&l.linear_params()))
+        .map(|l| cast(&l.linear_params(!trains)))
         .collect::<Res<Vec<u64>>>()?;
     let all_layer_casts = layer_casts.iter().try_fold(0, |a, &b| add(a, b))?;
-    let head_cast = cast(&spec.head_linears())?;
+    let head_cast = cast(&spec.head_linears(!trains))?;
 
     let base = CategoryBytes {
         parameters: params,

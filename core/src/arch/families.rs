@@ -137,12 +137,14 @@ fn rope(r: &mut Reader) -> Result<(), ConfigError> {
                     "default", "linear", "dynamic", "yarn", "longrope", "llama3", "su",
                 ]
                 .contains(&t.as_str()) => {}
-            Some(v) => return Err(ConfigError::InvalidField {
-                field: name.into(),
-                reason: format!(
+            Some(v) => {
+                return Err(ConfigError::InvalidField {
+                    field: name.into(),
+                    reason: format!(
                     "rope type {v} is not one of default, linear, dynamic, yarn, longrope, llama3"
                 ),
-            }),
+                })
+            }
         }
     }
     Ok(())

@@ -221,8 +221,10 @@ impl Attention {
                 if masked {
                     tape.part = SavedPart::Masks;
                     // SDPA turns HF's bool mask into an additive one in the query's dtype,
-                    // broadcast over heads, in every layer; the kernel keeps it for backward
-                    let padded = s.seq.div_ceil(16).saturating_mul(16);
+                    // per sample and broadcast over heads, in every layer; the efficient
+                    // kernel pads its last dimension to a multiple of 8 and keeps it for
+                    // backward
+                    let padded = s.seq.div_ceil(8).saturating_mul(8);
                     tape.raw(mul(s.batch, mul(s.seq, padded)?)?, w)
                         .and_then(|t| tape.save(t))?;
                     tape.part = SavedPart::Attention;
@@ -300,12 +302,22 @@ impl Layer {
         v
     }
     /// Element counts of the weights and biases of the matmuls (what autocast casts).
-    pub fn linear_params(&self) -> Vec<u64> {
+    /// Element counts of the matmul weights that autocast's cast cache keeps: the weight
+    /// matrices, and under `no_grad` the biases too (measured: with autograd on, the biases'
+    /// 16-bit copies are not alive at the end of the forward).
+    pub fn linear_params(&self, with_biases: bool) -> Vec<u64> {
         let mut v = Vec::new();
         for l in self.attention.linears() {
-            l.params(&mut v);
+            v.push(l.n_in * l.n_out);
+            if with_biases && l.bias {
+                v.push(l.n_out);
+            }
         }
-        self.mlp.params(&mut v);
+        if with_biases {
+            self.mlp.params(&mut v);
+        } else {
+            self.mlp.weights(&mut v);
+        }
         v
     }
     pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
@@ -512,11 +524,13 @@ impl ModelSpec {
         }
         t
     }
-    /// Matmul weights outside the layers that autocast casts.
-    pub fn head_linears(&self) -> Vec<u64> {
+    /// Matmul weights outside the layers that autocast's cast cache keeps (see
+    /// [`Layer::linear_params`] for the biases).
+    pub fn head_linears(&self, with_biases: bool) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
         match self.head {
-            Head::MaskedLm => vec![h * h, h, v * h, v],
+            Head::MaskedLm if with_biases => vec![h * h, h, v * h, v],
+            Head::MaskedLm => vec![h * h, v * h],
             Head::ImageClassifier => {
                 let p = self.vision.map_or(0, |vis| vis.patch);
                 vec![v * h, v, h * 3 * p * p, h]

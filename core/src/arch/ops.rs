@@ -450,6 +450,10 @@ impl Mlp {
             l.params(out);
         }
     }
+    /// The weight matrices alone (what autocast's cast cache keeps: not the biases).
+    pub fn weights(&self, out: &mut Vec<u64>) {
+        out.extend(self.linears().iter().map(|l| l.n_in * l.n_out));
+    }
     /// The output projection (its gradient is among the first of backward).
     pub fn down(&self) -> Linear {
         Linear::new(self.inner, self.hidden, self.bias)
