@@ -391,6 +391,9 @@ pub(crate) struct Embedding {
     pub positions: u64,
     /// Token-type rows (BERT), 0 for none.
     pub token_types: u64,
+    /// Index tensors of `batch x seq` int64 built per forward and kept by the embedding
+    /// lookups (RoBERTa's position ids and gathered token-type ids).
+    pub index_tensors: u64,
     /// A LayerNorm after the sum (BERT, RoBERTa).
     pub norm: bool,
     pub dropout: bool,
@@ -737,6 +740,9 @@ impl ModelSpec {
             return tape.tensor(h, r);
         }
         let e = &self.embedding;
+        for _ in 0..e.index_tensors {
+            tape.saved(1, 8)?;
+        }
         let mut x = tape.tensor(h, r)?;
         match e.scale {
             EmbedScale::Tensor => {
