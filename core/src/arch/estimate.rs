@@ -200,18 +200,28 @@ pub fn estimate_peak(
         eager,
         d,
     };
-    let tensors = spec.parameter_tensors();
-    let n_tensors = tensors.len() as u64;
-    let params = sum_storages(&tensors, p.weight_bytes())?;
+    let groups = spec.layer_groups();
+    // bytes of every parameter tensor stored with `bytes` per element
+    let all_params = |bytes: u64| -> Res<u64> {
+        groups.iter().try_fold(
+            sum_storages(&spec.outside_parameter_tensors(), bytes)?,
+            |acc, (layer, count)| add(acc, mul(sum_storages(&layer.params(), bytes)?, *count)?),
+        )
+    };
+    let n_tensors = groups.iter().try_fold(
+        spec.outside_parameter_tensors().len() as u64,
+        |acc, (layer, count)| add(acc, mul(layer.params().len() as u64, *count)?),
+    )?;
+    let params = all_params(p.weight_bytes())?;
     let trains = step.optimizer.trains();
     let grads = if trains {
-        sum_storages(&tensors, p.gradient_bytes())?
+        all_params(p.gradient_bytes())?
     } else {
         0
     };
-    let state_one = sum_storages(&tensors, p.optimizer_state_bytes())?;
+    let state_one = all_params(p.optimizer_state_bytes())?;
     let master = if trains && p.master_weights() {
-        sum_storages(&tensors, 4)?
+        all_params(4)?
     } else {
         0
     };
@@ -252,13 +262,15 @@ pub fn estimate_peak(
             Ok(0)
         }
     };
-    // autocast's 16-bit weight copies, per layer
-    let layer_casts = spec
-        .layers
+    // autocast's 16-bit weight copies, per layer group
+    let group_casts = groups
         .iter()
-        .map(|l| cast(&l.linear_params(!trains)))
+        .map(|(l, _)| cast(&l.linear_params(!trains)))
         .collect::<Res<Vec<u64>>>()?;
-    let all_layer_casts = layer_casts.iter().try_fold(0, |a, &b| add(a, b))?;
+    let all_layer_casts = groups
+        .iter()
+        .zip(&group_casts)
+        .try_fold(0, |acc, ((_, count), c)| add(acc, mul(*c, *count)?))?;
     let head_cast = cast(&spec.head_linears(!trains))?;
 
     let base = CategoryBytes {
@@ -293,13 +305,18 @@ pub fn estimate_peak(
             saved_activation_bytes: storage(kept, p.activation_bytes())?,
         });
     }
+    // one layer's saved tensors with its weight copies, per group
     let full_layers = acts
-        .per_layer
+        .per_group
         .iter()
-        .zip(&layer_casts)
+        .zip(&group_casts)
         .map(|(a, c)| add(*a, *c))
         .collect::<Res<Vec<u64>>>()?;
     let largest_layer = full_layers.iter().copied().max().unwrap_or(0);
+    let all_layers = groups
+        .iter()
+        .zip(&full_layers)
+        .try_fold(0, |acc, ((_, count), f)| add(acc, mul(*f, *count)?))?;
     // inside the last layer's backward: the head's gradients exist, its saved tensors are gone
     let head_grads = sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?;
     let inner = spec.layers.last().map_or(0, |l| l.mlp.inner);
@@ -311,13 +328,7 @@ pub fn estimate_peak(
     let layer_input = storage(tokens, mul(spec.hidden(), d.resid())?)?;
     let (saved, bwd_inner) = match step.checkpointing {
         Checkpointing::None => (
-            add(
-                add(
-                    full_layers.iter().try_fold(0, |a, &b| add(a, b))?,
-                    acts.outside,
-                )?,
-                head_cast,
-            )?,
+            add(add(all_layers, acts.outside)?, head_cast)?,
             layer_backward,
         ),
         Checkpointing::Full => (

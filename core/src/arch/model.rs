@@ -450,8 +450,9 @@ pub(crate) struct ModelSpec {
 
 /// What a forward pass keeps, and the transients around it.
 pub(crate) struct ForwardTape {
-    /// Saved by each layer (without autocast's weight copies).
-    pub per_layer: Vec<u64>,
+    /// Saved by one layer of each group of [`ModelSpec::layer_groups`] (without autocast's
+    /// weight copies), in the same order.
+    pub per_group: Vec<u64>,
     /// Saved outside the layers: embeddings, rotary tables, masks, final norm, head, loss.
     pub outside: u64,
     /// The part of `outside` saved by the final norm, head and loss (freed before the last
@@ -475,6 +476,21 @@ impl ModelSpec {
     }
     fn vocab(&self) -> u64 {
         self.embedding.vocab
+    }
+    /// The distinct layers, each with how many times it occurs, in order of first occurrence.
+    pub fn layer_groups(&self) -> Vec<(&Layer, u64)> {
+        let mut groups: Vec<(&Layer, u64)> = Vec::new();
+        for layer in &self.layers {
+            match groups.iter_mut().find(|(l, _)| *l == layer) {
+                Some((_, n)) => *n += 1,
+                None => groups.push((layer, 1)),
+            }
+        }
+        groups
+    }
+    /// Element counts of the parameter tensors outside the layers.
+    pub fn outside_parameter_tensors(&self) -> Vec<u64> {
+        self.outside_params(true)
     }
     /// Element counts of every parameter tensor (tied weights once).
     pub fn parameter_tensors(&self) -> Vec<u64> {
@@ -566,23 +582,28 @@ impl ModelSpec {
         let tokens = mul(s.batch, s.seq)?;
         let tv = mul(tokens, v)?;
         let mut tape = Tape::new(tokens);
-        let mut x = self.embed(&mut tape, s)?;
+        self.embed(&mut tape, s)?;
         for _ in 0..self.rotary_pairs() {
             let bytes = if self.rotary_fp32 { 4 } else { r };
             tape.saved(self.rotary_width, bytes)?; // cos
             tape.saved(self.rotary_width, bytes)?; // sin
         }
-        let mut per_layer = Vec::with_capacity(self.layers.len());
-        let parts_before = tape.parts;
-        let mut before = tape.total();
-        let outside_start = before;
-        for layer in &self.layers {
-            x = layer.forward(&mut tape, x, s)?;
-            per_layer.push(tape.total() - before);
-            before = tape.total();
+        // Each distinct layer runs once on a tape of its own from a fresh input (what it saves
+        // of its input counts in it, as it would in one long tape).
+        let mut per_group = Vec::new();
+        let mut layer_parts = PartBytes::default();
+        for (layer, count) in self.layer_groups() {
+            let mut own = Tape::new(tokens);
+            let input = own.tensor(h, r)?;
+            layer.forward(&mut own, input, s)?;
+            per_group.push(own.total());
+            for part in SavedPart::ALL {
+                layer_parts.add(part, mul(own.parts.get(part), count)?)?;
+            }
         }
+        // the head reads the last layer's output, a fresh tensor to the head's tape
+        let x = tape.tensor(h, r)?;
         let head_start = tape.total();
-        let parts_after = tape.parts;
         tape.part = SavedPart::HeadAndLoss;
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let (loss_buffers, loss_forward, inference) = match self.head {
@@ -681,19 +702,11 @@ impl ModelSpec {
             }
         };
         let total = tape.total();
-        let layers_total = head_start - outside_start;
-        let mut layer_parts = PartBytes::default();
-        let mut outside_parts = tape.parts;
-        for part in SavedPart::ALL {
-            let in_layers = parts_after.get(part) - parts_before.get(part);
-            layer_parts.add(part, in_layers)?;
-            outside_parts.0[part as usize] -= in_layers;
-        }
         Ok(ForwardTape {
             layer_parts,
-            outside_parts,
-            per_layer,
-            outside: total - layers_total,
+            outside_parts: tape.parts,
+            per_group,
+            outside: total,
             head_saved: total - head_start,
             loss_buffers,
             loss_forward,
