@@ -174,7 +174,7 @@ impl std::error::Error for ConfigError {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Architecture {
     pub(crate) family: ModelFamily,
-    pub(crate) spec: ModelSpec,
+    pub(crate) spec: Box<ModelSpec>,
     /// Longest sequence the model accepts (learned positions), if limited.
     pub(crate) max_seq: Option<u64>,
     /// What the estimate covers or assumes beyond the config (shown next to the estimate).

@@ -65,7 +65,7 @@ pub(crate) fn read(m: &Map<String, Value>) -> Result<Architecture, ConfigError> 
 fn arch(family: ModelFamily, spec: ModelSpec, max_seq: Option<u64>) -> Architecture {
     Architecture {
         family,
-        spec,
+        spec: Box::new(spec),
         max_seq,
         notes: Vec::new(),
         compact: String::new(),
