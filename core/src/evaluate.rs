@@ -409,7 +409,8 @@ fn capitalise(text: &str) -> String {
     let mut chars = text.chars();
     match chars.next() {
         Some(first) => {
-            let mut out: String = first.to_uppercase().collect();
+            // ASCII only: the messages are English, and Unicode case tables would weigh on the page.
+            let mut out = String::from(first.to_ascii_uppercase());
             out.push_str(chars.as_str());
             if !out.ends_with('.') {
                 out.push('.');

@@ -33,9 +33,11 @@ pub fn sweep_batches(selected: u64, max_batch: u64) -> Vec<u64> {
         .map(|power| 1u64 << power)
         .filter(|&b| b <= max_batch)
         .collect();
-    batches.push(selected);
-    batches.sort_unstable();
-    batches.dedup();
+    // The powers are ascending: `selected` goes in its place unless it is one of them (no
+    // general sort, whose code would weigh on the page).
+    if let Err(at) = batches.binary_search(&selected) {
+        batches.insert(at, selected);
+    }
     batches
 }
 

@@ -220,7 +220,7 @@ impl Architecture {
     /// MLP inner width.
     #[must_use]
     pub fn intermediate_size(&self) -> u64 {
-        self.spec.layers.first().map_or(0, |l| l.mlp.inner)
+        self.spec.layers.first().map_or(0, |l| l.mlp.inner())
     }
     /// Vocabulary size (text) or number of classes (vision).
     #[must_use]

@@ -319,7 +319,7 @@ pub fn estimate_peak(
         .try_fold(0, |acc, ((_, count), f)| add(acc, mul(*f, *count)?))?;
     // inside the last layer's backward: the head's gradients exist, its saved tensors are gone
     let head_grads = sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?;
-    let inner = spec.layers.last().map_or(0, |l| l.mlp.inner);
+    let inner = spec.layers.last().map_or(0, |l| l.mlp.inner_per_token());
     let layer_transient = add(
         storage(tokens, mul(inner, d.act)?)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,

@@ -3,7 +3,7 @@
 //! [`ModelSpec`]; the estimator (`estimate.rs`) runs it on a [`Tape`].
 
 use super::ops::{
-    add, dropout, mul, residual, storage, Activation, Dtypes, Linear, Mlp, Norm, NormKind,
+    add, dropout, mul, residual, storage, Activation, Dtypes, FeedForward, Linear, Norm, NormKind,
     PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 
@@ -46,6 +46,16 @@ pub(crate) struct StepShape {
     pub d: Dtypes,
 }
 
+/// Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank
+/// bottleneck, keys and values decompressed per head from one shared latent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Latent {
+    pub q_rank: Option<u64>,
+    pub kv_rank: u64,
+    pub rope_dim: u64,
+    pub nope_dim: u64,
+}
+
 /// A self-attention block: projections, optional q/k norm and rotary embedding, the kernel
 /// and the output projection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,7 +63,10 @@ pub(crate) struct Attention {
     pub hidden: u64,
     pub heads: u64,
     pub kv_heads: u64,
+    /// Query/key head width (MLA: nope + rope dims).
     pub head_dim: u64,
+    /// Value (and output) head width.
+    pub v_head_dim: u64,
     /// One projection for q, k and v (GPT-2, ViT, Phi-3).
     pub fused_qkv: bool,
     pub qkv_bias: bool,
@@ -65,6 +78,8 @@ pub(crate) struct Attention {
     pub window: Option<u64>,
     /// Soft-capping of the attention logits (eager only: SDPA has no such knob).
     pub softcap: bool,
+    /// Learned attention sinks (gpt-oss, eager only): one more column in the softmax.
+    pub sinks: bool,
     /// Dropout on the attention probabilities in training.
     pub probs_dropout: bool,
     /// The eager softmax runs in fp32 (HF's `softmax(..., dtype=float32)`).
@@ -75,6 +90,8 @@ pub(crate) struct Attention {
     /// q is then laid out head-major, and so is flash's output, which the output projection
     /// needs copied to token-major.
     pub rope_concat: bool,
+    /// Multi-head latent attention instead of q/k/v projections.
+    pub latent: Option<Latent>,
 }
 
 impl Attention {
@@ -84,18 +101,33 @@ impl Attention {
     fn kv_width(&self) -> u64 {
         self.kv_heads * self.head_dim
     }
+    fn out_width(&self) -> u64 {
+        self.heads * self.v_head_dim
+    }
     pub fn linears(&self) -> Vec<Linear> {
         let (h, q, kv, b) = (self.hidden, self.q_width(), self.kv_width(), self.qkv_bias);
-        let mut v = if self.fused_qkv {
+        let mut v = if let Some(l) = self.latent {
+            let mut v = match l.q_rank {
+                Some(r) => vec![Linear::new(h, r, b), Linear::new(r, q, false)],
+                None => vec![Linear::new(h, q, false)],
+            };
+            v.push(Linear::new(h, l.kv_rank + l.rope_dim, b));
+            v.push(Linear::new(
+                l.kv_rank,
+                self.heads * (l.nope_dim + self.v_head_dim),
+                false,
+            ));
+            v
+        } else if self.fused_qkv {
             vec![Linear::new(h, q + 2 * kv, b)]
         } else {
             vec![
                 Linear::new(h, q, b),
                 Linear::new(h, kv, b),
-                Linear::new(h, kv, b),
+                Linear::new(h, self.kv_heads * self.v_head_dim, b),
             ]
         };
-        v.push(Linear::new(q, h, self.o_bias));
+        v.push(Linear::new(self.out_width(), h, self.o_bias));
         v
     }
     fn qk_norms(&self) -> Option<(Norm, Norm)> {
@@ -115,10 +147,7 @@ impl Attention {
                     },
                 )
             } else {
-                (
-                    Norm::new(kind, self.q_width()),
-                    Norm::new(kind, self.kv_width()),
-                )
+                (Norm::new(kind, self.q_width()), Norm::new(kind, self.kv_width()))
             }
         })
     }
@@ -130,6 +159,15 @@ impl Attention {
             out.push(q.width);
             out.push(k.width);
         }
+        if let Some(l) = self.latent {
+            if let Some(r) = l.q_rank {
+                out.push(r);
+            }
+            out.push(l.kv_rank);
+        }
+        if self.sinks {
+            out.push(self.heads);
+        }
     }
     /// Whether HF passes a mask (it skips it, for `is_causal`, unless a sliding window is
     /// shorter than the keys).
@@ -137,24 +175,53 @@ impl Attention {
         self.window.is_some_and(|w| seq >= w)
     }
     /// The kernel PyTorch's CUDA dispatch picks on sm80+: flash for 16-bit inputs without a
-    /// mask (GQA allowed), memory-efficient otherwise (GQA allowed since PyTorch 2.14), and
-    /// the math fallback for shapes neither takes.
+    /// mask and with equal q/k and v head sizes (GQA allowed), memory-efficient otherwise
+    /// (GQA allowed since PyTorch 2.14), and the math fallback for shapes neither takes.
+    /// Soft-capping and sinks exist only in eager attention (transformers refuses SDPA).
     pub fn kernel(&self, s: &StepShape) -> Kernel {
-        let hd = self.head_dim;
-        if s.eager {
+        let (hd, vd) = (self.head_dim, self.v_head_dim);
+        let align = if s.d.act == 2 { 8 } else { 4 };
+        if s.eager || self.softcap || self.sinks {
             Kernel::Eager
-        } else if s.d.act == 2 && hd.is_multiple_of(8) && hd <= 256 && !self.masked(s.seq) {
+        } else if s.d.act == 2
+            && hd == vd
+            && hd.is_multiple_of(8)
+            && hd <= 256
+            && !self.masked(s.seq)
+        {
             Kernel::Flash
-        } else if hd.is_multiple_of(if s.d.act == 2 { 8 } else { 4 }) {
+        } else if hd.is_multiple_of(align) && vd.is_multiple_of(align) {
             Kernel::Efficient
         } else {
             Kernel::Math
         }
     }
-    pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
+    /// The q, k and v that the kernel reads (before its dtype casts and repeats).
+    fn project(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<(T, T, T)> {
         let d = s.d;
-        tape.part = SavedPart::Attention;
         let (h, qw, kvw) = (self.hidden, self.q_width(), self.kv_width());
+        if let Some(l) = self.latent {
+            let q = match l.q_rank {
+                Some(r) => {
+                    let a = Linear::new(h, r, self.qkv_bias).forward(tape, x, d)?;
+                    let a = Norm::new(NormKind::Rms(RmsStyle::Llama), r).forward(tape, a, d)?;
+                    Linear::new(r, qw, false).forward(tape, a, d)?
+                }
+                None => Linear::new(h, qw, false).forward(tape, x, d)?,
+            };
+            // cat(q_pass, rope(q_rot)): a new query in the wider of the two dtypes
+            let query = tape.tensor(qw, q.bytes.max(d.resid()))?;
+            let kv_a =
+                Linear::new(h, l.kv_rank + l.rope_dim, self.qkv_bias).forward(tape, x, d)?;
+            let kv_nope = kv_a.view(tape.tokens.saturating_mul(l.kv_rank));
+            let kv_nope = Norm::new(NormKind::Rms(RmsStyle::Llama), l.kv_rank)
+                .forward(tape, kv_nope, d)?;
+            let kv_b = Linear::new(l.kv_rank, self.heads * (l.nope_dim + self.v_head_dim), false)
+                .forward(tape, kv_nope, d)?;
+            // keys assembled per head in a new tensor; values are a view of kv_b's output
+            let key = tape.tensor(qw, kv_b.bytes)?;
+            return Ok((query, key, kv_b));
+        }
         let (mut q, mut k, v) = if self.fused_qkv {
             let qkv = Linear::new(h, qw + 2 * kvw, self.qkv_bias).forward(tape, x, d)?;
             (qkv, qkv, qkv) // views of one storage
@@ -162,7 +229,8 @@ impl Attention {
             (
                 Linear::new(h, qw, self.qkv_bias).forward(tape, x, d)?,
                 Linear::new(h, kvw, self.qkv_bias).forward(tape, x, d)?,
-                Linear::new(h, kvw, self.qkv_bias).forward(tape, x, d)?,
+                Linear::new(h, self.kv_heads * self.v_head_dim, self.qkv_bias)
+                    .forward(tape, x, d)?,
             )
         };
         if let Some((qn, kn)) = self.qk_norms() {
@@ -182,6 +250,13 @@ impl Attention {
             q = tape.tensor(qw, qb)?;
             k = tape.tensor(kvw, kb)?;
         }
+        Ok((q, k, v))
+    }
+    pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
+        let d = s.d;
+        tape.part = SavedPart::Attention;
+        let (h, qw, ow) = (self.hidden, self.q_width(), self.out_width());
+        let (q, k, v) = self.project(tape, x, s)?;
         let kernel = self.kernel(s);
         let w = d.act;
         let gqa = self.heads != self.kv_heads;
@@ -197,11 +272,11 @@ impl Attention {
                 Kernel::Flash | Kernel::Efficient => masked,
             };
         let mut inputs = [q, k, v];
-        for t in &mut inputs[1..] {
+        for (t, width) in inputs[1..].iter_mut().zip([qw, ow]) {
             if repeats && (kernel == Kernel::Math || !view_ok) {
-                *t = tape.tensor(qw, t.bytes)?;
+                *t = tape.tensor(width, t.bytes)?;
             } else if repeats && t.bytes != w {
-                *t = tape.tensor(qw, w)?; // the cast of the view is a full copy
+                *t = tape.tensor(width, w)?; // the cast of the view is a full copy
             }
         }
         // the kernel's inputs in the activations' dtype (SDPA and matmul are on autocast's
@@ -249,23 +324,32 @@ impl Attention {
                     tape.raw(hs2, w).and_then(|t| tape.save(t))?; // tanh of the capped logits
                 }
                 tape.part = SavedPart::AttentionScores;
-                let sm = if d.amp || self.softmax_fp32 { 4 } else { w };
-                tape.raw(hs2, sm).and_then(|t| tape.save(t))?;
-                if self.probs_dropout {
-                    tape.raw(hs2, 1).and_then(|t| tape.save(t))?;
-                    tape.raw(hs2, w).and_then(|t| tape.save(t))?;
-                } else if sm != w {
-                    tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                if self.sinks {
+                    // the sink column joins the logits; the row max's indices and the softmax
+                    // (in the logits' dtype, one column wider) are kept
+                    let rows = mul(heads_rows, s.seq)?;
+                    tape.raw(rows, 8).and_then(|t| tape.save(t))?;
+                    tape.raw(mul(rows, add(s.seq, 1)?)?, w)
+                        .and_then(|t| tape.save(t))?;
+                } else {
+                    let sm = if d.amp || self.softmax_fp32 { 4 } else { w };
+                    tape.raw(hs2, sm).and_then(|t| tape.save(t))?;
+                    if self.probs_dropout {
+                        tape.raw(hs2, 1).and_then(|t| tape.save(t))?;
+                        tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                    } else if sm != w {
+                        tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                    }
                 }
             }
         }
         tape.part = SavedPart::Attention;
-        let mut out = tape.tensor(qw, w)?;
+        let mut out = tape.tensor(ow, w)?;
         if kernel == Kernel::Flash && self.rope_concat && self.rotary_dim.is_some() {
             tape.save(out)?;
-            out = tape.tensor(qw, w)?;
+            out = tape.tensor(ow, w)?;
         }
-        Linear::new(qw, h, self.o_bias).forward(tape, out, d)
+        Linear::new(ow, h, self.o_bias).forward(tape, out, d)
     }
 }
 
@@ -273,7 +357,7 @@ impl Attention {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Layer {
     pub attention: Attention,
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
     pub norm: NormKind,
     pub placement: Placement,
     /// Dropout after each sub-block in training.
@@ -569,7 +653,7 @@ impl ModelSpec {
             t.push(v * h); // the tied decoder
         }
         if let Some(last) = self.layers.last() {
-            last.mlp.down().params(&mut t);
+            last.mlp.down_params(&mut t);
         }
         t
     }
@@ -736,7 +820,7 @@ impl ModelSpec {
     }
 
     fn max_inner(&self) -> u64 {
-        self.layers.iter().map(|l| l.mlp.inner).max().unwrap_or(0)
+        self.layers.iter().map(|l| l.mlp.inner_per_token()).max().unwrap_or(0)
     }
 
     /// The embeddings' forward: returns the residual stream entering the first layer.

@@ -54,8 +54,18 @@ impl Dtypes {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct T {
     id: usize,
+    /// Elements of this tensor (of the view, for a view).
     pub elems: u64,
     pub bytes: u64,
+    /// Elements of its storage (more than `elems` for a slice of a wider tensor).
+    storage_elems: u64,
+}
+
+impl T {
+    /// A view of the first `elems` elements per row of this tensor: the same storage.
+    pub fn view(self, elems: u64) -> T {
+        T { elems, ..self }
+    }
 }
 
 /// What a saved tensor is for, so that a person sees where activations go.
@@ -217,6 +227,7 @@ impl Tape {
             id: self.saved.len() - 1,
             elems,
             bytes,
+            storage_elems: elems,
         })
     }
     /// Keeps `t` for backward (once, however many ops keep it).
@@ -224,7 +235,7 @@ impl Tape {
         if let Some(s) = self.saved.get_mut(t.id) {
             if !*s {
                 *s = true;
-                let bytes = storage(t.elems, t.bytes)?;
+                let bytes = storage(t.storage_elems, t.bytes)?;
                 self.total = add(self.total, bytes)?;
                 self.parts.add(self.part, bytes)?;
             }
@@ -492,6 +503,257 @@ impl Mlp {
             MlpKind::Gated { fused: true } => 4,
             MlpKind::Gated { fused: false } => 3,
             MlpKind::Plain => 2,
+        }
+    }
+}
+
+/// How a mixture of experts routes tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Router {
+    /// A linear router, fp32 softmax over the experts, top-k (Mixtral, Qwen-MoE); with
+    /// `norm_topk` the k weights are renormalised; `weights_fp32` keeps them in fp32
+    /// (Mixtral) instead of the logits' dtype.
+    Softmax { norm_topk: bool, weights_fp32: bool },
+    /// Top-k on the logits, then a softmax over the k in the logits' dtype (gpt-oss).
+    TopkSoftmax,
+    /// DeepSeek-V3: the router runs on an fp32 copy of its input, sigmoid scores in fp32,
+    /// group-limited top-k, renormalised fp32 weights.
+    SigmoidGrouped {
+        groups: u64,
+        topk_groups: u64,
+        norm_topk: bool,
+    },
+}
+
+/// The activation of the routed experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ExpertAct {
+    /// `act(gate) * up` on the fused gate/up output.
+    Glu,
+    /// gpt-oss: `(clamp(up) + 1) * clamp(gate) * sigmoid(alpha * clamp(gate))`.
+    ClampedSwiglu,
+}
+
+/// A mixture-of-experts block with transformers' default grouped experts (`grouped_mm`: the
+/// tokens are sorted by expert and every expert runs on its rows; no per-expert loop, so the
+/// memory does not depend on how tokens are routed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Moe {
+    pub hidden: u64,
+    pub experts: u64,
+    pub top_k: u64,
+    /// Inner width of one expert.
+    pub inner: u64,
+    pub router: Router,
+    pub router_bias: bool,
+    pub expert_bias: bool,
+    pub act: ExpertAct,
+    /// Inner width of the always-on shared expert(s), 0 for none.
+    pub shared_inner: u64,
+    /// A sigmoid gate on the shared expert's output (Qwen2-MoE).
+    pub shared_gate: bool,
+}
+
+impl Moe {
+    fn shared(&self) -> Option<Mlp> {
+        (self.shared_inner > 0).then_some(Mlp {
+            kind: MlpKind::Gated { fused: false },
+            hidden: self.hidden,
+            inner: self.shared_inner,
+            bias: false,
+            act: Activation::Kernel,
+        })
+    }
+    fn router(&self) -> Linear {
+        Linear::new(self.hidden, self.experts, self.router_bias)
+    }
+    /// Element counts of the parameter tensors: the router, the experts' fused gate/up and
+    /// down tensors (one 3-D tensor each, with their biases), the shared expert and its gate.
+    pub fn params(&self, out: &mut Vec<u64>) {
+        let (h, e, i) = (self.hidden, self.experts, self.inner);
+        self.router().params(out);
+        out.extend([e * 2 * i * h, e * h * i]);
+        if self.expert_bias {
+            out.extend([e * 2 * i, e * h]);
+        }
+        if let Some(s) = self.shared() {
+            s.params(out);
+        }
+        if self.shared_gate {
+            out.push(h);
+        }
+    }
+    /// Parameters one token uses: the router, k experts, the shared expert.
+    pub fn active_params(&self) -> u64 {
+        let mut all = Vec::new();
+        self.params(&mut all);
+        let total: u64 = all.iter().sum();
+        let (h, e, i) = (self.hidden, self.experts, self.inner);
+        let per_expert = 3 * i * h + if self.expert_bias { 2 * i + h } else { 0 };
+        total - (e - self.top_k.min(e)) * per_expert
+    }
+    /// The matmul weights autocast casts: the router, the shared expert and its gate (the
+    /// grouped experts run in their weights' dtype, outside autocast).
+    pub fn weights(&self, out: &mut Vec<u64>) {
+        out.push(self.hidden * self.experts);
+        if let Some(s) = self.shared() {
+            s.weights(out);
+        }
+        if self.shared_gate {
+            out.push(self.hidden);
+        }
+    }
+    pub fn forward(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+        let (h, e, k, i) = (self.hidden, self.experts, self.top_k, self.inner);
+        let tokens = tape.tokens;
+        let rows = mul(tokens, k)?;
+        let saved = |tape: &mut Tape, elems: u64, bytes: u64| -> Res<()> {
+            let t = tape.raw(elems, bytes)?;
+            tape.save(t)
+        };
+        let routing_bytes = match self.router {
+            Router::Softmax {
+                norm_topk,
+                weights_fp32,
+            } => {
+                self.router().forward(tape, x, d)?;
+                saved(tape, mul(tokens, e)?, 4)?; // fp32 probabilities
+                saved(tape, mul(tokens, k)?, 8)?; // top-k indices
+                if norm_topk {
+                    saved(tape, tokens, 4)?; // their sum
+                    saved(tape, mul(tokens, k)?, 4)?; // the top-k values, cloned by the division
+                }
+                if weights_fp32 {
+                    4
+                } else {
+                    d.act
+                }
+            }
+            Router::TopkSoftmax => {
+                self.router().forward(tape, x, d)?;
+                saved(tape, mul(tokens, k)?, 8)?;
+                saved(tape, mul(tokens, k)?, d.act)?; // softmax over the k logits
+                d.act
+            }
+            Router::SigmoidGrouped {
+                groups,
+                topk_groups,
+                norm_topk,
+            } => {
+                let x32 = tape.cast(x, 4)?;
+                tape.save(x32)?;
+                saved(tape, mul(tokens, e)?, 4)?; // sigmoid scores
+                // group scores, chosen groups and the expert mask stay referenced
+                saved(tape, mul(tokens, mul(groups, 2)?)?, 8)?;
+                saved(tape, mul(tokens, topk_groups)?, 8)?;
+                saved(tape, mul(tokens, e)?, 1)?;
+                saved(tape, mul(tokens, k)?, 8)?; // gather indices
+                if norm_topk {
+                    saved(tape, tokens, 4)?;
+                    saved(tape, mul(tokens, k)?, 4)?;
+                }
+                4
+            }
+        };
+        // grouped experts: sorting permutations, offsets, the gathered rows, the fused
+        // gate/up output and the activation, the routing weights per row, the down output
+        let wd = d.weight;
+        let index_tensors = if self.expert_bias { 4 } else { 3 };
+        for _ in 0..index_tensors {
+            saved(tape, rows, 8)?;
+        }
+        saved(tape, e, 4)?;
+        saved(tape, mul(rows, h)?, wd)?;
+        saved(tape, mul(rows, 2 * i)?, wd)?;
+        let act_tensors = match self.act {
+            ExpertAct::Glu => 2,
+            ExpertAct::ClampedSwiglu => 5,
+        };
+        for _ in 0..act_tensors {
+            saved(tape, mul(rows, i)?, wd)?;
+        }
+        saved(tape, rows, routing_bytes)?;
+        saved(tape, mul(rows, h)?, wd)?;
+        if let Some(shared) = self.shared() {
+            let out = shared.forward(tape, x, d)?;
+            if self.shared_gate {
+                Linear::new(h, 1, false).forward(tape, x, d)?;
+                saved(tape, tokens, d.act)?; // sigmoid of the gate
+                tape.save(out)?;
+            }
+        }
+        tape.tensor(h, x.bytes)
+    }
+}
+
+/// The feed-forward block of a layer: a dense MLP or a mixture of experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum FeedForward {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+impl FeedForward {
+    pub fn params(&self, out: &mut Vec<u64>) {
+        match self {
+            FeedForward::Dense(m) => m.params(out),
+            FeedForward::Moe(m) => m.params(out),
+        }
+    }
+    pub fn weights(&self, out: &mut Vec<u64>) {
+        match self {
+            FeedForward::Dense(m) => m.weights(out),
+            FeedForward::Moe(m) => m.weights(out),
+        }
+    }
+    pub fn forward(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+        match self {
+            FeedForward::Dense(m) => m.forward(tape, x, d),
+            FeedForward::Moe(m) => m.forward(tape, x, d),
+        }
+    }
+    /// The output projection's parameters (its gradient is among the first of backward).
+    pub fn down_params(&self, out: &mut Vec<u64>) {
+        match self {
+            FeedForward::Dense(m) => m.down().params(out),
+            FeedForward::Moe(m) => {
+                out.push(m.experts * m.hidden * m.inner);
+                if let Some(s) = m.shared() {
+                    s.down().params(out);
+                }
+            }
+        }
+    }
+    /// Elements per token of the widest intermediate (the experts' rows count k times).
+    pub fn inner_per_token(&self) -> u64 {
+        match self {
+            FeedForward::Dense(m) => m.inner,
+            FeedForward::Moe(m) => (m.top_k * m.inner).max(m.shared_inner),
+        }
+    }
+    /// The dense inner width, or the experts' (what `intermediate_size` means to a person).
+    pub fn inner(&self) -> u64 {
+        match self {
+            FeedForward::Dense(m) => m.inner,
+            FeedForward::Moe(m) => m.inner,
+        }
+    }
+    /// Tensors of `tokens x inner_per_token` alive together inside a no-grad forward.
+    pub fn inference_inner_tensors(&self) -> u64 {
+        match self {
+            FeedForward::Dense(m) => m.inference_inner_tensors(),
+            FeedForward::Moe(_) => 4,
+        }
+    }
+    /// Parameters one token uses.
+    pub fn active_params(&self) -> u64 {
+        match self {
+            FeedForward::Dense(m) => {
+                let mut v = Vec::new();
+                m.params(&mut v);
+                v.iter().sum()
+            }
+            FeedForward::Moe(m) => m.active_params(),
         }
     }
 }
