@@ -32,6 +32,17 @@ pub enum ModelFamily {
     Granite,
     /// Phi-3 and Phi-4-mini (fused projections, partial rotary).
     Phi3,
+    /// Mixtral (mixture of experts on every layer).
+    Mixtral,
+    /// Qwen2-MoE / Qwen1.5-MoE (routed experts plus a gated shared expert).
+    Qwen2Moe,
+    /// Qwen3-MoE (routed experts, q/k norms).
+    Qwen3Moe,
+    /// DeepSeek-V3 and Moonlight (multi-head latent attention, sigmoid-routed experts with
+    /// shared experts, dense first layers).
+    DeepseekV3,
+    /// gpt-oss (attention sinks, alternating sliding and full layers, experts with biases).
+    GptOss,
     /// BERT (`BertForMaskedLM`).
     Bert,
     /// RoBERTa (`RobertaForMaskedLM`).
@@ -44,7 +55,7 @@ pub enum ModelFamily {
 
 impl ModelFamily {
     /// Every family, in the order the page groups them.
-    pub const ALL: [ModelFamily; 16] = [
+    pub const ALL: [ModelFamily; 21] = [
         ModelFamily::Llama,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2,
@@ -56,6 +67,11 @@ impl ModelFamily {
         ModelFamily::Olmo2,
         ModelFamily::SmolLm3,
         ModelFamily::Granite,
+        ModelFamily::Mixtral,
+        ModelFamily::Qwen3Moe,
+        ModelFamily::Qwen2Moe,
+        ModelFamily::DeepseekV3,
+        ModelFamily::GptOss,
         ModelFamily::Gpt2,
         ModelFamily::Bert,
         ModelFamily::Roberta,
@@ -79,6 +95,11 @@ impl ModelFamily {
             ModelFamily::SmolLm3 => "smollm3",
             ModelFamily::Granite => "granite",
             ModelFamily::Phi3 => "phi3",
+            ModelFamily::Mixtral => "mixtral",
+            ModelFamily::Qwen2Moe => "qwen2_moe",
+            ModelFamily::Qwen3Moe => "qwen3_moe",
+            ModelFamily::DeepseekV3 => "deepseek_v3",
+            ModelFamily::GptOss => "gpt_oss",
             ModelFamily::Bert => "bert",
             ModelFamily::Roberta => "roberta",
             ModelFamily::XlmRoberta => "xlm-roberta",
@@ -102,6 +123,11 @@ impl ModelFamily {
             ModelFamily::SmolLm3 => "SmolLM3",
             ModelFamily::Granite => "Granite",
             ModelFamily::Phi3 => "Phi-3 / Phi-4-mini",
+            ModelFamily::Mixtral => "Mixtral (MoE)",
+            ModelFamily::Qwen2Moe => "Qwen2-MoE",
+            ModelFamily::Qwen3Moe => "Qwen3-MoE",
+            ModelFamily::DeepseekV3 => "DeepSeek-V3 (MLA, MoE)",
+            ModelFamily::GptOss => "gpt-oss (MoE)",
             ModelFamily::Bert => "BERT",
             ModelFamily::Roberta => "RoBERTa",
             ModelFamily::XlmRoberta => "XLM-RoBERTa",
@@ -283,6 +309,29 @@ impl Architecture {
             .parameter_tensors()
             .iter()
             .fold(0, |a, &b| a.saturating_add(b))
+    }
+
+    /// Whether some layers are mixtures of experts.
+    #[must_use]
+    pub fn is_moe(&self) -> bool {
+        self.spec
+            .layers
+            .iter()
+            .any(|l| matches!(l.mlp, super::ops::FeedForward::Moe(_)))
+    }
+
+    /// Parameters one token goes through: all but the experts it is not routed to (equal
+    /// to [`parameter_count`](Self::parameter_count) for a dense model).
+    #[must_use]
+    pub fn active_parameter_count(&self) -> u64 {
+        let outside: u64 = self.spec.outside_parameter_tensors().iter().sum();
+        self.spec.layers.iter().fold(outside, |acc, l| {
+            let mut ffn = Vec::new();
+            l.mlp.params(&mut ffn);
+            let all: u64 = l.params().iter().sum();
+            let routed_off = ffn.iter().sum::<u64>() - l.mlp.active_params();
+            acc.saturating_add(all - routed_off)
+        })
     }
 
     /// Parameters of the largest transformer layer (what an FSDP all-gather materialises).
@@ -528,6 +577,33 @@ mod tests {
         count("granite3.3-8b.json", 8_170_864_640);
         count("roberta-base.json", 124_697_433);
         count("xlm-roberta-base.json", 278_295_186);
+    }
+
+    #[track_caller]
+    fn moe(path: &str, total: u64, active: u64) {
+        count(path, total);
+        let text = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/configs/{path}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("fixture config");
+        let arch = parse_hf_config(&text).expect("parses");
+        assert!(arch.is_moe(), "{path}");
+        assert_eq!(arch.active_parameter_count(), active, "{path} active");
+    }
+
+    /// Totals from PyTorch as above; active = total minus the routed experts a token skips
+    /// ((E - k) / E of the routed expert parameters).
+    #[test]
+    fn moe_counts_match_pytorch() {
+        moe("mixtral-8x7b.json", 46_702_792_704, 12_879_925_248);
+        moe("qwen3-30b-a3b.json", 30_532_122_624, 3_353_032_704);
+        moe("qwen3-235b-a22b.json", 235_093_634_560, 22_190_763_520);
+        moe("qwen1.5-moe-a2.7b.json", 14_315_784_192, 2_689_173_504);
+        moe("deepseek-v3.json", 671_026_404_352, 37_552_282_624);
+        moe("moonlight-16b-a3b.json", 15_960_108_544, 2_914_774_528);
+        moe("gpt-oss-20b.json", 20_914_757_184, 4_187_440_704);
+        moe("gpt-oss-120b.json", 116_829_156_672, 5_711_982_912);
     }
 
     #[track_caller]

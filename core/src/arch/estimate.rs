@@ -356,9 +356,26 @@ pub fn estimate_peak(
         temporaries: acts.loss_buffers.max(bwd_inner),
         ..base
     };
-    let bwd_end = CategoryBytes {
-        gradients: grads,
-        ..base
+    // The end of backward: the embedding's backward makes its weight's gradient while the
+    // gradient of its output is still alive; a tied weight already holds the head's share,
+    // and the two are summed into a third tensor (measured: 3 embedding-sized buffers).
+    let bwd_end = if arch.is_vision() {
+        CategoryBytes {
+            gradients: grads,
+            ..base
+        }
+    } else {
+        let embedding = storage(mul(arch.vocab_size(), spec.hidden())?, p.gradient_bytes())?;
+        let incoming = storage(tokens, mul(spec.hidden(), d.resid())?)?;
+        CategoryBytes {
+            gradients: grads.saturating_sub(embedding),
+            temporaries: if spec.tied {
+                mul(embedding, 3)?
+            } else {
+                add(embedding, incoming)?
+            },
+            ..base
+        }
     };
     let bwd = if bwd_start.total() >= bwd_end.total() {
         bwd_start

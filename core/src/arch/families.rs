@@ -5,14 +5,25 @@ use super::config::{
     check_range, Architecture, ConfigError, ModelFamily, Reader, MAX_DIM, MAX_LAYERS, MAX_VOCAB,
 };
 use super::model::{
-    Attention, EmbedScale, Embedding, Head, Layer, ModelSpec, Placement, QkNorm, Vision,
+    Attention, EmbedScale, Embedding, Head, Latent, Layer, ModelSpec, Placement, QkNorm, Vision,
 };
-use super::ops::{Activation, FeedForward, Mlp, MlpKind, NormKind, RmsStyle};
+use super::ops::{
+    Activation, ExpertAct, FeedForward, Mlp, MlpKind, Moe, NormKind, RmsStyle, Router,
+};
 use serde_json::{Map, Value};
 
 /// Shown when a multimodal Gemma 3 config is read through its `text_config`.
 pub(crate) const MULTIMODAL_NOTE: &str =
     "Multimodal config: only the language model (text_config) is estimated, not the vision tower.";
+/// Shown for gpt-oss: its sinks exist in eager attention only.
+pub(crate) const GPT_OSS_EAGER_NOTE: &str =
+    "gpt-oss adds learned attention sinks, which only eager attention computes in transformers: the estimate uses eager attention.";
+/// Shown for a gpt-oss checkpoint with MXFP4 experts.
+pub(crate) const MXFP4_NOTE: &str =
+    "The checkpoint stores its experts in MXFP4; transformers cannot train them so: they are dequantized (Mxfp4Config(dequantize=True)) and estimated at the chosen precision.";
+/// Shown for every mixture of experts.
+pub(crate) const MOE_NOTE: &str =
+    "Experts run as transformers' default grouped experts (grouped_mm): activations grow with tokens x top-k, whatever the routing; weights, gradients and optimizer states cover every expert.";
 /// Shown for Gemma 2 with SDPA, which transformers refuses (soft-capping).
 pub(crate) const GEMMA2_EAGER_NOTE: &str =
     "Gemma 2 soft-caps its attention logits, which SDPA cannot do: transformers runs eager attention, and so does the estimate.";
@@ -184,8 +195,12 @@ fn windows(
             .collect();
     }
     Ok(match family {
-        ModelFamily::Mistral | ModelFamily::Phi3 => vec![window(r, 0)?; n],
-        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::SmolLm3 => {
+        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![window(r, 0)?; n],
+        ModelFamily::Qwen2
+        | ModelFamily::Qwen3
+        | ModelFamily::SmolLm3
+        | ModelFamily::Qwen2Moe
+        | ModelFamily::Qwen3Moe => {
             if r.bool("use_sliding_window", false)? {
                 let w = window(r, 0)?;
                 let from = r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS)?;
@@ -235,6 +250,26 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         true,
         g3.then_some((8, 4, 256)),
     )?;
+    // multi-head latent attention: q/k heads of nope + rope dims, values of their own size
+    let latent = if family == F::DeepseekV3 {
+        let rope_dim = r.req(&["qk_rope_head_dim"], 1, MAX_DIM)?;
+        let nope_dim = r.req(&["qk_nope_head_dim"], 0, MAX_DIM)?;
+        Some(Latent {
+            q_rank: r
+                .u64(&["q_lora_rank"])?
+                .map(|q| check_range("q_lora_rank", q, 1, MAX_DIM))
+                .transpose()?,
+            kv_rank: r.req(&["kv_lora_rank"], 1, MAX_DIM)?,
+            rope_dim,
+            nope_dim,
+        })
+    } else {
+        None
+    };
+    let (head_dim, v_head_dim) = match latent {
+        Some(l) => (l.nope_dim + l.rope_dim, r.req(&["v_head_dim"], 1, MAX_DIM)?),
+        None => (head_dim, head_dim),
+    };
     let intermediate = match dflt(9216) {
         Some(d) => r.opt(&["intermediate_size"], d, 1, 1 << 22)?,
         None => r.req(&["intermediate_size"], 1, 1 << 22)?,
@@ -248,7 +283,7 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
     let tied = r.bool("tie_word_embeddings", gemma || family == F::SmolLm3)?;
     let attention_bias = r.bool("attention_bias", false)?;
     let (qkv_bias, o_bias) = match family {
-        F::Qwen2 => (true, false),
+        F::Qwen2 | F::Qwen2Moe => (true, false),
         F::Phi3 => (false, false),
         _ => (attention_bias, attention_bias),
     };
@@ -277,6 +312,8 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
                 })
             }
         }
+    } else if let Some(l) = latent {
+        l.rope_dim
     } else {
         head_dim
     };
@@ -346,6 +383,15 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
                 per_head: true,
             }),
         ),
+        F::Qwen3Moe => (
+            RmsStyle::Llama,
+            Placement::Pre,
+            Some(QkNorm {
+                style: RmsStyle::Llama,
+                per_head: true,
+            }),
+        ),
+        F::GptOss => (RmsStyle::Olmo2, Placement::Pre, None),
         F::Olmo2 => (
             RmsStyle::Olmo2,
             Placement::Post,
@@ -370,37 +416,40 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         bias: mlp_bias,
         act: Activation::Kernel,
     };
-    let layer = |window: Option<u64>, rope: bool| Layer {
-        attention: Attention {
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            fused_qkv: family == F::Phi3,
-            qkv_bias,
-            o_bias,
-            qk_norm,
-            rotary_dim: rope.then_some(rotary_dim),
-            window,
-            softcap: attn_softcap,
-            sinks: false,
-            latent: None,
-            v_head_dim: head_dim,
-            probs_dropout,
-            softmax_fp32: true,
-            rope_keeps_dtype: family == F::Olmo2,
-            rope_concat: family == F::Phi3,
-        },
-        mlp: FeedForward::Dense(mlp),
-        norm: NormKind::Rms(norm),
-        placement,
-        hidden_dropout,
-    };
-    let layers: Vec<Layer> = windows
-        .iter()
-        .zip(&ropes)
-        .map(|(w, rope)| layer(*w, *rope))
-        .collect();
+    let moe = moe(family, r, hidden)?;
+    let mut layers = Vec::with_capacity(windows.len());
+    for (i, (window, rope)) in windows.iter().zip(&ropes).enumerate() {
+        let ffn = match moe {
+            Some(m) if sparse_layer(family, r, i as u64)? => FeedForward::Moe(m),
+            _ => FeedForward::Dense(mlp),
+        };
+        layers.push(Layer {
+            attention: Attention {
+                hidden,
+                heads,
+                kv_heads,
+                head_dim,
+                fused_qkv: family == F::Phi3,
+                qkv_bias,
+                o_bias,
+                qk_norm,
+                rotary_dim: rope.then_some(rotary_dim),
+                window: *window,
+                softcap: attn_softcap,
+                sinks: family == F::GptOss,
+                latent,
+                v_head_dim,
+                probs_dropout,
+                softmax_fp32: true,
+                rope_keeps_dtype: family == F::Olmo2,
+                rope_concat: family == F::Phi3,
+            },
+            mlp: ffn,
+            norm: NormKind::Rms(norm),
+            placement,
+            hidden_dropout,
+        });
+    }
     let any_rope = ropes.iter().any(|r| *r);
     // one rotary module (inv_freq and original_inv_freq); Gemma 3 has a local and a global one
     let rotary_modules = match (any_rope, g3) {
@@ -409,6 +458,14 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         (true, false) => 1,
     };
     let mut buffers = vec![(rotary_dim / 2, 4); 2 * rotary_modules];
+    if family == F::DeepseekV3 {
+        // each router's e_score_correction_bias (fp32)
+        for l in &layers {
+            if let FeedForward::Moe(m) = l.mlp {
+                buffers.push((m.experts, 4));
+            }
+        }
+    }
     if g3 {
         buffers.push((1, 4)); // embed_scale
     }
@@ -431,7 +488,12 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             scaled: logits_scaled,
         },
         tied,
-        rotary_width: rotary_dim,
+        // gpt-oss rotates the two halves of each head with tables of half its width
+        rotary_width: if family == F::GptOss {
+            rotary_dim / 2
+        } else {
+            rotary_dim
+        },
         rotary_per_attention_type: g3,
         rotary_fp32: family == F::Olmo2,
         buffers,
@@ -440,7 +502,115 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
     if family == F::Gemma2 && attn_softcap {
         a.notes.push(GEMMA2_EAGER_NOTE);
     }
+    if family == F::GptOss {
+        a.notes.push(GPT_OSS_EAGER_NOTE);
+        let mxfp4 = r
+            .object("quantization_config")?
+            .and_then(|q| q.get("quant_method"))
+            .and_then(Value::as_str)
+            == Some("mxfp4");
+        if mxfp4 {
+            r.record(
+                "quantization_config",
+                serde_json::json!({"quant_method": "mxfp4"}),
+            );
+            a.notes.push(MXFP4_NOTE);
+        }
+    }
+    if moe.is_some() {
+        a.notes.push(MOE_NOTE);
+    }
     Ok(a)
+}
+
+/// The routed experts of a MoE family, if it is one.
+fn moe(family: ModelFamily, r: &mut Reader, hidden: u64) -> Result<Option<Moe>, ConfigError> {
+    use ModelFamily as F;
+    let (experts_names, inner_names): (&[&str], &[&str]) = match family {
+        F::Mixtral | F::GptOss => (&["num_local_experts"], &["intermediate_size"]),
+        F::Qwen2Moe | F::Qwen3Moe => (&["num_experts"], &["moe_intermediate_size"]),
+        F::DeepseekV3 => (&["n_routed_experts"], &["moe_intermediate_size"]),
+        _ => return Ok(None),
+    };
+    let experts = r.req(experts_names, 1, 1 << 16)?;
+    let top_k = r.req(&["num_experts_per_tok", "experts_per_token"], 1, experts)?;
+    let inner = r.req(inner_names, 1, 1 << 22)?;
+    let norm_topk = |r: &mut Reader, default| r.bool("norm_topk_prob", default);
+    let (router, shared_inner, shared_gate) = match family {
+        F::Mixtral => (
+            Router::Softmax {
+                norm_topk: true,
+                weights_fp32: true,
+            },
+            0,
+            false,
+        ),
+        F::Qwen2Moe => (
+            Router::Softmax {
+                norm_topk: norm_topk(r, false)?,
+                weights_fp32: false,
+            },
+            r.opt(&["shared_expert_intermediate_size"], 0, 0, 1 << 22)?,
+            true,
+        ),
+        F::Qwen3Moe => (
+            Router::Softmax {
+                norm_topk: norm_topk(r, false)?,
+                weights_fp32: false,
+            },
+            0,
+            false,
+        ),
+        F::DeepseekV3 => {
+            let groups = r.opt(&["n_group"], 1, 1, experts)?;
+            let topk_groups = r.opt(&["topk_group"], 1, 1, groups)?;
+            let shared = r.opt(&["n_shared_experts"], 0, 0, 1 << 10)?;
+            (
+                Router::SigmoidGrouped {
+                    groups,
+                    topk_groups,
+                    norm_topk: norm_topk(r, true)?,
+                },
+                shared.saturating_mul(inner),
+                false,
+            )
+        }
+        _ => (Router::TopkSoftmax, 0, false),
+    };
+    let gpt_oss = family == F::GptOss;
+    Ok(Some(Moe {
+        hidden,
+        experts,
+        top_k,
+        inner,
+        router,
+        router_bias: gpt_oss,
+        expert_bias: gpt_oss,
+        act: if gpt_oss {
+            ExpertAct::ClampedSwiglu
+        } else {
+            ExpertAct::Glu
+        },
+        shared_inner,
+        shared_gate: shared_gate && shared_inner > 0,
+    }))
+}
+
+/// Whether layer `i` of a MoE family routes to experts (else it is a dense MLP).
+fn sparse_layer(family: ModelFamily, r: &mut Reader, i: u64) -> Result<bool, ConfigError> {
+    use ModelFamily as F;
+    Ok(match family {
+        F::Qwen2Moe | F::Qwen3Moe => {
+            let step = r.opt(&["decoder_sparse_step"], 1, 1, MAX_LAYERS)?;
+            let dense_only = match r.array("mlp_only_layers")? {
+                Some(list) => list.iter().any(|v| v.as_u64() == Some(i)),
+                None => false,
+            };
+            !dense_only && (i + 1) % step == 0
+        }
+        F::DeepseekV3 => i >= r.opt(&["first_k_dense_replace"], 0, 0, MAX_LAYERS)?,
+        _ => true,
+    })
 }
 
 fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {

@@ -147,7 +147,10 @@ impl Attention {
                     },
                 )
             } else {
-                (Norm::new(kind, self.q_width()), Norm::new(kind, self.kv_width()))
+                (
+                    Norm::new(kind, self.q_width()),
+                    Norm::new(kind, self.kv_width()),
+                )
             }
         })
     }
@@ -211,13 +214,16 @@ impl Attention {
             };
             // cat(q_pass, rope(q_rot)): a new query in the wider of the two dtypes
             let query = tape.tensor(qw, q.bytes.max(d.resid()))?;
-            let kv_a =
-                Linear::new(h, l.kv_rank + l.rope_dim, self.qkv_bias).forward(tape, x, d)?;
+            let kv_a = Linear::new(h, l.kv_rank + l.rope_dim, self.qkv_bias).forward(tape, x, d)?;
             let kv_nope = kv_a.view(tape.tokens.saturating_mul(l.kv_rank));
-            let kv_nope = Norm::new(NormKind::Rms(RmsStyle::Llama), l.kv_rank)
-                .forward(tape, kv_nope, d)?;
-            let kv_b = Linear::new(l.kv_rank, self.heads * (l.nope_dim + self.v_head_dim), false)
-                .forward(tape, kv_nope, d)?;
+            let kv_nope =
+                Norm::new(NormKind::Rms(RmsStyle::Llama), l.kv_rank).forward(tape, kv_nope, d)?;
+            let kv_b = Linear::new(
+                l.kv_rank,
+                self.heads * (l.nope_dim + self.v_head_dim),
+                false,
+            )
+            .forward(tape, kv_nope, d)?;
             // keys assembled per head in a new tensor; values are a view of kv_b's output
             let key = tape.tensor(qw, kv_b.bytes)?;
             return Ok((query, key, kv_b));
@@ -326,11 +332,16 @@ impl Attention {
                 tape.part = SavedPart::AttentionScores;
                 if self.sinks {
                     // the sink column joins the logits; the row max's indices and the softmax
-                    // (in the logits' dtype, one column wider) are kept
+                    // (in the logits' dtype, fp32 under autocast; one column wider) are kept,
+                    // and under autocast the 16-bit cast of its first columns
                     let rows = mul(heads_rows, s.seq)?;
                     tape.raw(rows, 8).and_then(|t| tape.save(t))?;
-                    tape.raw(mul(rows, add(s.seq, 1)?)?, w)
+                    let sm = if d.amp { 4 } else { w };
+                    tape.raw(mul(rows, add(s.seq, 1)?)?, sm)
                         .and_then(|t| tape.save(t))?;
+                    if sm != w {
+                        tape.raw(hs2, w).and_then(|t| tape.save(t))?;
+                    }
                 } else {
                     let sm = if d.amp || self.softmax_fp32 { 4 } else { w };
                     tape.raw(hs2, sm).and_then(|t| tape.save(t))?;
@@ -669,8 +680,10 @@ impl ModelSpec {
         self.embed(&mut tape, s)?;
         for _ in 0..self.rotary_pairs() {
             let bytes = if self.rotary_fp32 { 4 } else { r };
-            tape.saved(self.rotary_width, bytes)?; // cos
-            tape.saved(self.rotary_width, bytes)?; // sin
+            // cos and sin are computed for positions (1, seq), shared by the batch
+            let elems = mul(s.seq, self.rotary_width)?;
+            tape.raw(elems, bytes).and_then(|t| tape.save(t))?; // cos
+            tape.raw(elems, bytes).and_then(|t| tape.save(t))?; // sin
         }
         // Each distinct layer runs once on a tape of its own from a fresh input (what it saves
         // of its input counts in it, as it would in one long tape).
@@ -820,7 +833,11 @@ impl ModelSpec {
     }
 
     fn max_inner(&self) -> u64 {
-        self.layers.iter().map(|l| l.mlp.inner_per_token()).max().unwrap_or(0)
+        self.layers
+            .iter()
+            .map(|l| l.mlp.inner_per_token())
+            .max()
+            .unwrap_or(0)
     }
 
     /// The embeddings' forward: returns the residual stream entering the first layer.

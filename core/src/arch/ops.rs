@@ -640,19 +640,26 @@ impl Moe {
                 topk_groups,
                 norm_topk,
             } => {
-                let x32 = tape.cast(x, 4)?;
-                tape.save(x32)?;
-                saved(tape, mul(tokens, e)?, 4)?; // sigmoid scores
-                // group scores, chosen groups and the expert mask stay referenced
+                // F.linear(x.float(), weight.float()): fp32, unless autocast casts it back
+                let scores = if d.amp {
+                    self.router().forward(tape, x, d)?;
+                    d.act
+                } else {
+                    let x32 = tape.cast(x, 4)?;
+                    tape.save(x32)?;
+                    4
+                };
+                saved(tape, mul(tokens, e)?, scores)?; // sigmoid scores
+                                                       // group scores, chosen groups and the expert mask stay referenced
                 saved(tape, mul(tokens, mul(groups, 2)?)?, 8)?;
                 saved(tape, mul(tokens, topk_groups)?, 8)?;
                 saved(tape, mul(tokens, e)?, 1)?;
                 saved(tape, mul(tokens, k)?, 8)?; // gather indices
                 if norm_topk {
                     saved(tape, tokens, 4)?;
-                    saved(tape, mul(tokens, k)?, 4)?;
+                    saved(tape, mul(tokens, k)?, scores)?;
                 }
-                4
+                scores
             }
         };
         // grouped experts: sorting permutations, offsets, the gathered rows, the fused
