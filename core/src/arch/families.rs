@@ -606,7 +606,7 @@ fn sparse_layer(family: ModelFamily, r: &mut Reader, i: u64) -> Result<bool, Con
                 Some(list) => list.iter().any(|v| v.as_u64() == Some(i)),
                 None => false,
             };
-            !dense_only && (i + 1) % step == 0
+            !dense_only && (i + 1).is_multiple_of(step)
         }
         F::DeepseekV3 => i >= r.opt(&["first_k_dense_replace"], 0, 0, MAX_LAYERS)?,
         _ => true,
