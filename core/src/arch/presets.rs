@@ -58,6 +58,14 @@ presets![
     ("smollm3-3b", "SmolLM3 3B", SmolLm3, 2048),
     ("granite3.3-2b", "Granite 3.3 2B", Granite, 2048),
     ("granite3.3-8b", "Granite 3.3 8B", Granite, 2048),
+    ("qwen3-30b-a3b", "Qwen3 30B-A3B (MoE)", Qwen3Moe, 2048),
+    ("qwen3-235b-a22b", "Qwen3 235B-A22B (MoE)", Qwen3Moe, 2048),
+    ("qwen1.5-moe-a2.7b", "Qwen1.5-MoE-A2.7B", Qwen2Moe, 2048),
+    ("mixtral-8x7b", "Mixtral 8x7B", Mixtral, 2048),
+    ("deepseek-v3", "DeepSeek-V3 (671B)", DeepseekV3, 2048),
+    ("moonlight-16b-a3b", "Moonlight 16B-A3B", DeepseekV3, 2048),
+    ("gpt-oss-20b", "gpt-oss-20b", GptOss, 2048),
+    ("gpt-oss-120b", "gpt-oss-120b", GptOss, 2048),
     ("gpt2", "GPT-2 (124M)", Gpt2, 1024),
     ("gpt2-medium", "GPT-2 medium (355M)", Gpt2, 1024),
     ("gpt2-large", "GPT-2 large (774M)", Gpt2, 1024),
@@ -72,7 +80,7 @@ presets![
     ("vit-b16", "ViT-B/16 (224 px)", Vit, 224),
 ];
 
-const COUNT: usize = 36;
+const COUNT: usize = 44;
 
 impl Preset {
     /// Every preset, grouped by family in the order the page lists them.
@@ -206,6 +214,14 @@ mod tests {
             ("granite3.3-8b", 8_170_864_640),
             ("roberta-base", 124_697_433),
             ("xlm-roberta-base", 278_295_186),
+            ("mixtral-8x7b", 46_702_792_704),
+            ("qwen3-30b-a3b", 30_532_122_624),
+            ("qwen3-235b-a22b", 235_093_634_560),
+            ("qwen1.5-moe-a2.7b", 14_315_784_192),
+            ("deepseek-v3", 671_026_404_352),
+            ("moonlight-16b-a3b", 15_960_108_544),
+            ("gpt-oss-20b", 20_914_757_184),
+            ("gpt-oss-120b", 116_829_156_672),
         ] {
             params(key, n);
         }
