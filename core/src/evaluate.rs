@@ -234,19 +234,17 @@ fn kv_element_bytes(recipe: PrecisionRecipe) -> u64 {
     }
 }
 
-/// The KV cache of `batch` sequences of `tokens` tokens: K and V per layer, per KV head.
+/// The KV cache of `batch` sequences: a prompt of `prompt` tokens and `generated` more, as
+/// HF transformers' cache holds it (see [`Architecture::kv_cache_elements_per_sample`]).
 fn kv_cache_bytes(
     arch: &Architecture,
     recipe: PrecisionRecipe,
     batch: u64,
-    tokens: u64,
+    prompt: u64,
+    generated: u64,
 ) -> Option<u64> {
     batch
-        .checked_mul(tokens)?
-        .checked_mul(arch.num_layers())?
-        .checked_mul(2)?
-        .checked_mul(arch.num_kv_heads())?
-        .checked_mul(arch.head_dim())?
+        .checked_mul(arch.kv_cache_elements_per_sample(prompt, generated)?)?
         .checked_mul(kv_element_bytes(recipe))
 }
 
@@ -315,11 +313,9 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
             let kv = if step.optimizer.trains() || *new_tokens == 0 || arch.is_vision() {
                 0
             } else {
-                let tokens = step
-                    .seq_len
-                    .checked_add(*new_tokens)
-                    .ok_or_else(too_large)?;
-                kv_cache_bytes(arch, step.precision, batch, tokens).ok_or_else(too_large)? / tp
+                kv_cache_bytes(arch, step.precision, batch, step.seq_len, *new_tokens)
+                    .ok_or_else(too_large)?
+                    / tp
             };
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
             for (phase, c) in &estimate.phase_peaks {

@@ -311,6 +311,31 @@ impl Architecture {
             .fold(0, |a, &b| a.saturating_add(b))
     }
 
+    /// Elements of the KV cache of one sequence of `prompt` tokens followed by `generated`
+    /// ones, summed over the layers, as HF transformers' cache holds them at its largest:
+    /// K and V per key/value head; a sliding-window layer keeps the whole prompt after the
+    /// prefill and `window` tokens once decoding starts; a latent-attention layer caches its
+    /// compressed latent and rotary key (one head), not per-head K and V.
+    /// `None` on overflow.
+    #[must_use]
+    pub fn kv_cache_elements_per_sample(&self, prompt: u64, generated: u64) -> Option<u64> {
+        let total = prompt.checked_add(generated)?;
+        self.spec.layers.iter().try_fold(0u64, |acc, l| {
+            let a = &l.attention;
+            let tokens = match a.window {
+                Some(w) => total.min(prompt.max(w)),
+                None => total,
+            };
+            let per_token = match a.latent {
+                Some(lat) => lat.kv_rank.checked_add(lat.rope_dim)?,
+                None => a
+                    .kv_heads
+                    .checked_mul(a.head_dim.checked_add(a.v_head_dim)?)?,
+            };
+            acc.checked_add(tokens.checked_mul(per_token)?)
+        })
+    }
+
     /// Whether some layers are mixtures of experts.
     #[must_use]
     pub fn is_moe(&self) -> bool {
@@ -577,6 +602,39 @@ mod tests {
         count("granite3.3-8b.json", 8_170_864_640);
         count("roberta-base.json", 124_697_433);
         count("xlm-roberta-base.json", 278_295_186);
+    }
+
+    #[test]
+    fn kv_cache_follows_windows_and_latents() {
+        let read = |name: &str| {
+            let text = std::fs::read_to_string(format!(
+                "{}/tests/fixtures/configs/{name}",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .expect("fixture config");
+            parse_hf_config(&text).expect("parses")
+        };
+        // Llama 3 8B: 32 layers x 2 x 8 heads x 128
+        let llama = read("llama3-8b.json");
+        assert_eq!(
+            llama.kv_cache_elements_per_sample(1000, 24),
+            Some(1024 * 32 * 2 * 8 * 128)
+        );
+        // gpt-oss-20b: 12 sliding layers of 128 tokens, 12 full ones, 8 kv heads of 64
+        let oss = read("gpt-oss-20b.json");
+        let per_token = 8 * (64 + 64);
+        assert_eq!(
+            oss.kv_cache_elements_per_sample(100, 900),
+            Some(12 * 1000 * per_token + 12 * 128 * per_token)
+        );
+        // a prompt longer than the window stays whole after the prefill
+        assert_eq!(
+            oss.kv_cache_elements_per_sample(1000, 10),
+            Some(12 * 1010 * per_token + 12 * 1000 * per_token)
+        );
+        // DeepSeek-V3 caches 512 + 64 latent elements per token per layer
+        let ds = read("deepseek-v3.json");
+        assert_eq!(ds.kv_cache_elements_per_sample(10, 0), Some(61 * 10 * 576));
     }
 
     #[track_caller]
