@@ -317,22 +317,62 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                     .ok_or_else(too_large)?
                     / tp
             };
+            // Expert parallelism: the routed experts' share of the model state is split over
+            // the expert-parallel group, then sharded (ZeRO) over the GPUs holding the same
+            // experts; the rest is sharded over all the data-parallel GPUs.
+            let ep = if arch.is_moe() {
+                plan.expert_parallel.clamp(1, n)
+            } else {
+                1
+            };
+            let routed = arch.routed_expert_parameter_count();
+            let experts_of = |bytes: u64| -> u64 {
+                let share =
+                    u128::from(bytes) * u128::from(routed) / u128::from(estimate.n_params.max(1));
+                u64::try_from(share).unwrap_or(u64::MAX)
+            };
+            let shard = |whole: ShardedState, gathered: u64| -> ShardedState {
+                if ep <= 1 {
+                    return shard_model_state(whole, plan.sharding, n, gathered);
+                }
+                let experts = ShardedState {
+                    parameter_bytes: experts_of(whole.parameter_bytes).div_ceil(ep),
+                    gradient_bytes: experts_of(whole.gradient_bytes).div_ceil(ep),
+                    optimizer_state_bytes: experts_of(whole.optimizer_state_bytes).div_ceil(ep),
+                };
+                let rest = ShardedState {
+                    parameter_bytes: whole.parameter_bytes - experts_of(whole.parameter_bytes),
+                    gradient_bytes: whole.gradient_bytes - experts_of(whole.gradient_bytes),
+                    optimizer_state_bytes: whole.optimizer_state_bytes
+                        - experts_of(whole.optimizer_state_bytes),
+                };
+                let a = shard_model_state(rest, plan.sharding, n, gathered);
+                let b = shard_model_state(experts, plan.sharding, n / ep, 0);
+                ShardedState {
+                    parameter_bytes: a.parameter_bytes.saturating_add(b.parameter_bytes),
+                    gradient_bytes: a.gradient_bytes.saturating_add(b.gradient_bytes),
+                    optimizer_state_bytes: a
+                        .optimizer_state_bytes
+                        .saturating_add(b.optimizer_state_bytes),
+                }
+            };
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
             for (phase, c) in &estimate.phase_peaks {
-                let state = shard_model_state(
-                    ShardedState {
-                        parameter_bytes: c.parameters / tp,
-                        gradient_bytes: c.gradients / tp,
-                        optimizer_state_bytes: c.optimizer_states / tp,
-                    },
-                    plan.sharding,
-                    n,
-                    gathered,
-                );
+                let whole = ShardedState {
+                    parameter_bytes: c.parameters / tp,
+                    gradient_bytes: c.gradients / tp,
+                    optimizer_state_bytes: c.optimizer_states / tp,
+                };
+                let state = shard(whole, gathered);
                 // The optimizer step's temporaries are parameter-sized: they shard with the
                 // optimizer states.
-                let temporaries = if *phase == Phase::OptimizerStep && opt_sharded {
-                    (c.temporaries / tp).div_ceil(n)
+                let temporaries = if *phase == Phase::OptimizerStep && (opt_sharded || ep > 1) {
+                    let t = ShardedState {
+                        parameter_bytes: 0,
+                        gradient_bytes: 0,
+                        optimizer_state_bytes: c.temporaries / tp,
+                    };
+                    shard(t, 0).optimizer_state_bytes
                 } else {
                     c.temporaries / tp
                 };
@@ -365,14 +405,12 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
             if kv_at_peak > 0 {
                 parts.push((PartKind::KvCache, kv_at_peak));
             }
-            let model_state = shard_model_state(
+            let model_state = shard(
                 ShardedState {
                     parameter_bytes: whole_params / tp,
                     gradient_bytes: persistent(|c| c.gradients) / tp,
                     optimizer_state_bytes: persistent(|c| c.optimizer_states) / tp,
                 },
-                plan.sharding,
-                n,
                 gathered,
             );
             let activation_bytes = if step.optimizer.trains() {
@@ -510,6 +548,41 @@ mod tests {
         for row in e.sweep {
             assert_eq!(row.fits, Some(row.batch <= max));
         }
+    }
+
+    #[test]
+    fn expert_parallelism_splits_the_experts_state() {
+        let at = |query: &str| {
+            let state = decode_query(query).state;
+            let e = evaluate(&state).unwrap();
+            let part = |k: PartKind| {
+                e.step
+                    .parts
+                    .iter()
+                    .find(|(p, _)| *p == k)
+                    .map_or(0, |(_, b)| *b)
+            };
+            (part(PartKind::Weights), e.step.model_state_bytes)
+        };
+        let base = "m=arch&model=qwen3-30b-a3b&b=1&s=1024&r=bf16&n=8&shard=ddp";
+        let (w1, m1) = at(base);
+        let (w8, m8) = at(&format!("{base}&ep=8"));
+        // about 95% of Qwen3-30B-A3B's parameters are routed experts
+        assert!(w8 * 5 < w1, "{w8} vs {w1}");
+        assert!(m8 * 5 < m1);
+        // a dense model ignores it
+        let dense = "m=arch&model=llama3.2-1b&b=1&s=1024&n=8&shard=ddp";
+        assert_eq!(at(dense), at(&format!("{dense}&ep=8")));
+        // the group must divide the GPUs
+        let bad = PageState {
+            expert_parallel: "3".to_owned(),
+            ..decode_query(base).state
+        };
+        assert!(matches!(
+            bad.plan_inputs(),
+            Err(errors) if errors.iter().any(|(f, e)| *f == Field::ExpertParallel
+                && e.to_string().contains("Must divide"))
+        ));
     }
 
     #[test]

@@ -26,6 +26,13 @@ pub enum FieldError {
         /// The largest value accepted, as a person would write it.
         max: String,
     },
+    /// A group size that does not divide what it splits.
+    MustDivide {
+        /// What it must divide (`the number of GPUs`).
+        what: &'static str,
+        /// Its value.
+        total: u64,
+    },
 }
 
 impl fmt::Display for FieldError {
@@ -42,6 +49,9 @@ impl fmt::Display for FieldError {
             FieldError::Zero => write!(f, "Must be greater than zero."),
             FieldError::NotWhole { what } => write!(f, "Must be a whole number of {what}."),
             FieldError::TooLarge { max } => write!(f, "Too large: at most {max}."),
+            FieldError::MustDivide { what, total } => {
+                write!(f, "Must divide {what} ({total}).")
+            }
         }
     }
 }

@@ -119,6 +119,8 @@ pub struct PageState {
     pub sharding: Sharding,
     /// Tensor-parallel group size (architecture mode), as typed.
     pub tensor_parallel: String,
+    /// Expert-parallel group size (architecture mode, mixtures of experts), as typed.
+    pub expert_parallel: String,
     /// Samples per optimizer step to reach with accumulation, as typed (empty: none).
     pub global_batch: String,
 }
@@ -136,6 +138,8 @@ pub struct PlanInputs {
     pub sharding: Sharding,
     /// Tensor-parallel group size.
     pub tensor_parallel: u64,
+    /// Expert-parallel group size (divides the data-parallel GPUs).
+    pub expert_parallel: u64,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
 }
@@ -166,6 +170,7 @@ impl Default for PageState {
             num_gpus: "1".to_owned(),
             sharding: Sharding::Ddp,
             tensor_parallel: "1".to_owned(),
+            expert_parallel: "1".to_owned(),
             global_batch: String::new(),
         }
     }
@@ -220,6 +225,8 @@ pub enum Field {
     Sharding,
     /// [`PageState::tensor_parallel`].
     TensorParallel,
+    /// [`PageState::expert_parallel`].
+    ExpertParallel,
     /// [`PageState::global_batch`].
     GlobalBatch,
 }
@@ -229,7 +236,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 24] = [
+    pub const ALL: [Field; 25] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -252,6 +259,7 @@ impl Field {
         Field::NumGpus,
         Field::Sharding,
         Field::TensorParallel,
+        Field::ExpertParallel,
         Field::GlobalBatch,
         Field::Config,
     ];
@@ -283,6 +291,7 @@ impl Field {
             Field::NumGpus => "n",
             Field::Sharding => "shard",
             Field::TensorParallel => "tp",
+            Field::ExpertParallel => "ep",
             Field::GlobalBatch => "gb",
         }
     }
@@ -314,6 +323,7 @@ impl Field {
             Field::NumGpus => "number of GPUs",
             Field::Sharding => "sharding",
             Field::TensorParallel => "tensor parallelism",
+            Field::ExpertParallel => "expert parallelism",
             Field::GlobalBatch => "global batch",
         }
     }
@@ -376,6 +386,7 @@ impl PageState {
             Field::NumGpus => self.num_gpus.clone(),
             Field::Sharding => self.sharding.key().to_owned(),
             Field::TensorParallel => self.tensor_parallel.clone(),
+            Field::ExpertParallel => self.expert_parallel.clone(),
             Field::GlobalBatch => self.global_batch.clone(),
         })
     }
@@ -474,6 +485,7 @@ impl PageState {
                     choice(value, Sharding::from_key, &Sharding::ALL.map(Sharding::key))?;
             }
             Field::TensorParallel => self.tensor_parallel = text(value)?,
+            Field::ExpertParallel => self.expert_parallel = text(value)?,
             Field::GlobalBatch => self.global_batch = text(value)?,
         }
         Ok(())
@@ -553,6 +565,18 @@ impl PageState {
             Field::TensorParallel,
             parse_count(&self.tensor_parallel, 1024, "GPUs", false),
         );
+        let ep = check(
+            Field::ExpertParallel,
+            parse_count(&self.expert_parallel, MAX_GPUS, "GPUs", false).and_then(|ep| {
+                match parse_count(&self.num_gpus, MAX_GPUS, "GPUs", false) {
+                    Ok(n) if ep > 1 && n % ep != 0 => Err(FieldError::MustDivide {
+                        what: "the number of GPUs",
+                        total: n,
+                    }),
+                    _ => Ok(ep),
+                }
+            }),
+        );
         let global = if self.global_batch.trim().is_empty() {
             Some(None)
         } else {
@@ -567,7 +591,7 @@ impl PageState {
             )
             .map(Some)
         };
-        match (capacity_mib, context, reserve, margin, gpus, tp, global) {
+        match (capacity_mib, context, reserve, margin, gpus, tp, ep, global) {
             (
                 Some(cap),
                 Some(context),
@@ -575,6 +599,7 @@ impl PageState {
                 Some(margin),
                 Some(gpus),
                 Some(tp),
+                Some(ep),
                 Some(global),
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.gpu.map(|_| cap * crate::BYTES_PER_MIB),
@@ -586,6 +611,7 @@ impl PageState {
                 num_gpus: gpus,
                 sharding: self.sharding,
                 tensor_parallel: tp,
+                expert_parallel: ep,
                 global_batch: global,
             }),
             _ => Err(errors),

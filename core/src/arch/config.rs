@@ -336,6 +336,15 @@ impl Architecture {
         })
     }
 
+    /// Parameters of the routed experts (what expert parallelism splits).
+    #[must_use]
+    pub fn routed_expert_parameter_count(&self) -> u64 {
+        self.spec.layers.iter().fold(0u64, |acc, l| match l.mlp {
+            super::ops::FeedForward::Moe(m) => acc.saturating_add(m.routed_params()),
+            super::ops::FeedForward::Dense(_) => acc,
+        })
+    }
+
     /// Whether some layers are mixtures of experts.
     #[must_use]
     pub fn is_moe(&self) -> bool {

@@ -716,7 +716,6 @@ impl ModelSpec {
                     tape.save(t)?;
                     tape.part = SavedPart::HeadAndLoss;
                 }
-                let _ = scaled;
                 tape.raw(tv, 4).and_then(|t| tape.save(t))?; // log_softmax of fp32 logits
                 tape.saved(1, 8)?; // shifted labels
                 let logits_w = storage(tv, w)?;
@@ -740,6 +739,13 @@ impl ModelSpec {
                     )?
                 } else {
                     add(logits_w, storage(tokens, mul(h, w)?)?)?
+                };
+                // soft-capping or scaling the logits makes a second logits-sized tensor
+                // while the first is alive
+                let head_live = if softcap || scaled {
+                    add(head_live, logits_w)?
+                } else {
+                    head_live
                 };
                 let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
                     0

@@ -583,6 +583,11 @@ impl Moe {
             out.push(h);
         }
     }
+    /// Parameters of the routed experts.
+    pub fn routed_params(&self) -> u64 {
+        let (h, e, i) = (self.hidden, self.experts, self.inner);
+        e * (3 * i * h + if self.expert_bias { 2 * i + h } else { 0 })
+    }
     /// Parameters one token uses: the router, k experts, the shared expert.
     pub fn active_params(&self) -> u64 {
         let mut all = Vec::new();
