@@ -157,11 +157,13 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 }
 
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
-/// for the first families, and the rows of the families read since.
-const FIXTURE_FILES: [&str; 3] = [
+/// for the first families, and the rows of the dense and mixture-of-experts families read
+/// since.
+const FIXTURE_FILES: [&str; 4] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
+    "moe-measured.jsonl",
 ];
 
 /// Rows, max and mean |error| per family.
