@@ -95,6 +95,30 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
+    /// Multi-head attention as GPT-2, BERT and ViT have it: biases everywhere, no rotary, no
+    /// grouping, no window, softmax in the scores' dtype.
+    pub const fn classic(hidden: u64, heads: u64, head_dim: u64) -> Self {
+        Attention {
+            hidden,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            v_head_dim: head_dim,
+            fused_qkv: false,
+            qkv_bias: true,
+            o_bias: true,
+            qk_norm: None,
+            rotary_dim: None,
+            window: None,
+            softcap: false,
+            sinks: false,
+            probs_dropout: false,
+            softmax_fp32: false,
+            rope_keeps_dtype: false,
+            rope_concat: false,
+            latent: None,
+        }
+    }
     fn q_width(&self) -> u64 {
         self.heads * self.head_dim
     }

@@ -444,6 +444,16 @@ pub(crate) struct Mlp {
 }
 
 impl Mlp {
+    /// `proj(act(fc(x)))` with biases (GPT-2, BERT, ViT).
+    pub const fn plain(hidden: u64, inner: u64, act: Activation) -> Self {
+        Mlp {
+            kind: MlpKind::Plain,
+            hidden,
+            inner,
+            bias: true,
+            act,
+        }
+    }
     fn linears(&self) -> Vec<Linear> {
         let (h, i, b) = (self.hidden, self.inner, self.bias);
         match self.kind {
