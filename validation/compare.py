@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--configs", default=os.path.join(HERE, "configs"))
     ap.add_argument("--cli", default="cargo run --release -q -p estimator-cli --")
     ap.add_argument("--gc-value", default=GC_ON, help="CLI --checkpointing value used for gc rows")
+    ap.add_argument("--device", choices=["fake", "cuda"], default="fake",
+                    help="measure with the emulated fake step (default) or on a real GPU")
     a = ap.parse_args()
     globals()["GC_ON"] = a.gc_value
     if a.rows:
@@ -72,7 +74,8 @@ def main():
     sys.path.insert(0, HERE)
     import measure as M
     name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
-    m = M.measure(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
+    fn = M.measure_cuda if a.device == "cuda" else M.measure
+    m = fn(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
     e = estimate(a.cli, os.path.abspath(a.config), a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
     report(name, m, e)
     return 0

@@ -11,8 +11,10 @@ Method (see validation/README.md and shared/reference/README.md):
       - every storage rounded up to 512 bytes (CUDA caching allocator block);
       - dropout goes through aten.native_dropout (1-byte bool mask, like the fused CUDA kernel);
       - F.scaled_dot_product_attention dispatches like CUDA: flash (fp16/bf16, no mask,
-        head_dim <= 256, GQA ok) > mem-efficient (no GQA) > math; the CUDA kernels' own aten ops are
-        called (their fake/meta implementations give the saved out + fp32 logsumexp);
+        head_dim <= 256, GQA ok) > mem-efficient (fp32 ok, masks ok, GQA ok since torch 2.14) > math;
+        the CUDA kernels' own aten ops are called (their fake/meta implementations give the saved out +
+        fp32 logsumexp); a bool mask is converted per call to an additive mask of the query dtype and
+        padded/expanded as attention.cpp does (it is what the efficient kernel saves for backward);
       - under AMP, the ops that CUDA autocast runs in fp32 (layer_norm, softmax, log_softmax, pow,
         rsqrt, exp, ...) get AutocastCPU kernels that cast to fp32; the bf16 list (linear, matmul,
         addmm, bmm, ...) is the same on CPU and CUDA and keeps PyTorch's own cached-cast kernels.
@@ -24,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -81,8 +84,12 @@ def _sdpa_choice(q, k, v, attn_mask, dropout_p, enable_gqa):
     dt = q.dtype
     d_qk, d_v = q.shape[-1], v.shape[-1]
     gqa = q.dim() == 4 and k.shape[-3] != q.shape[-3]
-    if gqa and not enable_gqa:
-        return "math"  # shapes would not even match
+    if gqa:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        # check_batch_size_and_num_heads_dense: GQA needs enable_gqa=True, Hk == Hv and Hq % Hk == 0
+        # (since PR #191085 an implicit MQA, Hk == Hv == 1, is also accepted without enable_gqa)
+        if hk != hv or hk == 0 or hq % hk != 0 or not (enable_gqa or hk == 1):
+            return "math"
     if (
         q.dim() == 4
         and dt in (torch.float16, torch.bfloat16)
@@ -92,19 +99,38 @@ def _sdpa_choice(q, k, v, attn_mask, dropout_p, enable_gqa):
         and d_qk <= 256
     ):
         return "flash"
+    # minimum_gemm_alignment on sm80+: 8 elements for fp16/bf16, 4 for fp32
     align = 8 if dt in (torch.float16, torch.bfloat16) else 4
     if (
         q.dim() == 4
         and dt in (torch.float16, torch.bfloat16, torch.float32)
-        and not gqa
+        and d_qk == k.shape[-1]
         and d_qk % align == 0
         and d_v % align == 0
     ):
+        # torch 2.14+: can_use_mem_efficient_attention has supports_gqa = supports_mqa = true for
+        # dense CUDA inputs (sdp_utils.cpp; PR #191085: native GQA in the CUTLASS kernel, K/V are
+        # NOT expanded; the backward reduces q-head-wide dK/dV partials in a follow-up kernel).
+        # The op is called with K/V of Hkv heads; autograd saves q, k, v (Hkv heads), out, lse.
         return "efficient"
     return "math"
 
 
 SDPA_LOG: dict = {}
+
+
+def _preprocess_mask(mask, query, key):
+    """attention.cpp preprocess_mask (mem-efficient path): if any stride but the last is not a
+    multiple of 8 (i.e. S % 8 != 0 for a contiguous mask), pad the last dim to a multiple of 8
+    (constant_pad_nd materialises B x 1 x L x S8) and slice back; then expand to (B, Hq, L, S) as a
+    view (no per-head copy). The efficient kernel saves this view (storage = the padded or the
+    converted mask) as attn_bias for backward; no grad_attn_bias is computed (the mask does not
+    require grad)."""
+    aligned = mask.stride(-1) == 1 and all(mask.stride(i) % 8 == 0 for i in range(mask.dim() - 1))
+    if not aligned:
+        S = mask.shape[-1]
+        mask = F.pad(mask, (0, 8 - S % 8))[..., :S]
+    return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
 
 
 def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -123,18 +149,27 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
             return _cuda_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     kind = _sdpa_choice(query, key, value, attn_mask, dropout_p, enable_gqa)
     SDPA_LOG[kind] = SDPA_LOG.get(kind, 0) + 1
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # convert_boolean_attn_mask (attention.cpp, done inside every SDPA call, i.e. once per layer):
+        # where(mask, scalar_tensor(0), scalar_tensor(-inf)) in the query dtype. The output has the
+        # mask's broadcast shape, contiguous: HF's (1,1,L,S) mask expanded to (B,1,L,S) becomes a
+        # B x L x S tensor of the query dtype (the batch is materialised, the heads are not).
+        zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
+        ninf = torch.scalar_tensor(-math.inf, dtype=query.dtype, device=query.device)
+        attn_mask = torch.where(attn_mask, zero, ninf)
+        del zero, ninf
     if kind == "flash":
         out = torch.ops.aten._scaled_dot_product_flash_attention.default(
             query, key, value, dropout_p, is_causal, False, scale=scale)
         return out[0]
     if kind == "efficient":
         need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        if attn_mask is not None:
+            attn_mask = _preprocess_mask(attn_mask, query, key)
         out = torch.ops.aten._scaled_dot_product_efficient_attention.default(
             query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale)
         return out[0]
     # math: the explicit composite (keeps the seq x seq probabilities)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        pass
     return torch.ops.aten._scaled_dot_product_attention_math.default(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
 
@@ -292,6 +327,15 @@ class PhaseTracker(MemTracker):
                 self.copy_refs.append(weakref.ref(res.untyped_storage()))
         return res
 
+    def _update_peak_stats(self, peak_state):
+        # Only the tracker-wide peak is used here. MemTracker also updates a per-module peak for
+        # every tracked module on every op (O(modules) per op, ~half the run time); skipping it
+        # leaves the global peak, and so every figure of the row, unchanged.
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap[_mt._TOTAL_KEY]:
+                self._peak_mem[dev] = dev_snap[_mt._TOTAL_KEY]
+                self._peak_mem_snap[dev] = copy.deepcopy(dev_snap)
+
     def snap(self):
         s = self.get_tracker_snapshot("current")
         return _flat(s)
@@ -334,6 +378,14 @@ def load_config(path, attn):
     with open(path) as f:
         d = json.load(f)
     d = dict(d)
+    if d.get("model_type") == "gemma3" and isinstance(d.get("text_config"), dict):
+        # multimodal Gemma 3 (4b/12b/27b): train the language model, Gemma3ForCausalLM on text_config
+        td = dict(d["text_config"])
+        td.setdefault("model_type", "gemma3_text")
+        td["architectures"] = ["Gemma3ForCausalLM"]
+        if "vocab_size" not in td and "vocab_size" in d:
+            td["vocab_size"] = d["vocab_size"]
+        d = td
     mt = d.pop("model_type")
     for k in ("transformers_version", "_name_or_path", "torch_dtype", "dtype"):
         d.pop(k, None)
@@ -343,8 +395,24 @@ def load_config(path, attn):
     return cfg, arch
 
 
+def text_vocab(cfg):
+    v = getattr(cfg, "vocab_size", None)
+    if v is None:
+        v = cfg.get_text_config().vocab_size
+    return v
+
+
+def mlm_or_clm_labels(cfg, arch, ids):
+    """Labels = input ids: the causal-LM loss of decoders, and for masked LMs (BERT, RoBERTa,
+    XLM-R) a masked-LM loss with every token labelled."""
+    return ids
+
+
 def build_model(cfg, arch, attn, dtype):
     import transformers
+    if attn == "sdpa" and cfg.model_type == "gemma2":
+        raise SystemExit("Gemma 2 cannot run with attn=sdpa in transformers 5.24 (Gemma2ForCausalLM refuses "
+                         "SDPA: attention logit soft-capping); measure it with --attn eager")
     if arch and hasattr(transformers, arch):
         cls = getattr(transformers, arch)
     elif cfg.model_type == "bert":
@@ -377,7 +445,8 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
         model.train(train)
         if train:
             model.config.use_cache = False
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), dtype=torch.long)
+        ids = torch.randint(0, text_vocab(cfg), (batch, seq), dtype=torch.long)
+        labels = mlm_or_clm_labels(cfg, arch, ids)
         params = [p for p in model.parameters() if p.requires_grad]
         if optimizer == "adamw":
             opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
@@ -390,7 +459,7 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else _nullctx()
             with ctx:
                 if train:
-                    out = model(input_ids=ids, labels=ids)
+                    out = model(input_ids=ids, labels=labels)
                 else:
                     out = model(input_ids=ids)
             return out
@@ -491,6 +560,147 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
     return row
 
 
+def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False):
+    """The same step on a real GPU: real CUDA tensors, real SDPA kernel choice and CUDA autocast, no
+    FakeTensorMode and none of the emulation patches. Memory is torch.cuda.max_memory_allocated()
+    per phase (reset_peak_memory_stats at each phase boundary) and memory_allocated() at the
+    boundaries. Per-category figures (at_peak, phase_peaks) are not available from the allocator:
+    only the totals are filled, plus param/grad/optimizer-state bytes computed from the tensors
+    (each storage rounded up to 512 bytes, as the caching allocator does)."""
+    import transformers
+    if not torch.cuda.is_available():
+        raise SystemExit("measure.py --device cuda: no CUDA device is available "
+                         "(torch.cuda.is_available() is False); use the default --device fake")
+    t0 = time.time()
+    torch.manual_seed(0)
+    cfg, arch = load_config(config_path, attn)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    amp = precision == "amp_bf16"
+    train = optimizer != "none"
+    dev = torch.device("cuda")
+    with torch.device(dev):
+        model = build_model(cfg, arch, attn, dtype)
+    model.to(dev)
+    if gc:
+        model.gradient_checkpointing_enable()
+    model.train(train)
+    if train:
+        model.config.use_cache = False
+    ids = torch.randint(0, text_vocab(cfg), (batch, seq), dtype=torch.long, device=dev)
+    labels = mlm_or_clm_labels(cfg, arch, ids)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    else:
+        opt = None
+
+    def fwd():
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if amp else _nullctx()
+        with ctx:
+            if train:
+                return model(input_ids=ids, labels=labels)
+            return model(input_ids=ids)
+
+    if train:
+        out = fwd()
+        out.loss.backward()
+        del out
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    else:
+        with torch.no_grad():
+            out = fwd()
+            del out
+    cuda = torch.cuda
+
+    def rnd(n):
+        return math.ceil(n / ROUND_BYTES) * ROUND_BYTES
+
+    def st_bytes(ts):
+        seen, tot = set(), 0
+        for t in ts:
+            if t is None or not isinstance(t, torch.Tensor) or not t.is_cuda:
+                continue
+            st = t.untyped_storage()
+            if st.data_ptr() in seen:
+                continue
+            seen.add(st.data_ptr())
+            tot += rnd(st.nbytes())
+        return tot
+
+    cuda.synchronize()
+    param_bytes = st_bytes(list(model.parameters()))
+    buffer_bytes = st_bytes(list(model.buffers()))
+    opt_state_bytes = st_bytes([v for s in (opt.state.values() if opt else []) for v in s.values()])
+    phase_peak = {}
+    cuda.reset_peak_memory_stats()
+    start = cuda.memory_allocated()
+    if train:
+        out = _LossOnly(fwd().loss)
+    else:
+        with torch.no_grad():
+            out = fwd()
+    cuda.synchronize()
+    end_fwd = cuda.memory_allocated()
+    phase_peak["fwd"] = cuda.max_memory_allocated()
+    after_bwd = None
+    grad_bytes = 0
+    if train:
+        loss = out.loss
+        cuda.reset_peak_memory_stats()
+        loss.backward()
+        del loss, out
+        cuda.synchronize()
+        phase_peak["bwd"] = cuda.max_memory_allocated()
+        after_bwd = cuda.memory_allocated()
+        grad_bytes = st_bytes([p.grad for p in model.parameters()])
+        cuda.reset_peak_memory_stats()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        cuda.synchronize()
+        phase_peak["opt"] = cuda.max_memory_allocated()
+    else:
+        del out
+    end = cuda.memory_allocated()
+    peak_phase = max(phase_peak, key=lambda k: phase_peak[k])
+    n_params = sum(p.numel() for p in model.parameters())
+    row = {
+        "config": {
+            "model": model_name, "batch": batch, "seq": seq, "image": 224,
+            "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
+            "mode": "cuda", "tracker": "torch.cuda.max_memory_allocated", "emulate_cuda": False,
+            "round_bytes": ROUND_BYTES, "opt_impl": "foreach", "warmup_steps": 1,
+        },
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "torchvision": _torchvision_version(), "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version(), "device": cuda.get_device_name(),
+                     "capability": ".".join(map(str, cuda.get_device_capability()))},
+        "n_params": n_params,
+        "param_bytes": param_bytes,
+        "buffer_bytes": buffer_bytes,
+        "input_bytes": st_bytes([ids, labels]),
+        "grad_bytes": grad_bytes,
+        "opt_state_bytes": opt_state_bytes,
+        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
+        "peak_bytes": phase_peak[peak_phase],
+        "peak_phase": peak_phase,
+        "at_peak": None,
+        "act_temp_at_peak": None,
+        "saved_act_bytes": end_fwd - start,
+        "amp_weight_copy_bytes": None,
+        "phase_peak_bytes": {k: phase_peak[k] for k in ("fwd", "bwd", "opt") if k in phase_peak},
+        "phase_peaks": None,
+        "start_bytes": start,
+        "end_bytes": end,
+        "after_bwd_bytes": after_bwd,
+        "time_s": round(time.time() - t0, 2),
+        "sdpa_kernels": {},
+    }
+    return row
+
+
 def _torchvision_version():
     try:
         import torchvision
@@ -525,15 +735,19 @@ def main(argv=None):
     ap.add_argument("--out", help="append the row(s) to this .jsonl file")
     ap.add_argument("--grid", help="a JSON file: list of {config, model, batch, seq, precision, "
                     "optimizer, attn, gc}; each is measured in its own subprocess")
+    ap.add_argument("--device", choices=["fake", "cuda"], default="fake",
+                    help="fake (default): FakeTensorMode on the CPU with CUDA emulated; cuda: the same "
+                    "step on a real GPU, torch.cuda.max_memory_allocated() per phase (mode 'cuda')")
     ap.add_argument("--keep-kernel-log", action="store_true",
                     help="keep the sdpa_kernels diagnostic key in the row")
     a = ap.parse_args(argv)
     if a.grid:
-        return run_grid(a.grid, a.out, a.keep_kernel_log)
+        return run_grid(a.grid, a.out, a.keep_kernel_log, a.device)
     if not a.config:
         ap.error("--config or --grid is required")
     name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
-    row = measure(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
+    fn = measure_cuda if a.device == "cuda" else measure
+    row = fn(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
     kernels = row.pop("sdpa_kernels")
     if a.keep_kernel_log:
         row["sdpa_kernels"] = kernels
@@ -548,7 +762,7 @@ def main(argv=None):
     return 0
 
 
-def run_grid(grid_path, out, keep_log):
+def run_grid(grid_path, out, keep_log, device="fake"):
     import subprocess
     with open(grid_path) as f:
         grid = json.load(f)
@@ -567,6 +781,8 @@ def run_grid(grid_path, out, keep_log):
             cmd += ["--out", out]
         if keep_log:
             cmd.append("--keep-kernel-log")
+        if device != "fake":
+            cmd += ["--device", device]
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
         if r.returncode != 0:
             fails += 1

@@ -24,6 +24,8 @@ ROWS = [
     ("bert-base", 8, 512, "bf16", "sgd", "sdpa", False),
     ("llama-1b", 1, 2048, "amp_bf16", "adamw", "sdpa", False),
     ("llama-1b", 1, 2048, "amp_bf16", "adamw", "sdpa", True),
+    # fp32 + grouped-query attention: the efficient kernel with un-expanded K/V (torch >= 2.14)
+    ("llama3-8b", 1, 2048, "fp32", "adamw", "sdpa", False),
 ]
 
 
