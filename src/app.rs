@@ -2,16 +2,17 @@
 
 use estimator_core::{
     decode_query, encode_query, evaluate, format_bytes, group_thousands, largest_peak_that_fits,
-    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Mode, Optimizer,
-    ParamUnit, Precision, PrecisionRecipe, Preset, Sharding, SweepRow, CUSTOM_MODEL_KEY,
-    SIMPLE_OPTIMIZERS,
+    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Mode, ModelFamily,
+    Optimizer, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset, Sharding, SweepRow,
+    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
 use crate::browser;
 use crate::components::{
-    BreakdownCard, BreakdownPart, ConfigInput, Explanations, MemoryChart, Notices, NumberField,
-    RadioGroup, SelectField, SweepTable, VerdictCard,
+    BreakdownCard, BreakdownDetail, BreakdownPart, ConfigInput, Explanations, MemoryChart,
+    ModelNotes, Notices, NumberField, OptionGroup, RadioGroup, SelectField, SweepTable,
+    VerdictCard,
 };
 
 /// The inputs the page opens with: the URL's if it has any, else the saved ones, else the
@@ -46,6 +47,20 @@ fn options<T: Copy>(
     all.iter().map(|&v| (key(v), label(v))).collect()
 }
 
+/// The presets under one heading per family, in the order of [`Preset::ALL`].
+fn preset_groups() -> Vec<OptionGroup> {
+    let mut groups: Vec<(ModelFamily, OptionGroup)> = Vec::new();
+    for preset in Preset::ALL {
+        let family = preset.family();
+        let option = (preset.key(), preset.label());
+        match groups.iter_mut().find(|(f, _)| *f == family) {
+            Some((_, (_, options))) => options.push(option),
+            None => groups.push((family, (family.label(), vec![option]))),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
 /// The whole estimator page.
 #[component]
 pub fn App() -> impl IntoView {
@@ -73,6 +88,16 @@ pub fn App() -> impl IntoView {
         })
     });
     let evaluation = Memo::new(move |_| state.with(evaluate));
+    // What the estimate of the chosen model leaves out or assumes (architecture mode).
+    let model_notes = Memo::new(move |_| {
+        state.with(|s| match s.mode {
+            Mode::Simple => Vec::new(),
+            Mode::Architecture => s
+                .architecture()
+                .map(|a| a.notes().to_vec())
+                .unwrap_or_default(),
+        })
+    });
     let evaluated = Signal::derive(move || evaluation.get().ok());
 
     let sweep_rows = Signal::derive(move || -> Vec<SweepRow> {
@@ -88,16 +113,30 @@ pub fn App() -> impl IntoView {
                         *bytes > 0
                             || matches!(
                                 kind,
-                                estimator_core::PartKind::Weights
-                                    | estimator_core::PartKind::Gradients
-                                    | estimator_core::PartKind::OptimizerStates
-                                    | estimator_core::PartKind::Activations
+                                PartKind::Weights
+                                    | PartKind::Gradients
+                                    | PartKind::OptimizerStates
+                                    | PartKind::Activations
                             )
                     })
                     .map(|(kind, bytes)| BreakdownPart {
                         testid: kind.key(),
                         label: kind.label(),
                         bytes: *bytes,
+                        // What the activations are for (architecture mode; empty otherwise).
+                        details: if *kind == PartKind::Activations {
+                            e.step
+                                .activation_parts
+                                .iter()
+                                .map(|(part, bytes)| BreakdownDetail {
+                                    key: part.key(),
+                                    label: part.label(),
+                                    bytes: *bytes,
+                                })
+                                .collect()
+                        } else {
+                            Vec::new()
+                        },
                     })
                     .collect()
             })
@@ -165,9 +204,8 @@ pub fn App() -> impl IntoView {
     let is_custom_gpu = move || state.with(|s| s.gpu == Some(Gpu::Custom));
     let is_vision = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_vision()));
 
-    let mut model_options: Vec<(&'static str, &'static str)> =
-        options(&Preset::ALL, Preset::key, Preset::label);
-    model_options.push((CUSTOM_MODEL_KEY, "Custom: paste or upload config.json"));
+    let model_groups = preset_groups();
+    let model_options = vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")];
     let mut gpu_options: Vec<(&'static str, &'static str)> = vec![("none", "No GPU in particular")];
     gpu_options.extend(options(&Gpu::ALL, Gpu::key, Gpu::label));
 
@@ -189,7 +227,7 @@ pub fn App() -> impl IntoView {
                     .peak_phase
                     .map(|p| view! {
                         " · peak in the "
-                        <strong data-testid="peak-phase" data-phase=p.key()>{p.label().to_lowercase()}</strong>
+                        <strong data-testid="peak-phase" data-phase=p.key()>{p.label().to_ascii_lowercase()}</strong>
                         " phase"
                     });
                 let per_gpu = e.per_gpu.then_some(" · figures are per GPU");
@@ -237,7 +275,8 @@ pub fn App() -> impl IntoView {
                         value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
                 </Show>
                 <Show when=is_arch>
-                    <SelectField label="Model" testid="model" options=model_options.clone()
+                    <SelectField label="Model" testid="model"
+                        groups=model_groups.clone() options=model_options.clone()
                         value=value_of(Field::Model) on_change=on_model />
                     <Show when=is_custom_model>
                         <ConfigInput value=Signal::derive(move || state.with(|s| s.config_json.clone()))
@@ -317,6 +356,7 @@ pub fn App() -> impl IntoView {
             </form>
             <div class="results">
                 {summary}
+                <ModelNotes notes=model_notes />
                 <BreakdownCard parts=parts total=total problem=problem unit=unit total_label=total_label />
                 <VerdictCard evaluation=evaluated unit=unit />
                 <MemoryChart rows=sweep_rows capacity_line=capacity_line unit=unit />

@@ -2,7 +2,7 @@
 #![cfg(target_arch = "wasm32")]
 
 use batch_size_estimator::components::{
-    BreakdownCard, BreakdownPart, NumberField, SelectField, SweepTable,
+    BreakdownCard, BreakdownDetail, BreakdownPart, ModelNotes, NumberField, SelectField, SweepTable,
 };
 use batch_size_estimator::App;
 use estimator_core::{ByteUnit, SweepRow};
@@ -50,11 +50,13 @@ async fn breakdown_card_carries_exact_bytes_and_follows_the_unit() {
             testid: "weights",
             label: "Weights",
             bytes: 14_000_000_000,
+            details: Vec::new(),
         },
         BreakdownPart {
             testid: "activations",
             label: "Activations",
             bytes: 4_096_000_000,
+            details: Vec::new(),
         },
     ];
     let handle = leptos::mount::mount_to(root.clone(), move || {
@@ -92,6 +94,125 @@ async fn breakdown_card_carries_exact_bytes_and_follows_the_unit() {
             .as_deref(),
         Some("18096000000")
     );
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn breakdown_card_lists_what_the_activations_are_for() {
+    let root = container();
+    let parts = vec![
+        BreakdownPart {
+            testid: "weights",
+            label: "Weights",
+            bytes: 1_000,
+            details: Vec::new(),
+        },
+        BreakdownPart {
+            testid: "activations",
+            label: "Activations",
+            bytes: 3_000_000,
+            details: vec![
+                BreakdownDetail {
+                    key: "attention",
+                    label: "Attention (q, k, v, output)",
+                    bytes: 2_000_000,
+                },
+                BreakdownDetail {
+                    key: "qk-norms",
+                    label: "Q/K norms",
+                    bytes: 1_000_000,
+                },
+            ],
+        },
+    ];
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <BreakdownCard
+                parts=Signal::derive(move || Some(parts.clone()))
+                total=Signal::derive(|| Some(3_001_000))
+                problem=Signal::derive(|| None::<String>)
+                unit=Signal::derive(|| ByteUnit::Gb)
+                total_label=Signal::derive(|| "Peak")
+            />
+        }
+    });
+    let attention = by_testid(&root, "saved-part-attention");
+    assert_eq!(
+        attention.get_attribute("data-bytes").as_deref(),
+        Some("2000000")
+    );
+    assert_eq!(
+        by_testid(&root, "saved-part-qk-norms")
+            .get_attribute("data-bytes")
+            .as_deref(),
+        Some("1000000")
+    );
+    let list = by_testid(&root, "activations-details");
+    assert_eq!(list.child_element_count(), 2);
+    assert!(list.text_content().unwrap().contains("Q/K norms"));
+    // Only the activations have a sub-list; the categories are unchanged.
+    assert!(root
+        .query_selector("[data-testid=\"weights-details\"]")
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        by_testid(&root, "activations")
+            .get_attribute("data-bytes")
+            .as_deref(),
+        Some("3000000")
+    );
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn model_notes_show_one_item_per_note_and_nothing_without() {
+    let root = container();
+    let notes = RwSignal::new(vec![
+        "Only the language model is estimated.",
+        "Eager attention.",
+    ]);
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! { <ModelNotes notes=notes /> }
+    });
+    let list = by_testid(&root, "model-notes");
+    assert_eq!(list.tag_name(), "UL");
+    assert_eq!(list.child_element_count(), 2);
+    assert!(list
+        .text_content()
+        .unwrap()
+        .contains("Only the language model is estimated."));
+    notes.set(Vec::new());
+    next_tick().await;
+    assert!(root
+        .query_selector("[data-testid=\"model-notes\"]")
+        .unwrap()
+        .is_none());
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn select_field_groups_its_choices() {
+    let root = container();
+    let chosen = RwSignal::new("b".to_owned());
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <SelectField
+                label="Model"
+                testid="grouped"
+                groups=vec![("First", vec![("a", "A")]), ("Second", vec![("b", "B"), ("c", "C")])]
+                options=vec![("custom", "Custom")]
+                value=chosen
+                on_change=Callback::new(move |v: String| chosen.set(v))
+            />
+        }
+    });
+    let select: web_sys::HtmlSelectElement = by_testid(&root, "grouped").unchecked_into();
+    assert_eq!(select.value(), "b");
+    let groups = select.query_selector_all("optgroup").unwrap();
+    assert_eq!(groups.length(), 2);
+    let last: web_sys::Element = select.last_element_child().unwrap();
+    assert_eq!(last.tag_name(), "OPTION");
+    assert_eq!(last.get_attribute("value").as_deref(), Some("custom"));
     drop(handle);
 }
 

@@ -8,15 +8,15 @@ use std::process::ExitCode;
 
 use estimator_core::{
     decode_query, evaluate, format_bytes, group_thousands, ByteUnit, Evaluation, Field, MaxBatch,
-    Mode, PageState,
+    Mode, ModelFamily, PageState, PartKind, Preset,
 };
 
 const USAGE: &str = "\
 usage: memest [--config PATH | --preset KEY | --query QUERY] [options]
 
 model (one of):
-  --config PATH         a Hugging Face config.json (gpt2, llama, mistral, qwen2, gemma, phi3, bert)
-  --preset KEY          gpt2, gpt2-medium, gpt2-large, bert-base, llama-3.2-1b, llama3-8b, ...
+  --config PATH         a Hugging Face config.json
+  --preset KEY          a published model (keys below)
   --query QUERY         the page's query string (a shared link's part after '?')
 
 step:
@@ -41,6 +41,44 @@ output:
   --json                one JSON object instead of the readable breakdown
   --gib                 readable figures in GiB instead of GB
   -h, --help            this text";
+
+/// `words` joined by ", " and wrapped to lines of at most 90 characters, each indented.
+fn wrapped(words: &[&str], indent: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for (i, word) in words.iter().enumerate() {
+        let item = if i + 1 < words.len() {
+            format!("{word},")
+        } else {
+            (*word).to_owned()
+        };
+        if !line.is_empty() && indent.len() + line.len() + 1 + item.len() > 90 {
+            out.push_str(&format!("{indent}{line}\n"));
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(&item);
+    }
+    if !line.is_empty() {
+        out.push_str(&format!("{indent}{line}\n"));
+    }
+    out
+}
+
+/// The `--help` text: the options, then the `model_type` values `--config` reads and the
+/// preset keys, both from the core so they never fall behind it.
+fn usage() -> String {
+    let types = ModelFamily::supported_model_types();
+    let types: Vec<&str> = types.split(", ").collect();
+    let presets: Vec<&str> = Preset::ALL.iter().map(|p| p.key()).collect();
+    format!(
+        "{USAGE}\n\nconfig.json model_type values (--config, --query):\n{}\npreset keys (--preset):\n{}",
+        wrapped(&types, "  "),
+        wrapped(&presets, "  ").trim_end()
+    )
+}
 
 struct Options {
     state: PageState,
@@ -137,11 +175,16 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
     for (kind, bytes) in &e.step.parts {
         at_peak.insert(kind.key().replace('-', "_"), (*bytes).into());
     }
+    let mut activation_parts = serde_json::Map::new();
+    for (part, bytes) in &e.step.activation_parts {
+        activation_parts.insert(part.key().replace('-', "_"), (*bytes).into());
+    }
     let mut out = serde_json::json!({
         "n_params": e.n_params,
         "peak_bytes": e.step.peak_bytes,
         "peak_phase": e.step.peak_phase.map(|p| p.key()),
         "at_peak": at_peak,
+        "activation_parts": activation_parts,
         "batch": e.batch,
         "model_state_bytes": e.step.model_state_bytes,
         "activation_bytes": e.step.activation_bytes,
@@ -192,6 +235,15 @@ fn readable(e: &Evaluation, unit: ByteUnit) -> String {
     out.push_str(&format!("{batch_label:<18}{}\n", e.batch));
     for (kind, bytes) in &e.step.parts {
         out.push_str(&format!("{:<18}{}\n", kind.label(), fmt(*bytes)));
+        if *kind == PartKind::Activations {
+            for (part, bytes) in &e.step.activation_parts {
+                out.push_str(&format!(
+                    "  {:<30}{:>12}\n",
+                    part.label(),
+                    format_bytes(*bytes, unit)
+                ));
+            }
+        }
     }
     let phase = e
         .step
@@ -240,11 +292,11 @@ fn main() -> ExitCode {
     let options = match parse_args(&args) {
         Ok(o) => o,
         Err(why) if why.is_empty() => {
-            println!("{USAGE}");
+            println!("{}", usage());
             return ExitCode::SUCCESS;
         }
         Err(why) => {
-            eprintln!("memest: {why}\n\n{USAGE}");
+            eprintln!("memest: {why}\n\n{}", usage());
             return ExitCode::from(2);
         }
     };

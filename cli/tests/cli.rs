@@ -137,3 +137,53 @@ fn broken_config_names_the_problem() {
     assert_eq!(code, 1);
     assert!(stderr.contains("mamba"), "{stderr}");
 }
+
+#[test]
+fn help_lists_the_supported_model_types_and_the_presets() {
+    let (code, stdout, _) = memest(&["--help"]);
+    assert_eq!(code, 0);
+    for model_type in ["qwen3", "gemma2", "olmo2", "smollm3", "granite", "roberta"] {
+        assert!(
+            stdout
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .any(|w| w == model_type),
+            "--help does not name {model_type}:\n{stdout}"
+        );
+    }
+    for preset in ["qwen3-8b", "gemma3-4b", "xlm-roberta-base", "llama3.2-1b"] {
+        assert!(stdout.contains(preset), "--help does not name {preset}");
+    }
+}
+
+#[test]
+fn every_family_reads_from_a_config_file() {
+    for (name, n_params) in [
+        ("qwen3-0.6b", 596_049_920u64),
+        ("gemma2-2b", 2_614_341_888),
+        ("gemma3-4b", 3_880_263_168),
+        ("olmo2-1b", 1_484_916_736),
+        ("smollm3-3b", 3_075_098_624),
+        ("granite3.3-2b", 2_533_539_840),
+        ("phi4-mini", 3_836_021_760),
+        ("roberta-base", 124_697_433),
+        ("xlm-roberta-base", 278_295_186),
+    ] {
+        let config = fixture_config(name);
+        let (code, stdout, stderr) = memest(&["--config", &config, "--seq", "512", "--json"]);
+        assert_eq!(code, 0, "{name}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["n_params"], n_params, "{name}");
+        assert!(v["peak_bytes"].as_u64().unwrap() > 0, "{name}");
+        let parts: u64 = v["activation_parts"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|b| b.as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            parts,
+            v["at_peak"]["activations"].as_u64().unwrap(),
+            "{name}"
+        );
+    }
+}

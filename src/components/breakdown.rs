@@ -12,6 +12,19 @@ pub struct BreakdownPart {
     pub label: &'static str,
     /// Exact byte count.
     pub bytes: u64,
+    /// What the bytes are made of (listed below the line), summing to `bytes`; may be empty.
+    pub details: Vec<BreakdownDetail>,
+}
+
+/// One item of a line's sub-list: what part of the line's bytes is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BreakdownDetail {
+    /// Key of the item; its figure's `data-testid` is `saved-part-{key}`.
+    pub key: &'static str,
+    /// What the bytes are for, for a person.
+    pub label: &'static str,
+    /// Exact byte count.
+    pub bytes: u64,
 }
 
 /// Share of `part` in `total`, in tenths of a percent, with integer arithmetic.
@@ -81,6 +94,31 @@ pub fn BreakdownCard(
             .into_iter()
             .map(|p| {
                 let share = total_bytes.map(|t| per_mille(p.bytes, t)).unwrap_or(0);
+                let details = (!p.details.is_empty()).then(|| {
+                    let items = p
+                        .details
+                        .into_iter()
+                        .map(|d| {
+                            view! {
+                                <li>
+                                    <span>{d.label}</span>
+                                    <span
+                                        data-testid=format!("saved-part-{}", d.key)
+                                        data-bytes=d.bytes.to_string()
+                                        title=format!("{} bytes", group_thousands(d.bytes))
+                                    >
+                                        {format_bytes(d.bytes, unit)}
+                                    </span>
+                                </li>
+                            }
+                        })
+                        .collect_view();
+                    view! {
+                        <dd class="details">
+                            <ul data-testid=format!("{}-details", p.testid)>{items}</ul>
+                        </dd>
+                    }
+                });
                 view! {
                     <div class="row">
                         <dt>
@@ -95,6 +133,7 @@ pub fn BreakdownCard(
                             {format_bytes(p.bytes, unit)}
                             <span class="share">{format!("{}.{}%", share / 10, share % 10)}</span>
                         </dd>
+                        {details}
                     </div>
                 }
             })

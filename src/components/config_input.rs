@@ -1,5 +1,6 @@
 //! Pasting or uploading a Hugging Face `config.json`.
 
+use estimator_core::ModelFamily;
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use wasm_bindgen::JsCast;
@@ -42,12 +43,15 @@ pub fn ConfigInput(
                 id="config-json"
                 data-testid="config-json"
                 spellcheck="false"
-                placeholder="Paste a Hugging Face config.json (gpt2, llama, mistral, qwen2, gemma, phi3, bert)"
+                placeholder="Paste a Hugging Face config.json"
                 prop:value=move || value.get()
                 aria-invalid=move || if error.with(Option::is_some) { "true" } else { "false" }
-                aria-describedby="config-json-error"
+                aria-describedby="config-json-hint config-json-error"
                 on:input=move |ev| on_change.run(event_target_value(&ev))
             ></textarea>
+            <span class="hint" id="config-json-hint" data-testid="config-json-types">
+                {format!("Supported model_type values: {}.", ModelFamily::supported_model_types())}
+            </span>
             <label for="config-file" class="file-label">"…or upload the file"</label>
             <input id="config-file" data-testid="config-file" type="file" accept=".json,application/json" on:change=on_file />
             <span class="error" id="config-json-error" data-testid="config-json-error" role="alert">

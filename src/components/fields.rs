@@ -62,15 +62,39 @@ pub fn NumberField(
     }
 }
 
-/// A labelled drop-down of fixed choices, each a `(key, label)` pair.
+/// Choices of a drop-down under one heading: `(heading, [(key, label)])`.
+pub type OptionGroup = (&'static str, Vec<(&'static str, &'static str)>);
+
+/// The `<option>`s of `(key, label)` choices, `key` selected when it is `value`.
+fn option_views(
+    options: Vec<(&'static str, &'static str)>,
+    value: Signal<String>,
+) -> impl IntoView {
+    options
+        .into_iter()
+        .map(|(key, text)| {
+            view! {
+                <option value=key selected=move || value.with(|v| v == key)>
+                    {text}
+                </option>
+            }
+        })
+        .collect_view()
+}
+
+/// A labelled drop-down of fixed choices, each a `(key, label)` pair: first the `groups`
+/// (each an `<optgroup>`), then the ungrouped `options`.
 #[component]
 pub fn SelectField(
     /// The visible label.
     label: &'static str,
     /// `id` of the select and its `data-testid`.
     testid: &'static str,
-    /// The choices as `(key, label)`.
+    /// The choices as `(key, label)`, after any groups.
     options: Vec<(&'static str, &'static str)>,
+    /// Choices under headings, listed first.
+    #[prop(optional)]
+    groups: Vec<OptionGroup>,
     /// The key of the chosen option.
     #[prop(into)]
     value: Signal<String>,
@@ -86,16 +110,13 @@ pub fn SelectField(
                 prop:value=move || value.get()
                 on:change=move |ev| on_change.run(event_target_value(&ev))
             >
-                {options
+                {groups
                     .into_iter()
-                    .map(|(key, text)| {
-                        view! {
-                            <option value=key selected=move || value.with(|v| v == key)>
-                                {text}
-                            </option>
-                        }
+                    .map(|(heading, options)| {
+                        view! { <optgroup label=heading>{option_views(options, value)}</optgroup> }
                     })
                     .collect_view()}
+                {option_views(options, value)}
             </select>
         </div>
     }

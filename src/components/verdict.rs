@@ -54,7 +54,7 @@ pub fn VerdictCard(
                     .map(|(k, b)| {
                         format!(
                             " At the chosen batch, {} take the most: {}.",
-                            k.label().to_lowercase(),
+                            k.label().to_ascii_lowercase(),
                             format_bytes(b, unit)
                         )
                     })

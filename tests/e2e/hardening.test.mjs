@@ -137,7 +137,9 @@ const require = createRequire(import.meta.url);
 const axeSource = await readFile(require.resolve('axe-core/axe.min.js'), 'utf8');
 
 for (const colorScheme of ['light', 'dark']) {
-  for (const query of ['', 'm=arch&model=llama3-8b&gpu=h100-80&n=8&shard=zero3&gb=512', 'm=arch&model=custom&gpu=custom&o=none', 'b=abc']) {
+  for (const query of ['', 'm=arch&model=llama3-8b&gpu=h100-80&n=8&shard=zero3&gb=512', 'm=arch&model=custom&gpu=custom&o=none', 'b=abc',
+    // notes above the breakdown and the saved-activation sub-list under Activations
+    'm=arch&model=gemma3-4b&b=8&gpu=none']) {
     test(`axe-core: no serious or critical violation (${colorScheme}, ?${query || 'defaults'})`, async () => {
       // The audit script is injected by the test, so this context alone bypasses the CSP.
       const context = await env.browser.newContext({ colorScheme, bypassCSP: true });

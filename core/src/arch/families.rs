@@ -305,11 +305,13 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
                 let d = (head_dim as f64 * f) as u64;
                 check_range("partial_rotary_factor", d, 1, head_dim)?
             }
-            Some(f) => {
+            Some(_) => {
+                // the typed value, not the f64: formatting floats would pull a float printer
+                // into the bundle
                 return Err(ConfigError::InvalidField {
                     field: "partial_rotary_factor".into(),
-                    reason: format!("{f} is not in (0, 1]"),
-                })
+                    reason: "must be in (0, 1]".into(),
+                });
             }
         }
     } else if let Some(l) = latent {
