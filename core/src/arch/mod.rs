@@ -1,33 +1,36 @@
 //! Architecture mode: the peak memory of one training step, derived tensor by tensor from a
-//! transformer's architecture.
+//! model's architecture.
 //!
-//! # How the model works
-//! Every tensor is one storage rounded up to 512 bytes (the CUDA caching allocator's block).
-//! Persistent state is counted per parameter tensor: weights, gradients (dtype of the weights),
-//! optimizer state (AdamW: two moments plus a 512-byte step counter per tensor; SGD with
-//! momentum: one buffer) and, for the mixed recipes, an fp32 master copy.
+//! # A model is data
+//! A family reader (`families.rs`) turns a `config.json` into a [`ModelSpec`](model): the
+//! embeddings, a list of layers, the final norm, the head and its loss. A layer is built from
+//! a small set of op kinds (`ops.rs`, `model.rs`): linear, LayerNorm / RMSNorm in three styles
+//! (pre, post or both around a sub-block), q/k norms, rotary embedding (full, partial, none),
+//! attention (its kernel chosen as PyTorch's CUDA dispatch does), activations, dropout,
+//! soft-capping, attention sinks, latent attention, mixtures of experts, residual adds. Each op
+//! kind owns its rules: the parameters it holds and what autograd saves for backward in each
+//! precision recipe. What varies per layer is per layer (sliding or full attention, rotary or
+//! not, dense MLP or experts).
 //!
-//! Activations follow what autograd saves in the Hugging Face / torchvision forward of each
-//! family, in the dtype each op produces: norm inputs and statistics, every matmul input
-//! (under autocast, each linear keeps its own 16-bit cast of its input and autocast keeps a
-//! 16-bit copy of every weight), q/k/v, the attention output and log-sum-exp of the fused
-//! kernel (eager attention adds the seq x seq probabilities, their dropout mask and the
-//! dropped probabilities), MLP intermediates, 1-byte dropout masks, and the fp32
-//! `log_softmax` of the logits that the loss keeps.
-//!
-//! The attention kernel follows PyTorch's CUDA dispatch (sm80+): flash for 16-bit inputs
-//! without a mask (GQA allowed; keeps output + fp32 logsumexp), memory-efficient otherwise
-//! (logsumexp padded to 32), and the math fallback (seq x seq softmax kept, k/v repeated) for
-//! fp32 with grouped-query attention, which the memory-efficient kernel cannot do. HF passes a
-//! mask only when a sliding window is shorter than the sequence.
+//! # How the estimate works
+//! The forward is emulated on a tape: each op creates tensors and marks the ones its backward
+//! keeps; a tensor kept by several ops (a norm's output read by three projections) counts
+//! once, a view (a slice of a fused projection) is its base's storage. Every storage is
+//! rounded up to 512 bytes (the CUDA caching allocator's block). Each distinct layer runs once.
+//! Persistent state is counted per parameter tensor: weights, gradients, optimizer state
+//! (AdamW: two moments plus a 512-byte step counter per tensor; SGD with momentum: one
+//! buffer) and, for the mixed recipes, an fp32 master copy; under autocast the cast cache
+//! keeps a 16-bit copy of every matmul weight.
 //!
 //! The peak is the largest of: the forward's end (saved activations plus the loss's logits),
 //! the start of backward (saved activations plus the loss's gradient buffers, or one
-//! recomputed layer under checkpointing), the end of backward (all gradients), and the
-//! optimizer step (weights, gradients, state and foreach AdamW's parameter-sized temporary).
-//! Under checkpointing only layer inputs are saved, but with autocast the forward's weight-cast
-//! cache still holds every layer's 16-bit weight copies until the forward ends.
-//! Inference (`Optimizer::None`) is weights plus the largest live forward tensors.
+//! recomputed layer under checkpointing), the end of backward (all gradients, the embedding's
+//! gradient being made: three embedding-sized buffers for a tied weight), and the optimizer
+//! step (weights, gradients, state and foreach AdamW's parameter-sized temporary). Inference
+//! (`Optimizer::None`) is weights plus the largest live forward tensors.
+//!
+//! Every rule was read off PyTorch's and transformers' behaviour and checked against the
+//! harness in `validation/` (per-tensor dumps and measured rows in `tests/fixtures/`).
 //!
 //! Vision convention: for ViT, `TrainingStep::seq_len` holds the image side in pixels (224);
 //! tokens are `(side / patch)^2 + 1` (the class token).
