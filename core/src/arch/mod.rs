@@ -2,7 +2,7 @@
 //! model's architecture.
 //!
 //! # A model is data
-//! A family reader (`families.rs`) turns a `config.json` into a [`ModelSpec`](model): the
+//! A family reader (`families.rs`) turns a `config.json` into a `ModelSpec` (`model.rs`): the
 //! embeddings, a list of layers, the final norm, the head and its loss. A layer is built from
 //! a small set of op kinds (`ops.rs`, `model.rs`): linear, LayerNorm / RMSNorm in three styles
 //! (pre, post or both around a sub-block), q/k norms, rotary embedding (full, partial, none),
