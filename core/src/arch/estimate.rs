@@ -1,7 +1,7 @@
 //! Peak memory of one training step, tensor by tensor (see the module docs in `mod.rs`).
 
 use super::config::Architecture;
-use super::model::StepShape;
+use super::model::{Kernel, StepShape};
 use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
 use super::recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};
 use crate::Optimizer;
@@ -377,11 +377,42 @@ pub fn estimate_peak(
             ..base
         }
     };
-    let bwd = if bwd_start.total() >= bwd_end.total() {
+    // Inside the last layer's eager attention backward: the head's and the MLP's saved tensors
+    // and the probabilities are gone, their gradients exist, and the softmax backward holds two
+    // fp32 score-sized buffers.
+    let bwd_attention = match spec.layers.last() {
+        Some(last) if matches!(last.attention.kernel(&shape), Kernel::Eager | Kernel::Math) => {
+            let hs2 = mul(mul(step.batch, last.attention.heads)?, mul(seq, seq)?)?;
+            let mut last_grads = spec.head_gradient_tensors();
+            last.mlp.params(&mut last_grads);
+            let recomputed = if step.checkpointing == Checkpointing::Full {
+                largest_layer
+            } else {
+                0
+            };
+            let freed = add(
+                add(acts.head_saved, acts.last_layer_parts.get(SavedPart::Mlp))?,
+                storage(hs2, d.act)?,
+            )?;
+            Some(CategoryBytes {
+                activations: add(saved, recomputed)?.saturating_sub(freed),
+                gradients: sum_storages(&last_grads, p.gradient_bytes())?,
+                temporaries: add(mul(storage(hs2, 4)?, 2)?, layer_input)?,
+                ..base
+            })
+        }
+        _ => None,
+    };
+    let mut bwd = if bwd_start.total() >= bwd_end.total() {
         bwd_start
     } else {
         bwd_end
     };
+    if let Some(inside) = bwd_attention {
+        if inside.total() > bwd.total() {
+            bwd = inside;
+        }
+    }
     let opt = CategoryBytes {
         gradients: grads,
         temporaries: opt_temp,

@@ -587,6 +587,8 @@ pub(crate) struct ForwardTape {
     pub layer_parts: PartBytes,
     /// What the saved bytes outside the layers are for.
     pub outside_parts: PartBytes,
+    /// What the last layer saves, by part (its MLP's share is freed first in backward).
+    pub last_layer_parts: PartBytes,
 }
 
 impl ModelSpec {
@@ -713,11 +715,16 @@ impl ModelSpec {
         // of its input counts in it, as it would in one long tape).
         let mut per_group = Vec::new();
         let mut layer_parts = PartBytes::default();
+        let mut last_layer_parts = PartBytes::default();
+        let last = self.layers.last();
         for (layer, count) in self.layer_groups() {
             let mut own = Tape::new(tokens);
             let input = own.tensor(h, r)?;
             layer.forward(&mut own, input, s)?;
             per_group.push(own.total());
+            if last == Some(layer) {
+                last_layer_parts = own.parts;
+            }
             for part in SavedPart::ALL {
                 layer_parts.add(part, mul(own.parts.get(part), count)?)?;
             }
@@ -771,6 +778,16 @@ impl ModelSpec {
                 } else {
                     head_live
                 };
+                // with a sliding-window mask, HF's bool mask lives through the forward and each
+                // layer converts it to the query's dtype
+                let masks = if self.layers.iter().any(|l| l.attention.masked(s.seq)) {
+                    let area = mul(s.seq, s.seq)?;
+                    add(storage(area, 1)?, storage(mul(s.batch, area)?, w)?)?
+                } else {
+                    0
+                };
+                let head_live = add(head_live, masks)?;
+                let mlp_live = add(mlp_live, masks)?;
                 let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
                     0
                 } else {
@@ -830,6 +847,7 @@ impl ModelSpec {
         };
         let total = tape.total();
         Ok(ForwardTape {
+            last_layer_parts,
             layer_parts,
             outside_parts: tape.parts,
             per_group,
