@@ -43,7 +43,7 @@ pub fn MemoryChart(
         });
         if let Some(line) = capacity_line.get() {
             text.push_str(&format!(
-                ". The GPU holds a peak of up to {}.",
+                ". The largest peak that fits on the GPU is {}.",
                 format_bytes(line, unit)
             ));
         }
@@ -53,12 +53,16 @@ pub fn MemoryChart(
         let rows = rows.get();
         let unit = unit.get();
         let line = capacity_line.get();
-        let max_value = rows
+        let tallest = rows
             .iter()
             .map(|r| r.total_bytes.max(r.model_state_bytes))
             .chain(line)
             .max()
             .unwrap_or(0);
+        // When large batches dwarf the line, the axis stops at twice the line and taller bars
+        // are clipped (marked, with their value in the tooltip and the text alternative).
+        let clip_at = line.filter(|l| *l > 0 && tallest / 4 > *l).map(|l| l * 2);
+        let max_value = clip_at.unwrap_or(tallest);
         // Headroom above the tallest bar, rounded to a tick of whole units.
         let per_unit = unit.bytes_per_unit();
         let top_units = (max_value / per_unit + 1).max(1);
@@ -89,10 +93,19 @@ pub fn MemoryChart(
             .enumerate()
             .map(|(i, r)| {
                 let x = LEFT + i as u64 * slot + (slot - bar_w) / 2;
-                let state_top = y(r.model_state_bytes.min(r.total_bytes));
-                let total_top = y(r.total_bytes);
+                let clip = |b: u64| clip_at.map_or(b, |c| b.min(c));
+                let state_top = y(clip(r.model_state_bytes.min(r.total_bytes)));
+                let total_top = y(clip(r.total_bytes));
                 let base = y(0);
                 let over = r.fits == Some(false);
+                let clipped = clip_at.is_some_and(|c| r.total_bytes > c);
+                let marker = clipped.then(|| {
+                    view! {
+                        <text class="clip-mark" data-testid="chart-clipped" x=x + bar_w / 2 y=total_top + 12 text-anchor="middle">
+                            "\u{2191}"
+                        </text>
+                    }
+                });
                 view! {
                     <g class="bar-group" class:selected=r.is_selected class:over=over data-testid="chart-bar" data-batch=r.batch.to_string()>
                         <rect class="chart-state" x=x y=state_top width=bar_w height=base - state_top>
@@ -101,6 +114,7 @@ pub fn MemoryChart(
                         <rect class="chart-activations" x=x y=total_top width=bar_w height=state_top - total_top>
                             <title>{format!("batch {}: peak {}", r.batch, format_bytes(r.total_bytes, unit))}</title>
                         </rect>
+                        {marker}
                         <text x=x + bar_w / 2 y=HEIGHT - BOTTOM + 16 text-anchor="middle">{r.batch.to_string()}</text>
                     </g>
                 }
@@ -112,15 +126,23 @@ pub fn MemoryChart(
                 <g class="capacity" data-testid="chart-capacity" data-bytes=bytes.to_string()>
                     <line x1=LEFT x2=WIDTH - RIGHT y1=ly y2=ly />
                     <text x=WIDTH - RIGHT y=ly - 4 text-anchor="end">
-                        {format!("GPU: {} {}", format_in_unit(bytes, unit), unit.symbol())}
+                        {format!("Largest peak that fits: {} {}", format_in_unit(bytes, unit), unit.symbol())}
                     </text>
                 </g>
+            }
+        });
+        let clip_note = clip_at.map(|c| {
+            view! {
+                <text class="clip-note" data-testid="chart-clip-note" x=LEFT + 4 y=TOP + 10>
+                    {format!("Axis cut at {} {}: taller bars (\u{2191}) are clipped", format_in_unit(c, unit), unit.symbol())}
+                </text>
             }
         });
         view! {
             {ticks}
             {bars}
             {capacity}
+            {clip_note}
             <text x=LEFT + plot_w / 2 y=HEIGHT - 6 text-anchor="middle" class="axis-label">"Batch size (samples per GPU)"</text>
             <text x=14 y=TOP + plot_h / 2 text-anchor="middle" class="axis-label" transform=format!("rotate(-90 14 {})", TOP + plot_h / 2)>
                 {format!("Memory ({})", unit.symbol())}
@@ -140,10 +162,11 @@ pub fn MemoryChart(
                 <desc id="chart-svg-desc">{description}</desc>
                 {plot}
             </svg>
-            <p class="legend">
+            <p class="legend" data-testid="chart-legend">
                 <span class="swatch chart-state-swatch"></span>"Weights + gradients + optimizer states "
                 <span class="swatch chart-activations-swatch"></span>"Activations and temporaries at the peak "
-                <span class="legend-line"></span>"Largest peak the GPU holds"
+                <span class="swatch chart-over-swatch"></span><span data-testid="legend-over">"Red: does not fit "</span>
+                <span class="legend-line"></span>"Largest peak that fits (capacity minus overheads)"
             </p>
         </section>
     }
