@@ -207,6 +207,8 @@ pub struct Architecture {
     pub(crate) notes: Vec<&'static str>,
     /// The fields the reader used, as a compact `config.json`.
     pub(crate) compact: String,
+    /// Parameters as PyTorch counts them, computed once from `spec`.
+    pub(crate) n_params: u64,
 }
 
 impl Architecture {
@@ -305,10 +307,7 @@ impl Architecture {
     /// Parameters as PyTorch counts them (tied weights once).
     #[must_use]
     pub fn parameter_count(&self) -> u64 {
-        self.spec
-            .parameter_tensors()
-            .iter()
-            .fold(0, |a, &b| a.saturating_add(b))
+        self.n_params
     }
 
     /// Elements of the KV cache of one sequence of `prompt` tokens followed by `generated`

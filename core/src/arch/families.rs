@@ -74,8 +74,13 @@ pub(crate) fn read(m: &Map<String, Value>) -> Result<Architecture, ConfigError> 
 }
 
 fn arch(family: ModelFamily, spec: ModelSpec, max_seq: Option<u64>) -> Architecture {
+    let n_params = spec
+        .parameter_tensors()
+        .iter()
+        .fold(0u64, |a, &b| a.saturating_add(b));
     Architecture {
         family,
+        n_params,
         spec: Box::new(spec),
         max_seq,
         notes: Vec::new(),
