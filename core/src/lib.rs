@@ -6,10 +6,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod advisor;
 mod bytes;
 mod evaluate;
-mod formats;
 mod number;
 mod optimizer;
 mod plan;
@@ -18,16 +16,13 @@ mod simple;
 mod state;
 mod sweep;
 
-pub use advisor::{fit_advice, Change, FitPlan, RankKey, Tier, MAX_GPU_MULTIPLIER};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
 pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
-pub use formats::{Block, GgufType, KvDtype, WeightFormat};
 pub use number::FieldError;
 pub use optimizer::Optimizer;
 pub use plan::{
-    apple_gpu_share_mib, fit_verdict, largest_peak_that_fits, max_batch_that_fits,
-    plan_accumulation, shard_model_state, AccumulationPlan, DeviceKind, FitVerdict, Gpu, MaxBatch,
-    Overheads, ShardedState, Sharding, BYTES_PER_MIB,
+    fit_verdict, largest_peak_that_fits, max_batch_that_fits, plan_accumulation, shard_model_state,
+    AccumulationPlan, FitVerdict, Gpu, MaxBatch, Overheads, ShardedState, Sharding, BYTES_PER_MIB,
 };
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use simple::{

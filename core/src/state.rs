@@ -3,8 +3,8 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, Optimizer, ParamUnit, Precision,
-    PrecisionRecipe, Preset, Sharding, WeightFormat,
+    AttentionKernel, ByteUnit, Checkpointing, Gpu, Optimizer, ParamUnit, Precision,
+    PrecisionRecipe, Preset, Sharding,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -17,8 +17,6 @@ pub const MAX_SEQ_LEN: u64 = 1 << 24;
 pub const MAX_GPUS: u64 = 100_000;
 /// Largest custom capacity accepted: 100 TiB.
 pub const MAX_CAPACITY_MIB: u64 = 100 << 20;
-/// MiB in one GiB: the CPU RAM field is typed in GiB.
-const MIB_PER_GIB: u64 = 1024;
 /// Largest CUDA context accepted.
 pub const MAX_CONTEXT_MIB: u64 = 1 << 20;
 /// Longest generation accepted.
@@ -105,16 +103,10 @@ pub struct PageState {
     pub checkpointing: Checkpointing,
     /// Architecture mode, inference: tokens generated after the prompt (KV cache), as typed.
     pub new_tokens: String,
-    /// Architecture mode, inference: how the weights are stored (quantization).
-    pub weight_format: WeightFormat,
-    /// Architecture mode, inference: the dtype of the KV cache.
-    pub kv_dtype: KvDtype,
-    /// The GPU (or other device), or `None` to plan for no GPU in particular.
+    /// The GPU, or `None` to plan for no GPU in particular.
     pub gpu: Option<Gpu>,
     /// Capacity of a custom GPU in MiB, as typed.
     pub custom_capacity_mib: String,
-    /// Capacity of the CPU RAM in GiB (2^30 bytes), as typed.
-    pub ram_gib: String,
     /// CUDA context in MiB, as typed.
     pub cuda_context_mib: String,
     /// Allocator reserve in percent of the peak, as typed.
@@ -170,11 +162,8 @@ impl Default for PageState {
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
             new_tokens: "0".to_owned(),
-            weight_format: WeightFormat::Recipe,
-            kv_dtype: KvDtype::Model,
             gpu: Some(Gpu::H100_80),
             custom_capacity_mib: "81920".to_owned(),
-            ram_gib: "64".to_owned(),
             cuda_context_mib: "500".to_owned(),
             allocator_reserve_percent: "5".to_owned(),
             safety_margin_percent: "15".to_owned(),
@@ -220,16 +209,10 @@ pub enum Field {
     Checkpointing,
     /// [`PageState::new_tokens`].
     NewTokens,
-    /// [`PageState::weight_format`].
-    WeightFormat,
-    /// [`PageState::kv_dtype`].
-    KvDtype,
     /// [`PageState::gpu`].
     Gpu,
     /// [`PageState::custom_capacity_mib`].
     CustomCapacity,
-    /// [`PageState::ram_gib`].
-    RamCapacity,
     /// [`PageState::cuda_context_mib`].
     CudaContext,
     /// [`PageState::allocator_reserve_percent`].
@@ -253,7 +236,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 28] = [
+    pub const ALL: [Field; 25] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -268,11 +251,8 @@ impl Field {
         Field::Attention,
         Field::Checkpointing,
         Field::NewTokens,
-        Field::WeightFormat,
-        Field::KvDtype,
         Field::Gpu,
         Field::CustomCapacity,
-        Field::RamCapacity,
         Field::CudaContext,
         Field::AllocatorReserve,
         Field::SafetyMargin,
@@ -303,11 +283,8 @@ impl Field {
             Field::Attention => "attn",
             Field::Checkpointing => "gc",
             Field::NewTokens => "gen",
-            Field::WeightFormat => "wf",
-            Field::KvDtype => "kvd",
             Field::Gpu => "gpu",
             Field::CustomCapacity => "cap",
-            Field::RamCapacity => "ram",
             Field::CudaContext => "ctx",
             Field::AllocatorReserve => "res",
             Field::SafetyMargin => "margin",
@@ -338,11 +315,8 @@ impl Field {
             Field::Attention => "attention kernel",
             Field::Checkpointing => "activation checkpointing",
             Field::NewTokens => "generated tokens",
-            Field::WeightFormat => "weight format",
-            Field::KvDtype => "KV-cache dtype",
             Field::Gpu => "GPU",
             Field::CustomCapacity => "custom capacity (MiB)",
-            Field::RamCapacity => "CPU RAM (GiB)",
             Field::CudaContext => "CUDA context (MiB)",
             Field::AllocatorReserve => "allocator reserve (%)",
             Field::SafetyMargin => "safety margin (%)",
@@ -404,11 +378,8 @@ impl PageState {
             Field::Attention => self.attention.key().to_owned(),
             Field::Checkpointing => self.checkpointing.key().to_owned(),
             Field::NewTokens => self.new_tokens.clone(),
-            Field::WeightFormat => self.weight_format.key().to_owned(),
-            Field::KvDtype => self.kv_dtype.key().to_owned(),
             Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
             Field::CustomCapacity => self.custom_capacity_mib.clone(),
-            Field::RamCapacity => self.ram_gib.clone(),
             Field::CudaContext => self.cuda_context_mib.clone(),
             Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
             Field::SafetyMargin => self.safety_margin_percent.clone(),
@@ -497,16 +468,6 @@ impl PageState {
                 )?;
             }
             Field::NewTokens => self.new_tokens = text(value)?,
-            Field::WeightFormat => {
-                self.weight_format = choice(
-                    value,
-                    WeightFormat::from_key,
-                    &WeightFormat::ALL.map(WeightFormat::key),
-                )?;
-            }
-            Field::KvDtype => {
-                self.kv_dtype = choice(value, KvDtype::from_key, &KvDtype::ALL.map(KvDtype::key))?;
-            }
             Field::Gpu => {
                 self.gpu = if value == "none" {
                     None
@@ -515,7 +476,6 @@ impl PageState {
                 };
             }
             Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
-            Field::RamCapacity => self.ram_gib = text(value)?,
             Field::CudaContext => self.cuda_context_mib = text(value)?,
             Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
             Field::SafetyMargin => self.safety_margin_percent = text(value)?,
@@ -537,14 +497,6 @@ impl PageState {
     /// The message for the field.
     pub fn parsed_seq_len(&self) -> Result<u64, FieldError> {
         parse_count(&self.seq_len, MAX_SEQ_LEN, "tokens", false)
-    }
-
-    /// The CPU RAM capacity in MiB (typed in GiB, rounded to the MiB).
-    ///
-    /// # Errors
-    /// The message for the field.
-    pub fn parsed_ram_mib(&self) -> Result<u64, FieldError> {
-        crate::number::parse_rounded_amount(&self.ram_gib, MIB_PER_GIB, MAX_CAPACITY_MIB)
     }
 
     /// The parsed number of generated tokens (0 = no generation).
@@ -590,7 +542,6 @@ impl PageState {
                 Field::CustomCapacity,
                 parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false),
             ),
-            Some(Gpu::CpuRam) => check(Field::RamCapacity, self.parsed_ram_mib()),
             Some(gpu) => gpu.capacity_mib(),
             None => Some(0),
         };
@@ -653,12 +604,7 @@ impl PageState {
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
-                    // Macs and CPUs have no CUDA context.
-                    cuda_context_bytes: if self.gpu.is_none_or(Gpu::has_cuda_context) {
-                        context * crate::BYTES_PER_MIB
-                    } else {
-                        0
-                    },
+                    cuda_context_bytes: context * crate::BYTES_PER_MIB,
                     allocator_reserve_percent: reserve,
                     safety_margin_percent: margin,
                 },
@@ -697,11 +643,6 @@ impl PageState {
         if self.gpu != Some(Gpu::Custom) {
             if let Err(e) = parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false) {
                 invalid.push((Field::CustomCapacity, e));
-            }
-        }
-        if self.gpu != Some(Gpu::CpuRam) {
-            if let Err(e) = self.parsed_ram_mib() {
-                invalid.push((Field::RamCapacity, e));
             }
         }
         invalid
