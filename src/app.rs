@@ -3,8 +3,8 @@
 use estimator_core::{
     decode_query, encode_query, evaluate, format_bytes, group_thousands, largest_peak_that_fits,
     AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Mode, ModelFamily,
-    Optimizer, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset, Sharding, SweepRow,
-    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    Optimizer, PageState, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset, Sharding,
+    SweepRow, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
@@ -59,6 +59,15 @@ fn preset_groups() -> Vec<OptionGroup> {
         }
     }
     groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Parameters one token runs through, for a mixture of experts in architecture mode.
+fn active_params(state: &PageState) -> Option<u64> {
+    if state.mode != Mode::Architecture {
+        return None;
+    }
+    let arch = state.architecture().ok()?;
+    arch.is_moe().then(|| arch.active_parameter_count())
 }
 
 /// The whole estimator page.
@@ -203,6 +212,7 @@ pub fn App() -> impl IntoView {
     let is_inference = move || state.with(|s| !s.optimizer.trains());
     let is_custom_gpu = move || state.with(|s| s.gpu == Some(Gpu::Custom));
     let is_vision = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_vision()));
+    let is_moe = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_moe()));
 
     let model_groups = preset_groups();
     let model_options = vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")];
@@ -231,11 +241,19 @@ pub fn App() -> impl IntoView {
                         " phase"
                     });
                 let per_gpu = e.per_gpu.then_some(" · figures are per GPU");
+                // A mixture of experts runs only some of its parameters for each token.
+                let active = state.with(active_params).map(|active| view! {
+                    " "
+                    <span data-testid="active-params" data-value=active.to_string()>
+                        {format!("({} active per token)", group_thousands(active))}
+                    </span>
+                });
                 view! {
                     <p class="summary-line">
                         <span data-testid="n-params" data-value=e.n_params.to_string()>
                             {format!("{} parameters", group_thousands(e.n_params))}
                         </span>
+                        {active}
                         {phase}
                         <span data-testid="per-gpu-note">{per_gpu}</span>
                     </p>
@@ -345,6 +363,15 @@ pub fn App() -> impl IntoView {
                     <NumberField label="Tensor parallelism (GPUs per group)" testid="tensor-parallel"
                         hint="Splits weights and most activations across the group."
                         value=value_of(Field::TensorParallel) on_input=setter(Field::TensorParallel) error=error_of(Field::TensorParallel) />
+                    <NumberField label="Expert-parallel GPUs" testid="expert-parallel"
+                        hint=Signal::derive(move || {
+                            if is_moe() {
+                                "Splits the routed experts across the group; must divide the number of GPUs."
+                            } else {
+                                "This model has no experts: no effect."
+                            }
+                        })
+                        value=value_of(Field::ExpertParallel) on_input=setter(Field::ExpertParallel) error=error_of(Field::ExpertParallel) />
                 </Show>
                 <NumberField label="Target global batch (optional)" testid="global-batch"
                     hint="Samples per optimizer step, reached with gradient accumulation."

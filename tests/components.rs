@@ -357,3 +357,74 @@ async fn the_whole_app_mounts_with_the_default_example() {
     assert_eq!(all_by_testid(&root, "sweep-row").len(), 7);
     drop(handle);
 }
+
+#[wasm_bindgen_test]
+async fn the_app_shows_active_parameters_and_the_expert_parallel_field() {
+    use batch_size_estimator::browser;
+    // The app opens with the URL's inputs: a mixture of experts over 8 GPUs, 8 expert-parallel.
+    browser::replace_query("m=arch&model=qwen3-30b-a3b&s=512&b=1&n=8&ep=8&gpu=none");
+    let root = container();
+    let handle = leptos::mount::mount_to(root.clone(), App);
+    next_tick().await;
+    assert_eq!(
+        by_testid(&root, "n-params")
+            .get_attribute("data-value")
+            .as_deref(),
+        Some("30532122624")
+    );
+    let active = by_testid(&root, "active-params");
+    assert_eq!(
+        active.get_attribute("data-value").as_deref(),
+        Some("3353032704")
+    );
+    assert_eq!(
+        active.text_content().unwrap(),
+        "(3,353,032,704 active per token)"
+    );
+    let field: web_sys::HtmlInputElement = by_testid(&root, "expert-parallel").unchecked_into();
+    assert_eq!(field.value(), "8");
+    assert!(by_testid(&root, "expert-parallel-hint")
+        .text_content()
+        .unwrap()
+        .contains("routed experts"));
+    assert_eq!(
+        by_testid(&root, "expert-parallel-error")
+            .text_content()
+            .unwrap(),
+        ""
+    );
+    // A group that does not divide the GPUs: its message, next to the field.
+    field.set_value("3");
+    field
+        .dispatch_event(&web_sys::Event::new("input").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(
+        by_testid(&root, "expert-parallel-error")
+            .text_content()
+            .unwrap(),
+        "Must divide the number of GPUs (8)."
+    );
+    assert_eq!(field.get_attribute("aria-invalid").as_deref(), Some("true"));
+    // A dense model: no active count, and the hint says the setting does nothing.
+    let model: web_sys::HtmlSelectElement = by_testid(&root, "model").unchecked_into();
+    model.set_value("qwen3-8b");
+    model
+        .dispatch_event(&web_sys::Event::new("change").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert!(root
+        .query_selector("[data-testid=\"active-params\"]")
+        .unwrap()
+        .is_none());
+    assert!(by_testid(&root, "expert-parallel-hint")
+        .text_content()
+        .unwrap()
+        .contains("no effect"));
+    drop(handle);
+    // Leave no inputs behind for the other tests of the whole app.
+    browser::replace_query("");
+    if let Some(storage) = web_sys::window().and_then(|w| w.local_storage().ok().flatten()) {
+        let _ = storage.remove_item(browser::STORAGE_KEY);
+    }
+}

@@ -35,6 +35,7 @@ hardware:
   --gpus N              data-parallel GPUs
   --sharding S          ddp, zero1, zero2, zero3 (fsdp)
   --tp N                tensor-parallel group size
+  --ep N                expert-parallel group size (mixtures of experts; divides --gpus)
   --global-batch N      samples per optimizer step to reach with accumulation
 
 output:
@@ -87,7 +88,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 13] = [
+const FIELD_FLAGS: [(&str, Field); 14] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -100,6 +101,7 @@ const FIELD_FLAGS: [(&str, Field); 13] = [
     ("--gpus", Field::NumGpus),
     ("--sharding", Field::Sharding),
     ("--tp", Field::TensorParallel),
+    ("--ep", Field::ExpertParallel),
     ("--global-batch", Field::GlobalBatch),
 ];
 
@@ -170,6 +172,26 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     })
 }
 
+/// Parameter counts of a mixture of experts beyond its total.
+struct MoeCounts {
+    /// Parameters one token runs through.
+    active: u64,
+    /// Parameters of the routed experts (what `--ep` splits).
+    routed: u64,
+}
+
+/// The counts of the model when it is a mixture of experts (architecture mode).
+fn moe_counts(state: &PageState) -> Option<MoeCounts> {
+    if state.mode != Mode::Architecture {
+        return None;
+    }
+    let arch = state.architecture().ok()?;
+    arch.is_moe().then(|| MoeCounts {
+        active: arch.active_parameter_count(),
+        routed: arch.routed_expert_parameter_count(),
+    })
+}
+
 fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
     let mut at_peak = serde_json::Map::new();
     for (kind, bytes) in &e.step.parts {
@@ -191,6 +213,10 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "per_gpu": e.per_gpu,
         "query": estimator_core::encode_query(state),
     });
+    if let Some(moe) = moe_counts(state) {
+        out["active_params"] = moe.active.into();
+        out["routed_expert_params"] = moe.routed.into();
+    }
     if let Some(v) = e.verdict {
         out["verdict"] = serde_json::json!({
             "fits": v.fits(),
@@ -218,7 +244,8 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
     out
 }
 
-fn readable(e: &Evaluation, unit: ByteUnit) -> String {
+fn readable(e: &Evaluation, state: &PageState) -> String {
+    let unit = state.byte_unit;
     let mut out = String::new();
     let fmt = |b: u64| {
         format!(
@@ -227,8 +254,11 @@ fn readable(e: &Evaluation, unit: ByteUnit) -> String {
             group_thousands(b)
         )
     };
+    let active = moe_counts(state)
+        .map(|moe| format!(" ({} active per token)", group_thousands(moe.active)))
+        .unwrap_or_default();
     out.push_str(&format!(
-        "parameters        {}\n",
+        "parameters        {}{active}\n",
         group_thousands(e.n_params)
     ));
     let batch_label = if e.per_gpu { "batch per GPU" } else { "batch" };
@@ -308,7 +338,7 @@ fn main() -> ExitCode {
             if options.json {
                 println!("{}", to_json(&e, &options.state));
             } else {
-                print!("{}", readable(&e, options.state.byte_unit));
+                print!("{}", readable(&e, &options.state));
             }
             ExitCode::SUCCESS
         }

@@ -187,3 +187,67 @@ fn every_family_reads_from_a_config_file() {
         );
     }
 }
+
+#[test]
+fn a_mixture_of_experts_reports_its_active_parameters() {
+    let config = fixture_config("qwen3-30b-a3b");
+    let (code, stdout, stderr) = memest(&["--config", &config, "--seq", "512", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["n_params"], 30_532_122_624u64);
+    assert_eq!(v["active_params"], 3_353_032_704u64);
+    let routed = v["routed_expert_params"].as_u64().unwrap();
+    assert!(routed > 0 && routed < 30_532_122_624, "{routed}");
+    assert!(v["peak_bytes"].as_u64().unwrap() > 0);
+
+    let (code, stdout, stderr) = memest(&["--config", &config, "--seq", "512"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("parameters        30,532,122,624 (3,353,032,704 active per token)"),
+        "{stdout}"
+    );
+
+    // A dense model has no active count.
+    let (code, stdout, _) = memest(&["--preset", "gpt2", "--seq", "512", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v.get("active_params").is_none(), "{v}");
+    assert!(v.get("routed_expert_params").is_none(), "{v}");
+}
+
+#[test]
+fn expert_parallelism_splits_the_experts_per_gpu() {
+    let per_gpu_weights = |ep: &str| -> u64 {
+        let (code, stdout, stderr) = memest(&[
+            "--preset",
+            "qwen3-30b-a3b",
+            "--gpus",
+            "8",
+            "--ep",
+            ep,
+            "--batch",
+            "1",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "--ep {ep}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert!(v["query"].as_str().unwrap().contains(&format!("ep={ep}")) || ep == "1");
+        v["at_peak"]["weights"].as_u64().unwrap()
+    };
+    let (one, eight) = (per_gpu_weights("1"), per_gpu_weights("8"));
+    assert!(eight * 4 < one, "EP 8: {eight} against EP 1: {one}");
+}
+
+#[test]
+fn an_expert_parallel_group_that_does_not_divide_the_gpus_fails_clearly() {
+    let (code, stdout, stderr) = memest(&["--preset", "qwen3-30b-a3b", "--ep", "3", "--gpus", "8"]);
+    assert_ne!(code, 0);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.starts_with("memest: expert parallelism: Must divide the number of GPUs (8)"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = memest(&["--preset", "qwen3-30b-a3b", "--ep", "0"]);
+    assert_ne!(code, 0);
+    assert!(stderr.starts_with("memest: "), "{stderr}");
+}

@@ -101,6 +101,26 @@ pub fn Explanations() -> impl IntoView {
                 </p>
             </details>
             <details>
+                <summary>"How is expert parallelism estimated?"</summary>
+                <p>
+                    "A mixture of experts routes each token to top-k of its experts; only those parameters are active. "
+                    "Expert parallelism spreads the routed experts over a group of GPUs that divides the number of GPUs: "
+                    "each GPU keeps 1/EP of the experts' weights, gradients and optimizer states (then sharded by ZeRO over "
+                    "the GPUs holding the same experts). Activations per GPU are unchanged: with balanced routing each GPU "
+                    "still processes, on average, tokens × top-k rows. The all-to-all buffers are not counted. "
+                    "Dense models ignore it."
+                </p>
+            </details>
+            <details>
+                <summary>"What does the KV cache hold?"</summary>
+                <p>
+                    "Keys and values of every token, per layer and key/value head. With latent attention (DeepSeek-V3, "
+                    "Moonlight), HF transformers caches the compressed latent instead: kv_lora_rank + qk_rope_head_dim "
+                    "numbers per token per layer, re-expanded at each step. A sliding-window layer holds the whole prompt "
+                    "after a prefill longer than its window, then window tokens once decoding."
+                </p>
+            </details>
+            <details>
                 <summary>"Why does nvidia-smi show more than this page?"</summary>
                 <p>
                     "This page counts the tensors PyTorch allocates, what torch.cuda.max_memory_allocated() reports. "

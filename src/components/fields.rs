@@ -21,9 +21,9 @@ pub fn NumberField(
     /// The message to show when the text is not valid.
     #[prop(into)]
     error: Signal<Option<String>>,
-    /// A short hint below the label.
-    #[prop(optional)]
-    hint: &'static str,
+    /// A short hint below the field (its `data-testid` is `{testid}-hint`).
+    #[prop(optional, into)]
+    hint: Signal<&'static str>,
 ) -> impl IntoView {
     let error_id = format!("{testid}-error");
     let hint_id = format!("{testid}-hint");
@@ -54,7 +54,7 @@ pub fn NumberField(
                 aria-describedby=described_by
                 on:input=move |ev| on_input.run(event_target_value(&ev))
             />
-            <span class="hint" id=hint_id>{hint}</span>
+            <span class="hint" id=hint_id.clone() data-testid=hint_id>{move || hint.get()}</span>
             <span class="error" id=error_id data-testid=format!("{testid}-error") role="alert">
                 {move || error.get().unwrap_or_default()}
             </span>

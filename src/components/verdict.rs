@@ -100,20 +100,30 @@ pub fn VerdictCard(
                 </p>
             }
         });
+        // What the verdict adds up: `(label, data-testid, bytes, a sum)`.
+        let lines = [
+            ("Peak of the step (tensors)", "need-peak", v.peak_bytes, false),
+            ("Allocator reserve", "need-reserve", v.allocator_reserve_bytes, false),
+            ("CUDA context", "need-context", v.cuda_context_bytes, false),
+            ("Needed", "need-total", v.needed_bytes, true),
+            ("GPU capacity", "gpu-capacity-bytes", v.capacity_bytes, false),
+            ("Safety margin held back", "margin-held", v.safety_margin_bytes, false),
+            ("Usable", "usable", v.usable_bytes, true),
+        ]
+        .map(|(label, testid, bytes, sum)| {
+            view! {
+                <div class="row" class:sum=sum>
+                    <dt>{label}</dt>
+                    <dd data-testid=testid data-bytes=bytes.to_string()>{format_bytes(bytes, unit)}</dd>
+                </div>
+            }
+        });
         view! {
             <p class="verdict" class:fits=v.fits() class:no-fit=!v.fits() data-testid="fit-verdict"
                data-fits=if v.fits() { "true" } else { "false" }>
                 <strong>{verdict}</strong>
             </p>
-            <dl class="parts overhead-lines">
-                <div class="row"><dt>"Peak of the step (tensors)"</dt><dd data-testid="need-peak" data-bytes=v.peak_bytes.to_string()>{format_bytes(v.peak_bytes, unit)}</dd></div>
-                <div class="row"><dt>"Allocator reserve"</dt><dd data-testid="need-reserve" data-bytes=v.allocator_reserve_bytes.to_string()>{format_bytes(v.allocator_reserve_bytes, unit)}</dd></div>
-                <div class="row"><dt>"CUDA context"</dt><dd data-testid="need-context" data-bytes=v.cuda_context_bytes.to_string()>{format_bytes(v.cuda_context_bytes, unit)}</dd></div>
-                <div class="row"><dt><strong>"Needed"</strong></dt><dd data-testid="need-total" data-bytes=v.needed_bytes.to_string()><strong>{format_bytes(v.needed_bytes, unit)}</strong></dd></div>
-                <div class="row"><dt>"GPU capacity"</dt><dd data-testid="gpu-capacity-bytes" data-bytes=v.capacity_bytes.to_string()>{format_bytes(v.capacity_bytes, unit)}</dd></div>
-                <div class="row"><dt>"Safety margin held back"</dt><dd data-bytes=v.safety_margin_bytes.to_string()>{format_bytes(v.safety_margin_bytes, unit)}</dd></div>
-                <div class="row"><dt><strong>"Usable"</strong></dt><dd data-testid="usable" data-bytes=v.usable_bytes.to_string()><strong>{format_bytes(v.usable_bytes, unit)}</strong></dd></div>
-            </dl>
+            <dl class="parts overhead-lines">{lines}</dl>
             {max_batch}
             {accumulation}
         }
