@@ -111,3 +111,15 @@ export function useServerAndBrowser({ before, after }) {
   });
   return env;
 }
+
+/** A fixture config.json of the core's tests, by name. */
+export const fixture = (name) =>
+  new URL(`../../core/tests/fixtures/configs/${name}.json`, import.meta.url);
+
+/** Opens the page (with `query`) and switches to the architecture mode. */
+export async function openArchitecturePage(env, query = '?gpu=none') {
+  const opened = await openPage(env.browser, env.server.origin + '/' + query);
+  await opened.page.getByTestId('mode-arch').check();
+  await opened.page.getByTestId('model').waitFor();
+  return opened;
+}

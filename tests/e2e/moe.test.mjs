@@ -5,18 +5,18 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
-import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
+import {
+  useServerAndBrowser,
+  bytesOf,
+  typeInto,
+  fixture,
+  openArchitecturePage,
+} from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
-const fixture = (name) => new URL(`../../core/tests/fixtures/configs/${name}.json`, import.meta.url);
 
-async function archPage(query = '?gpu=none') {
-  const opened = await openPage(env.browser, env.server.origin + '/' + query);
-  await opened.page.getByTestId('mode-arch').check();
-  await opened.page.getByTestId('model').waitFor();
-  return opened;
-}
+const archPage = (query) => openArchitecturePage(env, query);
 
 // Total and active parameters (transformers on the meta device, see core's preset tests).
 const families = [
