@@ -408,6 +408,35 @@ def mlm_or_clm_labels(cfg, arch, ids):
     return ids
 
 
+def prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, autocast_device, device=None):
+    """The step's setup shared by the fake (CPU-emulated) and the real CUDA paths: checkpointing,
+    train/eval mode, the input ids, the optimizer and the forward (with loss when training)."""
+    train = optimizer != "none"
+    if gc:
+        model.gradient_checkpointing_enable()
+    model.train(train)
+    if train:
+        model.config.use_cache = False
+    ids = torch.randint(0, text_vocab(cfg), (batch, seq), dtype=torch.long, device=device)
+    labels = mlm_or_clm_labels(cfg, arch, ids)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    else:
+        opt = None
+
+    def fwd():
+        ctx = torch.autocast(autocast_device, dtype=torch.bfloat16) if amp else _nullctx()
+        with ctx:
+            if train:
+                return model(input_ids=ids, labels=labels)
+            return model(input_ids=ids)
+
+    return ids, labels, opt, fwd
+
+
 def build_model(cfg, arch, attn, dtype):
     import transformers
     if attn == "sdpa" and cfg.model_type == "gemma2":
@@ -440,29 +469,7 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         model = build_model(cfg, arch, attn, dtype)
-        if gc:
-            model.gradient_checkpointing_enable()
-        model.train(train)
-        if train:
-            model.config.use_cache = False
-        ids = torch.randint(0, text_vocab(cfg), (batch, seq), dtype=torch.long)
-        labels = mlm_or_clm_labels(cfg, arch, ids)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if optimizer == "adamw":
-            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-        elif optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-        else:
-            opt = None
-
-        def fwd():
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else _nullctx()
-            with ctx:
-                if train:
-                    out = model(input_ids=ids, labels=labels)
-                else:
-                    out = model(input_ids=ids)
-            return out
+        ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cpu")
 
         # warm-up (untracked)
         if train:
@@ -581,27 +588,7 @@ def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn
     with torch.device(dev):
         model = build_model(cfg, arch, attn, dtype)
     model.to(dev)
-    if gc:
-        model.gradient_checkpointing_enable()
-    model.train(train)
-    if train:
-        model.config.use_cache = False
-    ids = torch.randint(0, text_vocab(cfg), (batch, seq), dtype=torch.long, device=dev)
-    labels = mlm_or_clm_labels(cfg, arch, ids)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-    elif optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-    else:
-        opt = None
-
-    def fwd():
-        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if amp else _nullctx()
-        with ctx:
-            if train:
-                return model(input_ids=ids, labels=labels)
-            return model(input_ids=ids)
+    ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cuda", dev)
 
     if train:
         out = fwd()
