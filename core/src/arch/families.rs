@@ -680,9 +680,8 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
     Ok(arch(ModelFamily::Gpt2, spec, Some(positions)))
 }
 
-/// BERT, RoBERTa and XLM-RoBERTa as masked-LM encoders.
-fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigError> {
-    let roberta = family != ModelFamily::Bert;
+/// Width, layers, heads and head width of a multi-head encoder (BERT family, ViT).
+fn encoder_shape(r: &mut Reader) -> Result<(u64, u64, u64, u64), ConfigError> {
     let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
     let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
     let (heads, _, head_dim) = heads(
@@ -693,6 +692,13 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         false,
         None,
     )?;
+    Ok((hidden, layers, heads, head_dim))
+}
+
+/// BERT, RoBERTa and XLM-RoBERTa as masked-LM encoders.
+fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigError> {
+    let roberta = family != ModelFamily::Bert;
+    let (hidden, layers, heads, head_dim) = encoder_shape(r)?;
     let intermediate = r.req(&["intermediate_size"], 1, 1 << 22)?;
     let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
     let positions = r.opt(
@@ -754,16 +760,7 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
 }
 
 fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
-    let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
-    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
-    let (heads, _, head_dim) = heads(
-        r,
-        hidden,
-        "hidden_size",
-        &["num_attention_heads"],
-        false,
-        None,
-    )?;
+    let (hidden, layers, heads, head_dim) = encoder_shape(r)?;
     let intermediate = r.opt(&["intermediate_size", "mlp_dim"], 4 * hidden, 1, 1 << 22)?;
     let classes = r.opt(&["num_labels", "num_classes"], 1000, 1, MAX_VOCAB)?;
     let image = r.opt(&["image_size"], 224, 1, 1 << 16)?;
