@@ -8,6 +8,7 @@
 
 mod bytes;
 mod evaluate;
+mod json;
 mod number;
 mod optimizer;
 mod plan;

@@ -2,7 +2,7 @@
 //! family readers (`families.rs`) share.
 
 use super::model::{Head, ModelSpec};
-use serde_json::{Map, Value};
+use crate::json::{Map, Value};
 use std::fmt;
 
 /// A supported model family (the HF `model_type`, or torchvision's ViT).
@@ -397,12 +397,12 @@ pub(crate) const MAX_VOCAB: u64 = 1 << 24;
 
 /// Reads fields of one config object and records the ones it used (the compact form).
 pub(crate) struct Reader<'a> {
-    m: &'a Map<String, Value>,
-    pub used: Map<String, Value>,
+    m: &'a Map,
+    pub used: Map,
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(m: &'a Map<String, Value>) -> Self {
+    pub fn new(m: &'a Map) -> Self {
         Reader {
             m,
             used: Map::new(),
@@ -514,7 +514,7 @@ impl<'a> Reader<'a> {
         }
     }
     /// An object, if present (not recorded: the caller records what it reads from it).
-    pub fn object(&self, name: &str) -> Result<Option<&'a Map<String, Value>>, ConfigError> {
+    pub fn object(&self, name: &str) -> Result<Option<&'a Map>, ConfigError> {
         match self.m.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Object(o)) => Ok(Some(o)),
@@ -546,8 +546,7 @@ pub(crate) fn check_range(field: &str, v: u64, lo: u64, hi: u64) -> Result<u64, 
 /// # Errors
 /// [`ConfigError`] naming the offending field or `model_type`.
 pub fn parse_hf_config(json: &str) -> Result<Architecture, ConfigError> {
-    let value: Value =
-        serde_json::from_str(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
+    let value = crate::json::parse(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
     let m = value
         .as_object()
         .ok_or_else(|| ConfigError::InvalidJson("top level is not an object".into()))?;

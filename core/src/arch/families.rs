@@ -10,7 +10,7 @@ use super::model::{
 use super::ops::{
     Activation, ExpertAct, FeedForward, Mlp, MlpKind, Moe, NormKind, RmsStyle, Router,
 };
-use serde_json::{Map, Value};
+use crate::json::{Map, Value};
 
 /// Shown when a multimodal Gemma 3 config is read through its `text_config`.
 pub(crate) const MULTIMODAL_NOTE: &str =
@@ -29,7 +29,7 @@ pub(crate) const GEMMA2_EAGER_NOTE: &str =
     "Gemma 2 soft-caps its attention logits, which SDPA cannot do: transformers runs eager attention, and so does the estimate.";
 
 /// Reads any supported config.
-pub(crate) fn read(m: &Map<String, Value>) -> Result<Architecture, ConfigError> {
+pub(crate) fn read(m: &Map) -> Result<Architecture, ConfigError> {
     let model_type = match m.get("model_type") {
         Some(Value::String(s)) => s.as_str(),
         Some(_) => {
@@ -519,7 +519,10 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         if mxfp4 {
             r.record(
                 "quantization_config",
-                serde_json::json!({"quant_method": "mxfp4"}),
+                Value::Object(Map::from([(
+                    "quant_method".to_owned(),
+                    Value::String("mxfp4".to_owned()),
+                )])),
             );
             a.notes.push(MXFP4_NOTE);
         }
