@@ -38,8 +38,9 @@ pub use sweep::{sweep, sweep_batches, sweep_markdown, sweep_tsv, SweepRow};
 mod arch;
 
 pub use arch::{
-    estimate_peak, parse_hf_config, Architecture, AttentionKernel, CategoryBytes, Checkpointing,
-    ConfigError, EstimateError, ModelFamily, PeakEstimate, Phase, PrecisionRecipe, Preset,
-    SavedPart, TrainingStep,
+    estimate_peak, estimate_peak_with, parse_hf_config, Architecture, AttentionKernel,
+    CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets, Method, ModelFamily,
+    PeakEstimate, Peft, Phase, PrecisionRecipe, Preset, Quant4, SavedPart, TargetsError,
+    TrainingStep,
 };
 // arch-end

@@ -12,16 +12,32 @@ pub enum Optimizer {
     SgdMomentum,
     /// Plain SGD: no state at all.
     Sgd,
+    /// bitsandbytes `AdamW8bit`: both moments as 1-byte codes with an fp32 scale per block
+    /// of 256 (tensors under 4096 elements keep fp32 moments).
+    AdamW8bit,
+    /// bitsandbytes `PagedAdamW8bit`: the same state, its large moments in CUDA managed
+    /// memory outside PyTorch's caching allocator.
+    PagedAdamW8bit,
+    /// `torch.optim.Adafactor`: factored second moments (a row and a column vector per
+    /// matrix), no first moment.
+    Adafactor,
+    /// transformers' `Adafactor` as HF Trainer's `optim="adafactor"` sets it up: factored
+    /// fp32 second moments, no first moment, fp32 copies of each tensor during its update.
+    AdafactorHf,
     /// Inference only: no gradients, no optimizer, forward pass under `no_grad`.
     None,
 }
 
 impl Optimizer {
     /// Every optimizer, in the order the page lists them.
-    pub const ALL: [Optimizer; 4] = [
+    pub const ALL: [Optimizer; 8] = [
         Optimizer::AdamW,
         Optimizer::SgdMomentum,
         Optimizer::Sgd,
+        Optimizer::AdamW8bit,
+        Optimizer::PagedAdamW8bit,
+        Optimizer::Adafactor,
+        Optimizer::AdafactorHf,
         Optimizer::None,
     ];
 
@@ -31,7 +47,19 @@ impl Optimizer {
         match self {
             Optimizer::AdamW => 2,
             Optimizer::SgdMomentum => 1,
-            Optimizer::Sgd | Optimizer::None => 0,
+            _ => 0,
+        }
+    }
+
+    /// State bytes per parameter when only the parameter count is known (the simple mode):
+    /// the block scales and the factored moments are well under 1%.
+    #[must_use]
+    pub const fn approximate_state_bytes_per_param(self) -> u64 {
+        match self {
+            Optimizer::AdamW => 8,
+            Optimizer::SgdMomentum => 4,
+            Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => 2,
+            _ => 0,
         }
     }
 
@@ -48,6 +76,10 @@ impl Optimizer {
             Optimizer::AdamW => "adamw",
             Optimizer::SgdMomentum => "sgd-momentum",
             Optimizer::Sgd => "sgd",
+            Optimizer::AdamW8bit => "adamw8bit",
+            Optimizer::PagedAdamW8bit => "paged-adamw8bit",
+            Optimizer::Adafactor => "adafactor",
+            Optimizer::AdafactorHf => "adafactor-hf",
             Optimizer::None => "none",
         }
     }
@@ -59,6 +91,10 @@ impl Optimizer {
             Optimizer::AdamW => "AdamW",
             Optimizer::SgdMomentum => "SGD with momentum",
             Optimizer::Sgd => "SGD (no momentum)",
+            Optimizer::AdamW8bit => "AdamW 8-bit (bitsandbytes)",
+            Optimizer::PagedAdamW8bit => "Paged AdamW 8-bit (bitsandbytes)",
+            Optimizer::Adafactor => "Adafactor (torch.optim)",
+            Optimizer::AdafactorHf => "Adafactor (transformers, HF Trainer)",
             Optimizer::None => "None (inference only)",
         }
     }

@@ -13,8 +13,6 @@ pub const MAX_ACTIVATION_BYTES_PER_SAMPLE: u64 = 10_000_000_000_000;
 pub const BYTES_PER_MB: u64 = 1_000_000;
 /// Gradients stay in FP32 whatever the weights' precision (mixed precision).
 pub const GRADIENT_BYTES_PER_PARAM: u64 = 4;
-/// Optimizer states are FP32 tensors.
-pub const OPTIMIZER_STATE_BYTES_PER_ELEMENT: u64 = 4;
 
 /// The multiplier picked beside the parameter count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -216,7 +214,7 @@ pub fn simple_breakdown_at_batch(inputs: &SimpleInputs, batch: u64) -> Result<Br
         0
     };
     let optimizer_states = p
-        .checked_mul(inputs.optimizer.state_tensors_per_param() * OPTIMIZER_STATE_BYTES_PER_ELEMENT)
+        .checked_mul(inputs.optimizer.approximate_state_bytes_per_param())
         .ok_or(TooLarge)?;
     let activations = batch
         .checked_mul(inputs.activation_bytes_per_sample)

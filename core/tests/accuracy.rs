@@ -1,8 +1,8 @@
 //! Estimated peaks against PyTorch's measured ones (tests/fixtures/*.jsonl).
 
 use estimator_core::{
-    estimate_peak, parse_hf_config, Architecture, AttentionKernel, Checkpointing, Optimizer,
-    PrecisionRecipe, Preset, TrainingStep,
+    estimate_peak, estimate_peak_with, parse_hf_config, Architecture, AttentionKernel,
+    Checkpointing, Method, Optimizer, Peft, PrecisionRecipe, Preset, Quant4, TrainingStep,
 };
 use proptest::prelude::*;
 use serde_json::Value;
@@ -66,14 +66,29 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             p => panic!("unknown precision {p}"),
         };
         let optimizer = match c["optimizer"].as_str().expect("optimizer") {
-            "adamw" => Optimizer::AdamW,
             "sgd" => Optimizer::SgdMomentum,
-            "none" => Optimizer::None,
-            o => panic!("unknown optimizer {o}"),
+            o => Optimizer::from_key(o).unwrap_or_else(|| panic!("unknown optimizer {o}")),
         };
         let attention =
             AttentionKernel::from_key(c["attn"].as_str().expect("attn")).expect("kernel");
-        let gc = c["gc"].as_bool().unwrap_or(false);
+        let checkpointing = match &c["gc"] {
+            Value::Bool(true) => Checkpointing::Full,
+            Value::String(s) if s == "offload" => Checkpointing::Offload,
+            _ => Checkpointing::None,
+        };
+        let method = Method::from_key(c["method"].as_str().unwrap_or("full")).expect("method");
+        let peft = (method != Method::Full).then(|| Peft {
+            method,
+            rank: c["lora_r"].as_u64().expect("lora_r"),
+            dropout: c["lora_dropout"].as_f64().unwrap_or(0.0) > 0.0,
+            targets: arch
+                .lora_targets(c["lora_targets"].as_str().expect("lora_targets"))
+                .expect("targets"),
+            adapter_fp32: c["lora_dtype"].as_str() != Some("model"),
+            quant: Quant4::from_key(c["quant"].as_str().unwrap_or("nf4")).expect("quant"),
+            double_quant: c["double_quant"].as_bool().unwrap_or(false),
+            kbit_prepare: c["kbit_prepare"].as_bool().unwrap_or(false),
+        });
         let seq = if arch.is_vision() {
             c["image"].as_u64()
         } else {
@@ -86,13 +101,9 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             precision,
             optimizer,
             attention,
-            checkpointing: if gc {
-                Checkpointing::Full
-            } else {
-                Checkpointing::None
-            },
+            checkpointing,
         };
-        let est = match estimate_peak(&arch, &step) {
+        let est = match estimate_peak_with(&arch, &step, peft.as_ref()) {
             Ok(e) => e,
             Err(e) => {
                 assert!(!strict, "{model}: {e}");
@@ -106,12 +117,38 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
         out.push(Row {
             family: arch.family().label(),
             name: format!(
-                "{model} b{} s{seq} {} {} {}{}",
+                "{model} b{} s{seq} {} {} {}{}{}",
                 step.batch,
                 precision.key(),
                 optimizer.key(),
                 attention.key(),
-                if gc { " gc" } else { "" }
+                match checkpointing {
+                    Checkpointing::None => "",
+                    Checkpointing::Full => " gc",
+                    Checkpointing::Offload => " gc-offload",
+                },
+                peft.map_or(String::new(), |f| format!(
+                    " {} r{} {}{}{}{}",
+                    f.method.key(),
+                    f.rank,
+                    c["lora_targets"].as_str().unwrap_or("?"),
+                    if f.dropout { " dropout" } else { "" },
+                    if f.adapter_fp32 {
+                        ""
+                    } else {
+                        " adapters=model"
+                    },
+                    if f.method == Method::Qlora {
+                        format!(
+                            " {}{}{}",
+                            f.quant.key(),
+                            if f.double_quant { " dq" } else { "" },
+                            if f.kbit_prepare { " kbit" } else { "" }
+                        )
+                    } else {
+                        String::new()
+                    }
+                ))
             ),
             measured: v["peak_bytes"].as_u64().expect("peak_bytes"),
             estimated: est.peak_bytes,
@@ -159,11 +196,12 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
 /// for the first families, and the rows of the dense and mixture-of-experts families read
 /// since.
-const FIXTURE_FILES: [&str; 4] = [
+const FIXTURE_FILES: [&str; 5] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
     "moe-measured.jsonl",
+    "peft-measured.jsonl",
 ];
 
 /// Rows, max and mean |error| per family.

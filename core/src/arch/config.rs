@@ -2,6 +2,7 @@
 //! family readers (`families.rs`) share.
 
 use super::model::{Head, ModelSpec};
+use super::peft::{LoraTargets, Naming, TargetsError};
 use crate::json::{Map, Value};
 use std::fmt;
 
@@ -212,6 +213,22 @@ pub struct Architecture {
 }
 
 impl Architecture {
+    /// The linears that `targets` names (peft's `target_modules`: `all-linear`, `attention`,
+    /// `mlp`, or module names of this model such as `q_proj,v_proj`).
+    ///
+    /// # Errors
+    /// [`TargetsError`] for an empty list or a module name this model does not have.
+    pub fn lora_targets(&self, targets: &str) -> Result<LoraTargets, TargetsError> {
+        let naming = match self.family {
+            ModelFamily::Gpt2 => Naming::Gpt2,
+            ModelFamily::Bert
+            | ModelFamily::Roberta
+            | ModelFamily::XlmRoberta
+            | ModelFamily::Vit => Naming::Bert,
+            _ => Naming::Llama,
+        };
+        LoraTargets::parse(targets, naming)
+    }
     /// The model family.
     #[must_use]
     pub fn family(&self) -> ModelFamily {

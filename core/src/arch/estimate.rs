@@ -1,8 +1,10 @@
 //! Peak memory of one training step, tensor by tensor (see the module docs in `mod.rs`).
 
 use super::config::Architecture;
+use super::model::Layer;
 use super::model::{Kernel, StepShape};
 use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
+use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};
 use crate::Optimizer;
 use std::fmt;
@@ -107,6 +109,11 @@ pub struct PeakEstimate {
     /// What those bytes are for (in inference: the forward's working set), summing to the
     /// activations of the forward phase.
     pub saved_parts: Vec<(SavedPart, u64)>,
+    /// Parameters with gradients (all of them, or the adapters'); 0 in inference.
+    pub trainable_params: u64,
+    /// Optimizer state in CUDA managed memory (paged optimizers): on the GPU but outside
+    /// PyTorch's caching allocator, so not in `peak_bytes`.
+    pub paged_bytes: u64,
 }
 
 /// Why a step cannot be estimated.
@@ -163,6 +170,19 @@ pub fn estimate_peak(
     arch: &Architecture,
     step: &TrainingStep,
 ) -> Result<PeakEstimate, EstimateError> {
+    estimate_peak_with(arch, step, None)
+}
+
+/// Estimates one step as [`estimate_peak`] does, with LoRA or QLoRA on a frozen base when
+/// `peft` is given (see `validation/PEFT.md` for the rules and the measurements).
+///
+/// # Errors
+/// As [`estimate_peak`].
+pub fn estimate_peak_with(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+) -> Result<PeakEstimate, EstimateError> {
     if step.batch == 0 {
         return Err(EstimateError::ZeroBatch);
     }
@@ -186,10 +206,28 @@ pub fn estimate_peak(
     };
     let spec = &arch.spec;
     let p = step.precision;
-    let d = Dtypes {
-        amp: p.autocast(),
-        act: p.activation_bytes(),
-        weight: p.residual_bytes(),
+    let quantized = peft.is_some_and(Peft::quantized);
+    let kbit = quantized && peft.is_some_and(|f| f.kbit_prepare);
+    // prepare_model_for_kbit_training makes every unquantized weight fp32: outside autocast
+    // the residual stream and every op between the 4-bit linears then run in fp32
+    let d = if kbit && !p.autocast() {
+        Dtypes {
+            amp: false,
+            act: 4,
+            weight: 4,
+        }
+    } else {
+        Dtypes {
+            amp: p.autocast(),
+            act: p.activation_bytes(),
+            weight: p.residual_bytes(),
+        }
+    };
+    let adapter_bytes = match peft {
+        Some(f) if f.adapter_fp32 => 4,
+        // peft moves adapters to a 4-bit layer's compute dtype (bf16), else the base's dtype
+        Some(_) if quantized => 2,
+        _ => p.weight_bytes(),
     };
     // Gemma 2's soft-capped attention runs eager whatever is asked (transformers refuses SDPA)
     let eager =
@@ -199,48 +237,135 @@ pub fn estimate_peak(
         seq,
         eager,
         d,
+        peft: peft.map(|f| TapePeft {
+            rank: f.rank,
+            dropout: f.dropout,
+            targets: f.targets,
+            adapter_bytes,
+            quantized,
+            input_grad: step.checkpointing.recomputes(),
+        }),
     };
     let groups = spec.layer_groups();
+    // sums `per_layer` over the layers, each distinct layer computed once
+    let over_layers = |per_layer: &dyn Fn(&Layer) -> Res<u64>| -> Res<u64> {
+        groups.iter().try_fold(0, |acc, (layer, count)| {
+            add(acc, mul(per_layer(layer)?, *count)?)
+        })
+    };
     // bytes of every parameter tensor stored with `bytes` per element
     let all_params = |bytes: u64| -> Res<u64> {
-        groups.iter().try_fold(
+        add(
             sum_storages(&spec.outside_parameter_tensors(), bytes)?,
-            |acc, (layer, count)| add(acc, mul(sum_storages(&layer.params(), bytes)?, *count)?),
+            over_layers(&|l| sum_storages(&l.params(), bytes))?,
         )
     };
-    let n_tensors = groups.iter().try_fold(
-        spec.outside_parameter_tensors().len() as u64,
-        |acc, (layer, count)| add(acc, mul(layer.params().len() as u64, *count)?),
-    )?;
-    let params = all_params(p.weight_bytes())?;
+    // the adapters of one layer: lora_A (r x in) and lora_B (out x r) per adapted linear
+    let adapters = |l: &Layer| -> Vec<u64> {
+        peft.map_or_else(Vec::new, |f| {
+            l.roled_linears()
+                .into_iter()
+                .filter(|(role, _)| f.targets.contains(*role))
+                .flat_map(|(_, lin)| [f.rank * lin.n_in, lin.n_out * f.rank])
+                .collect()
+        })
+    };
+    // the trained tensors, each with how many times it occurs
+    let trained: Vec<(u64, u64)> = if peft.is_some() {
+        groups
+            .iter()
+            .flat_map(|(l, count)| adapters(l).into_iter().map(move |e| (e, *count)))
+            .collect()
+    } else {
+        spec.outside_parameter_tensors()
+            .into_iter()
+            .map(|e| (e, 1))
+            .chain(
+                groups
+                    .iter()
+                    .flat_map(|(l, count)| l.params().into_iter().map(move |e| (e, *count))),
+            )
+            .collect()
+    };
+    let trained_bytes = |bytes: u64| -> Res<u64> {
+        trained
+            .iter()
+            .try_fold(0, |acc, &(e, c)| add(acc, mul(storage(e, bytes)?, c)?))
+    };
+    let trainable_params = trained
+        .iter()
+        .try_fold(0, |acc, &(e, c)| add(acc, mul(e, c)?))?;
+    let four_bit = |l: &Layer, part: fn((u64, u64)) -> u64| -> Res<u64> {
+        l.roled_linears().iter().try_fold(0, |acc, (_, lin)| {
+            let dq = peft.is_some_and(|f| f.double_quant);
+            add(acc, part(four_bit_bytes(mul(lin.n_in, lin.n_out)?, dq)))
+        })
+    };
+    let linear_weights = |l: &Layer| -> Vec<u64> {
+        l.roled_linears()
+            .iter()
+            .map(|(_, x)| x.n_in * x.n_out)
+            .collect()
+    };
+    let (params, quant_state) = if quantized {
+        // bitsandbytes packs every linear of the layers (not the output layer); the rest
+        // keeps the load dtype, or fp32 after prepare_model_for_kbit_training
+        let rest = if kbit { 4 } else { p.weight_bytes() };
+        let frozen = add(
+            sum_storages(&spec.outside_parameter_tensors(), rest)?,
+            over_layers(&|l| {
+                let unpacked = sum_storages(&l.params(), rest)?
+                    .saturating_sub(sum_storages(&linear_weights(l), rest)?);
+                add(unpacked, four_bit(l, |(packed, _)| packed)?)
+            })?,
+        )?;
+        let state = over_layers(&|l| four_bit(l, |(_, state)| state))?;
+        let shared_code = if peft.is_some_and(|f| f.double_quant) {
+            storage(256, 4)?
+        } else {
+            0
+        };
+        (frozen, add(state, shared_code)?)
+    } else {
+        (all_params(p.weight_bytes())?, 0)
+    };
+    let params = if peft.is_some() {
+        add(params, trained_bytes(adapter_bytes)?)?
+    } else {
+        params
+    };
+    // peft counts the adapters among the model's parameters
+    let adapter_params = if peft.is_some() { trainable_params } else { 0 };
     let trains = step.optimizer.trains();
+    let grad_bytes = if peft.is_some() {
+        adapter_bytes
+    } else {
+        p.gradient_bytes()
+    };
     let grads = if trains {
-        all_params(p.gradient_bytes())?
+        trained_bytes(grad_bytes)?
     } else {
         0
     };
-    let state_one = all_params(p.optimizer_state_bytes())?;
-    let master = if trains && p.master_weights() {
+    let state_bytes = if peft.is_some() {
+        adapter_bytes
+    } else {
+        p.optimizer_state_bytes()
+    };
+    let master = if trains && p.master_weights() && peft.is_none() {
         all_params(4)?
     } else {
         0
     };
-    let mut opt_state = add(
-        mul(state_one, step.optimizer.state_tensors_per_param())?,
-        master,
-    )?;
-    if step.optimizer == Optimizer::AdamW {
-        opt_state = add(opt_state, mul(n_tensors, BLOCK)?)?; // step counters
-    }
-    let opt_temp = if step.optimizer == Optimizer::AdamW {
-        state_one
-    } else {
-        0
-    };
+    let optimizer = optimizer_memory(step.optimizer, &trained, state_bytes, grad_bytes)?;
+    let opt_state = add(optimizer.resident, master)?;
+    let opt_temp = optimizer.temporary;
     let mut buffers = spec
         .buffers
         .iter()
-        .try_fold(0, |acc, &(elems, bytes)| add(acc, storage(elems, bytes)?))?;
+        .try_fold(quant_state, |acc, &(elems, bytes)| {
+            add(acc, storage(elems, bytes)?)
+        })?;
     // the input batch: token ids, or the images and their labels
     let input = if let Some(vis) = spec.vision {
         let px = mul(mul(step.batch, 3)?, mul(vis.image, vis.image)?)?;
@@ -262,10 +387,22 @@ pub fn estimate_peak(
             Ok(0)
         }
     };
-    // autocast's 16-bit weight copies, per layer group
+    // autocast's 16-bit weight copies, per layer group (4-bit weights are never cast; the
+    // adapters' copies are cached like any weight that needs a gradient)
     let group_casts = groups
         .iter()
-        .map(|(l, _)| cast(&l.linear_params(!trains)))
+        .map(|(l, _)| {
+            let mut copied = l.linear_params(!trains);
+            if quantized {
+                for w in linear_weights(l) {
+                    if let Some(i) = copied.iter().position(|&c| c == w) {
+                        copied.swap_remove(i);
+                    }
+                }
+            }
+            copied.extend(adapters(l));
+            cast(&copied)
+        })
         .collect::<Res<Vec<u64>>>()?;
     let all_layer_casts = groups
         .iter()
@@ -296,13 +433,15 @@ pub fn estimate_peak(
         parts.add(SavedPart::WorkingSet, acts.inference)?;
         return Ok(PeakEstimate {
             saved_parts: parts.listed(),
-            n_params: arch.parameter_count(),
+            n_params: add(arch.parameter_count(), adapter_params)?,
             peak_bytes: total,
             peak_phase: Phase::Forward,
             at_peak: fwd,
             phase_peaks: vec![(Phase::Forward, fwd)],
             // what stays alive after a no-grad forward: the logits
             saved_activation_bytes: storage(kept, p.activation_bytes())?,
+            trainable_params: 0,
+            paged_bytes: 0,
         });
     }
     // one layer's saved tensors with its weight copies, per group
@@ -313,17 +452,70 @@ pub fn estimate_peak(
         .map(|(a, c)| add(*a, *c))
         .collect::<Res<Vec<u64>>>()?;
     let largest_layer = full_layers.iter().copied().max().unwrap_or(0);
+    // The first layer's weight copies that autocast makes for matmuls whose input needs no
+    // gradient are not kept (a frozen base without input gradients: every linear reading
+    // the layer's input, and those after it until an adapter has run).
+    let first_layer_casts = match (spec.layers.first(), peft) {
+        // (4-bit weights are never cast)
+        (Some(first), Some(f))
+            if p.autocast() && !quantized && !step.checkpointing.recomputes() =>
+        {
+            let stage = |role: Role| match role {
+                Role::O => 1,
+                Role::Gate | Role::Up | Role::GateUp | Role::Fc => 2,
+                Role::Down => 3,
+                _ => 0,
+            };
+            let linears = first.roled_linears();
+            let first_adapted = linears
+                .iter()
+                .filter(|(role, _)| f.targets.contains(*role))
+                .map(|(role, _)| stage(*role))
+                .min()
+                .unwrap_or(u8::MAX);
+            let uncopied: Vec<u64> = linears
+                .iter()
+                .filter(|(role, _)| stage(*role) <= first_adapted)
+                .map(|(_, lin)| lin.n_in * lin.n_out)
+                .collect();
+            cast(&uncopied)?
+        }
+        _ => 0,
+    };
     let all_layers = groups
         .iter()
         .zip(&full_layers)
-        .try_fold(0, |acc, ((_, count), f)| add(acc, mul(*f, *count)?))?;
+        .try_fold(0, |acc, ((_, count), f)| add(acc, mul(*f, *count)?))?
+        .saturating_sub(add(acts.first_layer_discount, first_layer_casts)?);
     // inside the last layer's backward: the head's gradients exist, its saved tensors are gone
-    let head_grads = sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?;
+    let head_grads = if peft.is_some() {
+        0 // the head is frozen
+    } else {
+        sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?
+    };
     let inner = spec.layers.last().map_or(0, |l| l.mlp.inner_per_token());
     let layer_transient = add(
         storage(tokens, mul(inner, d.act)?)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,
     )?;
+    // a 4-bit linear's backward dequantizes its weight to 16 bits (and, under double
+    // quantization, its absmax to fp32) for a moment
+    let dequantized = if quantized {
+        spec.layers.last().map_or(Ok(0), |l| {
+            l.roled_linears().iter().try_fold(0, |acc: u64, (_, lin)| {
+                let n = mul(lin.n_in, lin.n_out)?;
+                let absmax = if peft.is_some_and(|f| f.double_quant) {
+                    storage(n.div_ceil(64), 4)?
+                } else {
+                    0
+                };
+                Ok(acc.max(add(storage(n, 2)?, absmax)?))
+            })
+        })?
+    } else {
+        0
+    };
+    let layer_transient = add(layer_transient, dequantized)?;
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(tokens, mul(spec.hidden(), d.resid())?)?;
     let (saved, bwd_inner) = match step.checkpointing {
@@ -338,10 +530,16 @@ pub fn estimate_peak(
             )?,
             add(largest_layer, layer_backward)?,
         ),
+        // the layer inputs wait in CPU memory, but for the first layer's (the embeddings'
+        // output stays referenced: measured); backward copies one back before its recompute
+        Checkpointing::Offload => (
+            add(add(acts.outside, head_cast)?, layer_input)?,
+            add(add(largest_layer, layer_backward)?, layer_input)?,
+        ),
     };
     // under checkpointing + autocast the forward's weight-cast cache holds every layer's
     // 16-bit copies until autocast exits (only the head's are saved for backward)
-    let cached = if step.checkpointing == Checkpointing::Full {
+    let cached = if step.checkpointing.recomputes() {
         all_layer_casts
     } else {
         0
@@ -359,7 +557,8 @@ pub fn estimate_peak(
     // The end of backward: the embedding's backward makes its weight's gradient while the
     // gradient of its output is still alive; a tied weight already holds the head's share,
     // and the two are summed into a third tensor (measured: 3 embedding-sized buffers).
-    let bwd_end = if arch.is_vision() {
+    let bwd_end = if arch.is_vision() || peft.is_some() {
+        // a frozen embedding gets no gradient
         CategoryBytes {
             gradients: grads,
             ..base
@@ -385,7 +584,7 @@ pub fn estimate_peak(
             let hs2 = mul(mul(step.batch, last.attention.heads)?, mul(seq, seq)?)?;
             let mut last_grads = spec.head_gradient_tensors();
             last.mlp.params(&mut last_grads);
-            let recomputed = if step.checkpointing == Checkpointing::Full {
+            let recomputed = if step.checkpointing.recomputes() {
                 largest_layer
             } else {
                 0
@@ -440,16 +639,109 @@ pub fn estimate_peak(
             parts.add(SavedPart::LayerInputs, mul(layer_input, arch.num_layers())?)?;
             parts.add(SavedPart::WeightCopies, head_cast)?;
         }
+        Checkpointing::Offload => {
+            parts.add(SavedPart::LayerInputs, layer_input)?;
+            parts.add(SavedPart::WeightCopies, head_cast)?;
+        }
     }
     Ok(PeakEstimate {
         saved_parts: parts.listed(),
-        n_params: arch.parameter_count(),
+        n_params: add(arch.parameter_count(), adapter_params)?,
         peak_bytes: best.2,
         peak_phase: best.0,
         at_peak: best.1,
         phase_peaks: phases,
         saved_activation_bytes: saved,
+        trainable_params: if trains { trainable_params } else { 0 },
+        paged_bytes: optimizer.paged,
     })
+}
+
+/// An optimizer's memory over the trained tensors.
+struct OptimizerMemory {
+    /// State alive between steps, in PyTorch's caching allocator.
+    resident: u64,
+    /// State in CUDA managed memory (paged optimizers): outside the allocator's count.
+    paged: u64,
+    /// The step's largest temporary.
+    temporary: u64,
+}
+
+/// bitsandbytes keeps tensors under this many elements in 32-bit state.
+const MIN_8BIT_SIZE: u64 = 4096;
+/// bitsandbytes pages a paged optimizer's moments from this many elements on.
+const MIN_PAGED_SIZE: u64 = 100_000;
+
+/// The state and the step's temporaries of `optimizer` over `tensors` (elements, occurrences)
+/// whose moments are `state_bytes` and gradients `grad_bytes` per element.
+fn optimizer_memory(
+    optimizer: Optimizer,
+    tensors: &[(u64, u64)],
+    state_bytes: u64,
+    grad_bytes: u64,
+) -> Res<OptimizerMemory> {
+    let mut m = OptimizerMemory {
+        resident: 0,
+        paged: 0,
+        temporary: 0,
+    };
+    let largest = tensors.iter().map(|&(e, _)| e).max().unwrap_or(0);
+    let mut any_8bit = false;
+    for &(e, count) in tensors {
+        let (resident, paged) = match optimizer {
+            // two moments and a step counter; foreach AdamW's temporary is parameter-sized
+            Optimizer::AdamW => {
+                m.temporary = add(m.temporary, mul(storage(e, state_bytes)?, count)?)?;
+                (add(mul(storage(e, state_bytes)?, 2)?, BLOCK)?, 0)
+            }
+            Optimizer::SgdMomentum => (storage(e, state_bytes)?, 0),
+            Optimizer::Sgd | Optimizer::None => (0, 0),
+            Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => {
+                if e < MIN_8BIT_SIZE {
+                    (mul(storage(e, 4)?, 2)?, 0)
+                } else {
+                    any_8bit = true;
+                    let absmax = mul(storage(e.div_ceil(256), 4)?, 2)?;
+                    let moments = mul(storage(e, 1)?, 2)?;
+                    if optimizer == Optimizer::PagedAdamW8bit && e >= MIN_PAGED_SIZE {
+                        (absmax, mul(e, 2)?) // cudaMallocManaged: not rounded
+                    } else {
+                        (add(absmax, moments)?, 0)
+                    }
+                }
+            }
+            // factored second moments: a row and a column vector per matrix, a vector's
+            // own size otherwise, and a step counter (the shapes are approximated from the
+            // element counts; all of it is well under 0.1% of a step)
+            Optimizer::Adafactor | Optimizer::AdafactorHf => {
+                let bytes = if optimizer == Optimizer::Adafactor {
+                    grad_bytes
+                } else {
+                    4
+                };
+                let factored = if e <= 16_384 {
+                    storage(e, bytes)?
+                } else {
+                    mul(storage(mul(e.isqrt(), 2)?, bytes)?, 2)?
+                };
+                (add(factored, BLOCK)?, 0)
+            }
+        };
+        m.resident = add(m.resident, mul(resident, count)?)?;
+        m.paged = add(m.paged, mul(paged, count)?)?;
+    }
+    if any_8bit {
+        m.resident = add(m.resident, mul(storage(256, 4)?, 2)?)?; // the two shared code tables
+    }
+    m.temporary = match optimizer {
+        // one tensor at a time: torch's estimate of the second moment in the gradients'
+        // dtype; transformers' fp32 copies of the gradient and the weight and two fp32
+        // update tensors
+        Optimizer::Adafactor => storage(largest, grad_bytes)?,
+        Optimizer::AdafactorHf => mul(storage(largest, 4)?, 4)?,
+        _ => m.temporary,
+    };
+    Ok(m)
 }
 
 #[cfg(test)]

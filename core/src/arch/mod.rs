@@ -40,13 +40,16 @@ mod estimate;
 mod families;
 mod model;
 mod ops;
+mod peft;
 mod presets;
 mod recipe;
 
 pub use config::{parse_hf_config, Architecture, ConfigError, ModelFamily};
 pub use estimate::{
-    estimate_peak, CategoryBytes, EstimateError, PeakEstimate, Phase, TrainingStep,
+    estimate_peak, estimate_peak_with, CategoryBytes, EstimateError, PeakEstimate, Phase,
+    TrainingStep,
 };
 pub use ops::SavedPart;
+pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
 pub use recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};

@@ -6,6 +6,7 @@ use super::ops::{
     add, dropout, mul, residual, storage, Activation, Dtypes, FeedForward, Linear, Norm, NormKind,
     PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
+use super::peft::{Role, TapePeft};
 
 /// Where a layer's norms sit around its two sub-blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +45,8 @@ pub(crate) struct StepShape {
     pub seq: u64,
     pub eager: bool,
     pub d: Dtypes,
+    /// LoRA / QLoRA on a frozen base.
+    pub peft: Option<TapePeft>,
 }
 
 /// Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank
@@ -154,6 +157,27 @@ impl Attention {
         v.push(Linear::new(self.out_width(), h, self.o_bias));
         v
     }
+    /// The linears with their roles, in [`linears`](Self::linears) order.
+    pub fn roled_linears(&self) -> Vec<(Role, Linear)> {
+        let linears = self.linears();
+        let n = linears.len();
+        linears
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let role = if i + 1 == n {
+                    Role::O
+                } else if self.latent.is_some() {
+                    Role::Other
+                } else if self.fused_qkv {
+                    Role::Qkv
+                } else {
+                    [Role::Q, Role::K, Role::V][i.min(2)]
+                };
+                (role, l)
+            })
+            .collect()
+    }
     fn qk_norms(&self) -> Option<(Norm, Norm)> {
         self.qk_norm.map(|n| {
             let kind = NormKind::Rms(n.style);
@@ -253,14 +277,18 @@ impl Attention {
             return Ok((query, key, kv_b));
         }
         let (mut q, mut k, v) = if self.fused_qkv {
-            let qkv = Linear::new(h, qw + 2 * kvw, self.qkv_bias).forward(tape, x, d)?;
+            let qkv = Linear::new(h, qw + 2 * kvw, self.qkv_bias).run(Role::Qkv, tape, x, d)?;
             (qkv, qkv, qkv) // views of one storage
         } else {
             (
-                Linear::new(h, qw, self.qkv_bias).forward(tape, x, d)?,
-                Linear::new(h, kvw, self.qkv_bias).forward(tape, x, d)?,
-                Linear::new(h, self.kv_heads * self.v_head_dim, self.qkv_bias)
-                    .forward(tape, x, d)?,
+                Linear::new(h, qw, self.qkv_bias).run(Role::Q, tape, x, d)?,
+                Linear::new(h, kvw, self.qkv_bias).run(Role::K, tape, x, d)?,
+                Linear::new(h, self.kv_heads * self.v_head_dim, self.qkv_bias).run(
+                    Role::V,
+                    tape,
+                    x,
+                    d,
+                )?,
             )
         };
         if let Some((qn, kn)) = self.qk_norms() {
@@ -380,11 +408,14 @@ impl Attention {
         }
         tape.part = SavedPart::Attention;
         let mut out = tape.tensor(ow, w)?;
+        if matches!(kernel, Kernel::Flash | Kernel::Efficient) {
+            tape.save(out)?; // the fused kernels' backward reads their output
+        }
         if kernel == Kernel::Flash && self.rope_concat && self.rotary_dim.is_some() {
             tape.save(out)?;
             out = tape.tensor(ow, w)?;
         }
-        Linear::new(ow, h, self.o_bias).forward(tape, out, d)
+        Linear::new(ow, h, self.o_bias).run(Role::O, tape, out, d)
     }
 }
 
@@ -436,6 +467,16 @@ impl Layer {
             self.mlp.params(&mut v);
         } else {
             self.mlp.weights(&mut v);
+        }
+        v
+    }
+    /// Every linear of the layer with its role (a mixture's grouped experts are parameters,
+    /// not linears: peft and bitsandbytes leave them).
+    pub fn roled_linears(&self) -> Vec<(Role, Linear)> {
+        let mut v = self.attention.roled_linears();
+        match &self.mlp {
+            FeedForward::Dense(m) => v.extend(m.roled_linears()),
+            FeedForward::Moe(m) => v.extend(m.roled_linears()),
         }
         v
     }
@@ -589,6 +630,9 @@ pub(crate) struct ForwardTape {
     pub outside_parts: PartBytes,
     /// What the last layer saves, by part (its MLP's share is freed first in backward).
     pub last_layer_parts: PartBytes,
+    /// What the first layer does not keep because its input needs no gradient (a frozen
+    /// base without checkpointing), already taken out of `layer_parts`.
+    pub first_layer_discount: u64,
 }
 
 impl ModelSpec {
@@ -703,6 +747,7 @@ impl ModelSpec {
         let tokens = mul(s.batch, s.seq)?;
         let tv = mul(tokens, v)?;
         let mut tape = Tape::new(tokens);
+        tape.peft = s.peft;
         self.embed(&mut tape, s)?;
         for _ in 0..self.rotary_pairs() {
             let bytes = if self.rotary_fp32 { 4 } else { r };
@@ -719,6 +764,7 @@ impl ModelSpec {
         let last = self.layers.last();
         for (layer, count) in self.layer_groups() {
             let mut own = Tape::new(tokens);
+            own.peft = s.peft;
             let input = own.tensor(h, r)?;
             layer.forward(&mut own, input, s)?;
             per_group.push(own.total());
@@ -727,6 +773,25 @@ impl ModelSpec {
             }
             for part in SavedPart::ALL {
                 layer_parts.add(part, mul(own.parts.get(part), count)?)?;
+            }
+        }
+        // With a frozen base and no input gradients, the first layer records nothing for
+        // backward until its first adapter runs.
+        let mut first_layer_discount = 0;
+        if let (Some(first), Some(p)) = (self.layers.first(), s.peft) {
+            if !p.input_grad {
+                let mut own = Tape::new(tokens);
+                own.peft = s.peft;
+                let input = own.tensor(h, r)?;
+                own.grad = false;
+                first.forward(&mut own, input, s)?;
+                let mut full = Tape::new(tokens);
+                full.peft = s.peft;
+                let input = full.tensor(h, r)?;
+                first.forward(&mut full, input, s)?;
+                first_layer_discount = full.total().saturating_sub(own.total());
+                layer_parts.remove(&full.parts);
+                layer_parts.merge(&own.parts)?;
             }
         }
         // the head reads the last layer's output, a fresh tensor to the head's tape
@@ -740,7 +805,7 @@ impl ModelSpec {
                     Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
                     None => x,
                 };
-                let logits = Linear::new(h, v, false).forward(&mut tape, x, d)?;
+                let logits = Linear::new(h, v, false).run(Role::Head, &mut tape, x, d)?;
                 if softcap {
                     tape.part = SavedPart::SoftCapping;
                     let t = tape.like(logits, w)?; // tanh(logits / cap)
@@ -803,7 +868,7 @@ impl ModelSpec {
                 let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
                 let y = Activation::Kernel.forward(&mut tape, y, d)?;
                 let y = Norm::new(NormKind::LayerNorm, h).forward(&mut tape, y, d)?;
-                Linear::new(h, v, true).forward(&mut tape, y, d)?;
+                Linear::new(h, v, true).run(Role::Head, &mut tape, y, d)?;
                 // cross_entropy: log_softmax (fp32 under autocast) kept; under autocast the
                 // 16-bit logits stay referenced by the graph too
                 tape.raw(tv, if d.amp { 4 } else { w })
@@ -856,6 +921,7 @@ impl ModelSpec {
             loss_buffers,
             loss_forward,
             inference,
+            first_layer_discount,
         })
     }
 

@@ -7,6 +7,7 @@
 //! (a slice of a fused projection) is the same tensor as its base.
 
 use super::estimate::EstimateError;
+use super::peft::{Role, TapePeft};
 
 pub(crate) type Res<T> = Result<T, EstimateError>;
 
@@ -91,6 +92,8 @@ pub enum SavedPart {
     Mlp,
     /// 1-byte dropout masks.
     Dropout,
+    /// LoRA adapters' inputs (cast to their dtype), dropout masks and rank-r outputs.
+    Adapters,
     /// The final norm, the logits and the loss.
     HeadAndLoss,
     /// Autocast's 16-bit copies of the weights.
@@ -103,7 +106,7 @@ pub enum SavedPart {
 
 impl SavedPart {
     /// Every part, in the order the breakdown lists them.
-    pub const ALL: [SavedPart; 14] = [
+    pub const ALL: [SavedPart; 15] = [
         SavedPart::Embeddings,
         SavedPart::Norms,
         SavedPart::PostNorms,
@@ -114,6 +117,7 @@ impl SavedPart {
         SavedPart::SoftCapping,
         SavedPart::Mlp,
         SavedPart::Dropout,
+        SavedPart::Adapters,
         SavedPart::HeadAndLoss,
         SavedPart::WeightCopies,
         SavedPart::LayerInputs,
@@ -134,6 +138,7 @@ impl SavedPart {
             SavedPart::SoftCapping => "soft-capping",
             SavedPart::Mlp => "mlp",
             SavedPart::Dropout => "dropout",
+            SavedPart::Adapters => "adapters",
             SavedPart::HeadAndLoss => "head-loss",
             SavedPart::WeightCopies => "weight-copies",
             SavedPart::LayerInputs => "layer-inputs",
@@ -155,6 +160,7 @@ impl SavedPart {
             SavedPart::SoftCapping => "Soft-capping buffers",
             SavedPart::Mlp => "MLP",
             SavedPart::Dropout => "Dropout masks",
+            SavedPart::Adapters => "LoRA adapters",
             SavedPart::HeadAndLoss => "Logits and loss",
             SavedPart::WeightCopies => "Autocast weight copies",
             SavedPart::LayerInputs => "Checkpointed layer inputs",
@@ -169,7 +175,7 @@ impl SavedPart {
 
 /// Bytes saved per [`SavedPart`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PartBytes(pub [u64; 14]);
+pub(crate) struct PartBytes(pub [u64; 15]);
 
 impl PartBytes {
     pub fn add(&mut self, part: SavedPart, bytes: u64) -> Res<()> {
@@ -194,6 +200,12 @@ impl PartBytes {
     pub fn get(&self, part: SavedPart) -> u64 {
         self.0[part.index()]
     }
+    /// Takes `other`'s bytes away, part by part (never below zero).
+    pub fn remove(&mut self, other: &PartBytes) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine = mine.saturating_sub(theirs);
+        }
+    }
 }
 
 /// The saved tensors of a forward pass.
@@ -204,6 +216,13 @@ pub(crate) struct Tape {
     pub parts: PartBytes,
     saved: Vec<bool>,
     total: u64,
+    /// LoRA / QLoRA: the base is frozen and some linears carry adapters.
+    pub peft: Option<TapePeft>,
+    /// The role of the linear that runs next (which adapters pick).
+    pub role: Role,
+    /// Whether the tensors flowing now need a gradient (with a frozen base, not until the
+    /// first adapter, unless checkpointing made the embeddings' output require one).
+    pub grad: bool,
 }
 
 impl Tape {
@@ -214,6 +233,9 @@ impl Tape {
             parts: PartBytes::default(),
             saved: Vec::new(),
             total: 0,
+            peft: None,
+            role: Role::Other,
+            grad: true,
         }
     }
     /// A new tensor of `width` elements per token.
@@ -232,6 +254,9 @@ impl Tape {
     }
     /// Keeps `t` for backward (once, however many ops keep it).
     pub fn save(&mut self, t: T) -> Res<()> {
+        if !self.grad {
+            return Ok(()); // nothing before it needs a gradient: autograd records nothing
+        }
         if let Some(s) = self.saved.get_mut(t.id) {
             if !*s {
                 *s = true;
@@ -286,10 +311,55 @@ impl Linear {
     }
     /// Keeps its input (under autocast its own 16-bit cast of it: activation casts are not
     /// cached, only weights are) and returns its output in the activations' dtype.
+    /// [`forward`](Self::forward) as the linear of `role`.
+    pub fn run(&self, role: Role, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+        tape.role = role;
+        self.forward(tape, x, d)
+    }
     pub fn forward(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
-        let kept = if d.amp { tape.cast(x, 2)? } else { x };
-        tape.save(kept)?;
-        tape.tensor(self.n_out, d.act)
+        let role = std::mem::replace(&mut tape.role, Role::Other);
+        let Some(p) = tape.peft else {
+            let kept = if d.amp { tape.cast(x, 2)? } else { x };
+            tape.save(kept)?;
+            return tape.tensor(self.n_out, d.act);
+        };
+        // the frozen base keeps no input: its weight needs no gradient
+        if p.targets.contains(role) && role != Role::Head {
+            let part = std::mem::replace(&mut tape.part, SavedPart::Adapters);
+            // the adapters' saves do not wait for the input to need a gradient
+            tape.grad = true;
+            // peft casts the input to the adapters' dtype (a copy of its own per linear when
+            // the dtypes differ; bitsandbytes' LoRA layer skips it under autocast), and under
+            // autocast lora_A's matmul casts that to 16 bits: a copy of its own again
+            let x_in = if d.amp && p.quantized {
+                x
+            } else {
+                tape.cast(x, p.adapter_bytes)?
+            };
+            let dropped = if p.dropout {
+                let mask = tape.like(x_in, 1)?;
+                tape.save(mask)?;
+                tape.like(x_in, x_in.bytes)?
+            } else {
+                x_in
+            };
+            let kept = if d.amp {
+                tape.cast(dropped, 2)?
+            } else {
+                dropped
+            };
+            tape.save(kept)?;
+            let a_bytes = if d.amp { 2 } else { p.adapter_bytes };
+            tape.saved(p.rank, a_bytes)?; // lora_A's output, kept by lora_B
+            tape.part = part;
+        }
+        // bitsandbytes returns a 4-bit linear's output in its input's dtype
+        let out = if p.quantized && role != Role::Head {
+            x.bytes
+        } else {
+            d.act
+        };
+        tape.tensor(self.n_out, out)
     }
 }
 
@@ -336,6 +406,8 @@ impl Norm {
         }
     }
     pub fn forward(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+        // a frozen weight needs no gradient, so its product keeps no normalised input
+        let frozen = tape.peft.is_some();
         match self.kind {
             NormKind::LayerNorm => {
                 // on CUDA autocast's fp32 list: the input is cast up first
@@ -353,17 +425,23 @@ impl Norm {
                 match style {
                     RmsStyle::Llama => {
                         let normed = tape.cast(normed32, x.bytes)?;
-                        tape.save(normed)?; // the weight product keeps it
+                        if !frozen {
+                            tape.save(normed)?; // the weight product keeps it
+                        }
                         tape.like(x, x.bytes.max(d.weight))
                     }
                     RmsStyle::Gemma => {
-                        tape.save(normed32)?;
+                        if !frozen {
+                            tape.save(normed32)?;
+                        }
                         tape.raw(self.width, 4).and_then(|w| tape.save(w))?; // 1 + weight
                         let out32 = tape.like(x, 4)?;
                         tape.cast(out32, x.bytes)
                     }
                     RmsStyle::Olmo2 => {
-                        tape.save(normed32)?;
+                        if !frozen {
+                            tape.save(normed32)?;
+                        }
                         let out32 = tape.like(x, 4)?;
                         tape.cast(out32, x.bytes)
                     }
@@ -471,6 +549,15 @@ impl Mlp {
             l.params(out);
         }
     }
+    /// The linears with their roles, in `linears` order.
+    pub fn roled_linears(&self) -> Vec<(Role, Linear)> {
+        let roles: &[Role] = match self.kind {
+            MlpKind::Gated { fused: true } => &[Role::GateUp, Role::Down],
+            MlpKind::Gated { fused: false } => &[Role::Gate, Role::Up, Role::Down],
+            MlpKind::Plain => &[Role::Fc, Role::Down],
+        };
+        roles.iter().copied().zip(self.linears()).collect()
+    }
     /// The weight matrices alone (what autocast's cast cache keeps: not the biases).
     pub fn weights(&self, out: &mut Vec<u64>) {
         out.extend(self.linears().iter().map(|l| l.n_in * l.n_out));
@@ -484,12 +571,12 @@ impl Mlp {
         let inner = match self.kind {
             MlpKind::Gated { fused } => {
                 let (gate, up) = if fused {
-                    let gate_up = Linear::new(h, 2 * i, b).forward(tape, x, d)?;
+                    let gate_up = Linear::new(h, 2 * i, b).run(Role::GateUp, tape, x, d)?;
                     (gate_up, gate_up) // chunks are views of one storage
                 } else {
                     (
-                        Linear::new(h, i, b).forward(tape, x, d)?,
-                        Linear::new(h, i, b).forward(tape, x, d)?,
+                        Linear::new(h, i, b).run(Role::Gate, tape, x, d)?,
+                        Linear::new(h, i, b).run(Role::Up, tape, x, d)?,
                     )
                 };
                 // act(gate) keeps gate, the product keeps act(gate) and up; chunks of a fused
@@ -501,11 +588,11 @@ impl Mlp {
                 tape.tensor(i, a.bytes)?
             }
             MlpKind::Plain => {
-                let f = Linear::new(h, i, b).forward(tape, x, d)?;
+                let f = Linear::new(h, i, b).run(Role::Fc, tape, x, d)?;
                 self.act.forward(tape, f, d)?
             }
         };
-        self.down().forward(tape, inner, d)
+        self.down().run(Role::Down, tape, inner, d)
     }
     /// Tensors of `tokens x inner` alive together inside a no-grad forward.
     pub fn inference_inner_tensors(&self) -> u64 {
@@ -594,6 +681,17 @@ impl Moe {
         }
     }
     /// Parameters of the routed experts.
+    /// The router, the shared expert's linears and its gate, with their roles.
+    pub fn roled_linears(&self) -> Vec<(Role, Linear)> {
+        let mut v = vec![(Role::Other, self.router())];
+        if let Some(s) = self.shared() {
+            v.extend(s.roled_linears());
+        }
+        if self.shared_gate {
+            v.push((Role::Other, Linear::new(self.hidden, 1, false)));
+        }
+        v
+    }
     pub fn routed_params(&self) -> u64 {
         let (h, e, i) = (self.hidden, self.experts, self.inner);
         e * (3 * i * h + if self.expert_bias { 2 * i + h } else { 0 })

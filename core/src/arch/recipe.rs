@@ -165,11 +165,19 @@ pub enum Checkpointing {
     /// Every transformer layer is checkpointed: only layer inputs are kept, one layer is
     /// recomputed at a time in backward.
     Full,
+    /// Like [`Full`](Self::Full), the layer inputs offloaded to pinned CPU memory during the
+    /// forward (transformers' `activation_checkpointing_enable(offload=True)`) and copied
+    /// back one layer at a time in backward.
+    Offload,
 }
 
 impl Checkpointing {
     /// Both settings.
-    pub const ALL: [Checkpointing; 2] = [Checkpointing::None, Checkpointing::Full];
+    pub const ALL: [Checkpointing; 3] = [
+        Checkpointing::None,
+        Checkpointing::Full,
+        Checkpointing::Offload,
+    ];
 
     /// Short stable key.
     #[must_use]
@@ -177,6 +185,7 @@ impl Checkpointing {
         match self {
             Checkpointing::None => "none",
             Checkpointing::Full => "full",
+            Checkpointing::Offload => "offload",
         }
     }
 
@@ -186,7 +195,14 @@ impl Checkpointing {
         match self {
             Checkpointing::None => "No checkpointing",
             Checkpointing::Full => "Full (every layer)",
+            Checkpointing::Offload => "Full, inputs offloaded to CPU",
         }
+    }
+
+    /// Whether layers are recomputed in backward.
+    #[must_use]
+    pub const fn recomputes(self) -> bool {
+        !matches!(self, Checkpointing::None)
     }
 
     /// The setting whose [`key`](Self::key) is `key`.
