@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use estimator_core::{
     decode_query, evaluate, format_bytes, group_thousands, ByteUnit, Evaluation, Field, MaxBatch,
-    Mode, ModelFamily, PageState, PartKind, Preset,
+    Method, Mode, ModelFamily, PageState, PartKind, Preset,
 };
 
 const USAGE: &str = "\
@@ -23,10 +23,23 @@ step:
   --batch N             samples per step (per GPU)
   --seq N               tokens per sample (image side in pixels for ViT)
   --precision P         fp32, amp-bf16, amp-fp16, bf16, mixed-bf16, mixed-fp16
-  --optimizer O         adamw, sgd, sgd-momentum, none
+  --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit (bitsandbytes),
+                        adafactor (torch.optim), adafactor-hf (transformers), none
   --attention A         sdpa, eager
-  --checkpointing C     none, full
+  --checkpointing C     none, full, offload (layer inputs in CPU memory)
   --generate N          tokens generated after the prompt (KV cache; optimizer none)
+
+fine-tuning:
+fine-tuning:
+  --method M            full, lora, qlora (LoRA on a 4-bit bitsandbytes base)
+  --lora-r N            adapter rank (default 16)
+  --lora-alpha A        lora_alpha (scales the output; no memory effect; default 32)
+  --lora-dropout P      lora_dropout, 0 <= P < 1 (default 0: no masks)
+  --lora-targets T      all-linear, attention, mlp, or module names: q_proj,v_proj
+  --lora-dtype D        fp32 (peft's default), model
+  --quant Q             qlora: nf4, fp4
+  --double-quant on|off qlora: double quantization (default on)
+  --kbit-prepare on|off qlora: prepare_model_for_kbit_training (default on)
 
 hardware:
   --gpu KEY             rtx3090, rtx4090, rtx5090, a10g, l4, l40s, t4, v100-16, v100-32,
@@ -88,7 +101,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 14] = [
+const FIELD_FLAGS: [(&str, Field); 23] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -103,7 +116,26 @@ const FIELD_FLAGS: [(&str, Field); 14] = [
     ("--tp", Field::TensorParallel),
     ("--ep", Field::ExpertParallel),
     ("--global-batch", Field::GlobalBatch),
+    ("--method", Field::Method),
+    ("--lora-r", Field::LoraRank),
+    ("--lora-alpha", Field::LoraAlpha),
+    ("--lora-dropout", Field::LoraDropout),
+    ("--lora-targets", Field::LoraTargets),
+    ("--lora-dtype", Field::LoraDtype),
+    ("--quant", Field::Quant),
+    ("--double-quant", Field::DoubleQuant),
+    ("--kbit-prepare", Field::KbitPrepare),
 ];
+
+/// Flags that mean something only with `--method lora` or `qlora`, and the QLoRA-only ones.
+const LORA_FLAGS: [&str; 5] = [
+    "--lora-r",
+    "--lora-alpha",
+    "--lora-dropout",
+    "--lora-targets",
+    "--lora-dtype",
+];
+const QLORA_FLAGS: [&str; 3] = ["--quant", "--double-quant", "--kbit-prepare"];
 
 fn set(state: &mut PageState, flag: &str, field: Field, value: &str) -> Result<(), String> {
     state
@@ -162,6 +194,19 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         }
         i += 1;
     }
+    let given = |flags: &[&'static str]| -> Option<&'static str> {
+        flags.iter().copied().find(|f| args.iter().any(|a| a == f))
+    };
+    if let Some(flag) = given(&LORA_FLAGS).or(given(&QLORA_FLAGS)) {
+        if state.method == Method::Full {
+            return Err(format!("{flag} needs --method lora or --method qlora"));
+        }
+    }
+    if let Some(flag) = given(&QLORA_FLAGS) {
+        if state.method != Method::Qlora {
+            return Err(format!("{flag} needs --method qlora"));
+        }
+    }
     if state.mode == Mode::Architecture && state.preset.is_none() && state.config_json.is_empty() {
         return Err("give a model: --config PATH, --preset KEY or --query".to_owned());
     }
@@ -213,6 +258,10 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "per_gpu": e.per_gpu,
         "query": estimator_core::encode_query(state),
     });
+    out["trainable_params"] = e.step.trainable_params.into();
+    if e.step.paged_bytes > 0 {
+        out["paged_bytes"] = e.step.paged_bytes.into();
+    }
     if let Some(moe) = moe_counts(state) {
         out["active_params"] = moe.active.into();
         out["routed_expert_params"] = moe.routed.into();
@@ -261,6 +310,12 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         "parameters        {}{active}\n",
         group_thousands(e.n_params)
     ));
+    if state.method != Method::Full && state.mode == Mode::Architecture {
+        out.push_str(&format!(
+            "trainable         {} (the adapters)\n",
+            group_thousands(e.step.trainable_params)
+        ));
+    }
     let batch_label = if e.per_gpu { "batch per GPU" } else { "batch" };
     out.push_str(&format!("{batch_label:<18}{}\n", e.batch));
     for (kind, bytes) in &e.step.parts {

@@ -251,3 +251,95 @@ fn an_expert_parallel_group_that_does_not_divide_the_gpus_fails_clearly() {
     assert_ne!(code, 0);
     assert!(stderr.starts_with("memest: "), "{stderr}");
 }
+
+#[test]
+fn qlora_reports_its_trainable_parameters_and_paged_state() {
+    let (code, stdout, stderr) = memest(&[
+        "--preset",
+        "llama3-8b",
+        "--seq",
+        "2048",
+        "--batch",
+        "1",
+        "--precision",
+        "amp-bf16",
+        "--optimizer",
+        "paged-adamw8bit",
+        "--checkpointing",
+        "full",
+        "--method",
+        "qlora",
+        "--lora-r",
+        "16",
+        "--lora-targets",
+        "all-linear",
+        "--quant",
+        "nf4",
+        "--double-quant",
+        "on",
+        "--kbit-prepare",
+        "on",
+        "--gpu",
+        "rtx4090",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["trainable_params"], 41_943_040u64);
+    assert_eq!(v["n_params"], 8_030_261_248u64 + 41_943_040);
+    assert_eq!(v["paged_bytes"], 44_040_192u64);
+    assert_eq!(v["verdict"]["fits"], true, "{stdout}");
+    let query = v["query"].as_str().unwrap();
+    for part in [
+        "method=qlora",
+        "lr=16",
+        "q=nf4",
+        "dq=on",
+        "kbit=on",
+        "o=paged-adamw8bit",
+    ] {
+        assert!(query.contains(part), "{part} in {query}");
+    }
+    // without a paged optimizer there is no paged line
+    let (code, stdout, _) = memest(&[
+        "--preset", "gpt2", "--seq", "1024", "--method", "lora", "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v.get("paged_bytes").is_none(), "{v}");
+    assert!(v["trainable_params"].as_u64().unwrap() < 10_000_000);
+}
+
+#[test]
+fn peft_mistakes_fail_clearly() {
+    for (args, message) in [
+        (
+            &["--lora-r", "8"][..],
+            "memest: --lora-r needs --method lora or --method qlora",
+        ),
+        (
+            &["--method", "lora", "--quant", "fp4"][..],
+            "memest: --quant needs --method qlora",
+        ),
+        (
+            &["--method", "lora", "--lora-r", "0"][..],
+            "memest: LoRA rank: Must be greater than zero.",
+        ),
+        (
+            &["--method", "lora", "--lora-targets", "c_attn"][..],
+            "memest: LoRA target modules: This model has no module \"c_attn\"",
+        ),
+        (
+            &["--method", "qlora", "--lora-dropout", "1"][..],
+            "memest: LoRA dropout: Must be below 1",
+        ),
+        (&["--method", "dora"][..], "memest: --method \"dora\""),
+    ] {
+        let mut all = vec!["--preset", "llama3-8b"];
+        all.extend_from_slice(args);
+        let (code, stdout, stderr) = memest(&all);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+    }
+}

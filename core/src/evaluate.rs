@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::{
-    estimate_peak, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
+    estimate_peak_with, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
     simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, CategoryBytes, FitVerdict,
     MaxBatch, Phase, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow,
     TrainingStep, MAX_BATCH,
@@ -27,6 +27,9 @@ pub enum PartKind {
     Temporaries,
     /// The KV cache of generation.
     KvCache,
+    /// A paged optimizer's state in CUDA managed memory: on the GPU, outside PyTorch's
+    /// caching allocator (and so outside `max_memory_allocated`).
+    PagedOptimizerStates,
 }
 
 impl PartKind {
@@ -41,6 +44,7 @@ impl PartKind {
             PartKind::Buffers => "buffers",
             PartKind::Temporaries => "temporaries",
             PartKind::KvCache => "kv-cache",
+            PartKind::PagedOptimizerStates => "paged-optimizer-states",
         }
     }
 
@@ -55,6 +59,9 @@ impl PartKind {
             PartKind::Buffers => "Buffers and inputs",
             PartKind::Temporaries => "Temporaries",
             PartKind::KvCache => "KV cache",
+            PartKind::PagedOptimizerStates => {
+                "Paged optimizer states (outside PyTorch's allocator)"
+            }
         }
     }
 }
@@ -76,6 +83,11 @@ pub struct StepMemory {
     /// the [`PartKind::Activations`] part. Empty in simple mode and when no activations are
     /// alive at the peak.
     pub activation_parts: Vec<(SavedPart, u64)>,
+    /// Parameters with gradients: the adapters' under LoRA / QLoRA, all of them in full
+    /// training, none in inference.
+    pub trainable_params: u64,
+    /// Part of `peak_bytes` a paged optimizer holds outside PyTorch's caching allocator.
+    pub paged_bytes: u64,
 }
 
 /// `parts` (summing to `whole`) scaled to sum exactly to `target`: each part in proportion,
@@ -163,6 +175,8 @@ enum Model {
         arch: Architecture,
         step: TrainingStep,
         new_tokens: u64,
+        /// LoRA / QLoRA, `None` for full fine-tuning.
+        peft: Option<crate::Peft>,
     },
 }
 
@@ -198,6 +212,7 @@ fn model_of(state: &PageState) -> Result<(Model, u64), EvaluationError> {
                 .architecture()
                 .map_err(|e| EvaluationError::Model(e.to_string()))?;
             let n_params = arch.parameter_count();
+            let peft = state.parsed_peft(&arch).map_err(fields_error)?;
             let step = TrainingStep {
                 batch,
                 seq_len,
@@ -211,6 +226,7 @@ fn model_of(state: &PageState) -> Result<(Model, u64), EvaluationError> {
                     arch,
                     step,
                     new_tokens,
+                    peft,
                 },
                 n_params,
             ))
@@ -282,15 +298,22 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 model_state_bytes: state.total(),
                 activation_bytes: b.activations,
                 activation_parts: Vec::new(),
+                trainable_params: if inputs.optimizer.trains() {
+                    inputs.params
+                } else {
+                    0
+                },
+                paged_bytes: 0,
             })
         }
         Model::Architecture {
             arch,
             step,
             new_tokens,
+            peft,
         } => {
             let step = TrainingStep { batch, ..*step };
-            let estimate = estimate_peak(arch, &step)
+            let estimate = estimate_peak_with(arch, &step, peft.as_ref())
                 .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
             let tp = plan.tensor_parallel.max(1);
             let n = plan.num_gpus.max(1);
@@ -356,6 +379,15 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                         .saturating_add(b.optimizer_state_bytes),
                 }
             };
+            // a paged optimizer's state is held on the GPU through the whole step
+            let paged = {
+                let whole = ShardedState {
+                    parameter_bytes: 0,
+                    gradient_bytes: 0,
+                    optimizer_state_bytes: estimate.paged_bytes / tp,
+                };
+                shard(whole, 0).optimizer_state_bytes
+            };
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
             for (phase, c) in &estimate.phase_peaks {
                 let whole = ShardedState {
@@ -387,6 +419,7 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 let total = sharded
                     .total()
                     .and_then(|t| t.checked_add(if *phase == Phase::Forward { kv } else { 0 }))
+                    .and_then(|t| t.checked_add(paged))
                     .ok_or_else(too_large)?;
                 if best.as_ref().is_none_or(|(_, _, t)| total > *t) {
                     best = Some((*phase, sharded, total));
@@ -404,6 +437,9 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
             let kv_at_peak = if phase == Phase::Forward { kv } else { 0 };
             if kv_at_peak > 0 {
                 parts.push((PartKind::KvCache, kv_at_peak));
+            }
+            if paged > 0 {
+                parts.push((PartKind::PagedOptimizerStates, paged));
             }
             let model_state = shard(
                 ShardedState {
@@ -431,9 +467,11 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 parts,
                 peak_bytes,
                 peak_phase: Some(phase),
-                model_state_bytes: model_state.total(),
+                model_state_bytes: model_state.total().saturating_add(paged),
                 activation_bytes,
                 activation_parts,
+                trainable_params: estimate.trainable_params,
+                paged_bytes: paged,
             })
         }
     }
@@ -498,7 +536,14 @@ pub fn evaluate(state: &PageState) -> Result<Evaluation, EvaluationError> {
         _ => None,
     };
     Ok(Evaluation {
-        n_params,
+        // peft counts the adapters among the model's parameters
+        n_params: n_params.saturating_add(
+            if matches!(model, Model::Architecture { peft: Some(_), .. }) {
+                step.trainable_params
+            } else {
+                0
+            },
+        ),
         step,
         batch,
         sweep: sweep_rows,
@@ -513,7 +558,7 @@ pub fn evaluate(state: &PageState) -> Result<Evaluation, EvaluationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode_query, Gpu};
+    use crate::{decode_query, Checkpointing, Gpu, Optimizer};
     use proptest::prelude::*;
 
     #[test]
@@ -688,5 +733,112 @@ mod tests {
         fn never_panics_on_any_link(query in "[a-z]{1,6}=[-0-9a-z.%]{0,12}(&[a-z]{1,6}=[-0-9a-z.%]{0,12}){0,8}") {
             let _ = evaluate(&decode_query(&query).state);
         }
+    }
+
+    #[track_caller]
+    fn eval(query: &str) -> Evaluation {
+        let decoded = decode_query(query);
+        assert!(decoded.notices.is_empty(), "{query}: {:?}", decoded.notices);
+        evaluate(&decoded.state).unwrap()
+    }
+
+    /// The QLoRA recipe people run on one 24 GB card: Llama 3 8B, nf4 with double
+    /// quantization, prepare_model_for_kbit_training, r 16 on every linear, paged AdamW 8-bit,
+    /// checkpointing (measured at 12.41 GiB by validation/peft.py at batch 1, seq 2048).
+    const QLORA_8B: &str = "m=arch&model=llama3-8b&s=2048&b=1&r=amp-bf16&o=paged-adamw8bit\
+        &gc=full&method=qlora&lr=16&lt=all-linear&q=nf4&dq=on&kbit=on&gpu=rtx4090";
+
+    #[test]
+    fn qlora_on_an_8b_model_fits_a_24_gb_gpu() {
+        let e = eval(QLORA_8B);
+        assert_eq!(e.step.trainable_params, 41_943_040);
+        assert!(
+            e.verdict.as_ref().is_some_and(FitVerdict::fits),
+            "{:?}",
+            e.verdict
+        );
+        let Some(MaxBatch::Fits(max)) = e.max_batch else {
+            panic!("{:?}", e.max_batch)
+        };
+        assert!((1..=8).contains(&max), "{max}");
+        // the paged state is its own line and counts in the peak the verdict uses
+        let paged = e
+            .step
+            .parts
+            .iter()
+            .find(|(k, _)| *k == PartKind::PagedOptimizerStates)
+            .map(|(_, b)| *b);
+        assert_eq!(paged, Some(44_040_192));
+        assert_eq!(e.step.paged_bytes, 44_040_192);
+        let listed: u64 = e.step.parts.iter().map(|(_, b)| b).sum();
+        assert_eq!(listed, e.step.peak_bytes);
+        // one past the largest batch does not fit
+        let over = eval(&QLORA_8B.replace("b=1", &format!("b={}", max + 1)));
+        assert!(!over.verdict.unwrap().fits());
+        // full fine-tuning of the same model is far from fitting
+        let full = eval(&QLORA_8B.replace("method=qlora", "method=full"));
+        assert!(!full.verdict.unwrap().fits());
+        assert_eq!(full.step.trainable_params, 8_030_261_248);
+    }
+
+    #[test]
+    fn peft_settings_round_trip_through_the_url() {
+        let query = "m=arch&model=qwen3-8b&method=lora&lr=64&la=128&ld=0.05&lt=q_proj,v_proj\
+            &ldt=model&q=fp4&dq=off&kbit=off&gc=offload&o=adafactor-hf";
+        let state = decode_query(query).state;
+        assert_eq!(state.method, crate::Method::Lora);
+        assert_eq!(state.lora_rank, "64");
+        assert_eq!(state.lora_targets, "q_proj,v_proj");
+        assert!(!state.lora_fp32 && !state.double_quant && !state.kbit_prepare);
+        assert_eq!(state.quant, crate::Quant4::Fp4);
+        assert_eq!(state.checkpointing, Checkpointing::Offload);
+        assert_eq!(state.optimizer, Optimizer::AdafactorHf);
+        let again = decode_query(&crate::encode_query(&state));
+        assert!(again.notices.is_empty(), "{:?}", again.notices);
+        assert_eq!(again.state, state);
+    }
+
+    #[track_caller]
+    fn peft_field_error(query: &str, field: Field, message: &str) {
+        match evaluate(&decode_query(query).state) {
+            Err(EvaluationError::Fields(errors)) => assert!(
+                errors
+                    .iter()
+                    .any(|(f, m)| *f == field && m.starts_with(message)),
+                "{query}: {errors:?}"
+            ),
+            other => panic!("{query}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn peft_mistakes_name_their_field() {
+        let base = "m=arch&model=llama3-8b&method=lora";
+        peft_field_error(
+            &format!("{base}&lt=c_attn"),
+            Field::LoraTargets,
+            "This model has no module \"c_attn\" (its linears: q_proj, k_proj",
+        );
+        peft_field_error(
+            &format!("{base}&lt=,"),
+            Field::LoraTargets,
+            "Name at least one",
+        );
+        let e = evaluate(&PageState {
+            lora_dropout: "1".to_owned(),
+            ..decode_query(base).state
+        });
+        assert!(format!("{e:?}").contains("Must be below 1"), "{e:?}");
+        let e = evaluate(&PageState {
+            lora_rank: "0".to_owned(),
+            ..decode_query(base).state
+        });
+        assert!(format!("{e:?}").contains("LoraRank"), "{e:?}");
+        // full fine-tuning ignores the LoRA fields
+        let e = evaluate(&PageState {
+            lora_targets: "nonsense".to_owned(),
+            ..decode_query("m=arch&model=llama3-8b").state
+        });
+        assert!(e.is_ok(), "{e:?}");
     }
 }

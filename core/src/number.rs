@@ -26,6 +26,8 @@ pub enum FieldError {
         /// The largest value accepted, as a person would write it.
         max: String,
     },
+    /// A message of the field's own (a module name the model lacks, a probability of 1).
+    Other(String),
     /// A group size that does not divide what it splits.
     MustDivide {
         /// What it must divide (`the number of GPUs`).
@@ -49,6 +51,7 @@ impl fmt::Display for FieldError {
             FieldError::Zero => write!(f, "Must be greater than zero."),
             FieldError::NotWhole { what } => write!(f, "Must be a whole number of {what}."),
             FieldError::TooLarge { max } => write!(f, "Too large: at most {max}."),
+            FieldError::Other(message) => f.write_str(message),
             FieldError::MustDivide { what, total } => {
                 write!(f, "Must divide {what} ({total}).")
             }

@@ -3,8 +3,8 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AttentionKernel, ByteUnit, Checkpointing, Gpu, Optimizer, ParamUnit, Precision,
-    PrecisionRecipe, Preset, Sharding,
+    AttentionKernel, ByteUnit, Checkpointing, Gpu, Method, Optimizer, ParamUnit, Peft, Precision,
+    PrecisionRecipe, Preset, Quant4, Sharding,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -21,6 +21,8 @@ pub const MAX_CAPACITY_MIB: u64 = 100 << 20;
 pub const MAX_CONTEXT_MIB: u64 = 1 << 20;
 /// Longest generation accepted.
 pub const MAX_NEW_TOKENS: u64 = 1 << 24;
+/// Largest LoRA rank accepted.
+pub const MAX_LORA_RANK: u64 = 1 << 16;
 
 /// Parses a whole count field in `1..=max` (or `0..=max` when `zero_ok`).
 fn parse_count(text: &str, max: u64, what: &'static str, zero_ok: bool) -> Result<u64, FieldError> {
@@ -101,6 +103,24 @@ pub struct PageState {
     pub attention: AttentionKernel,
     /// Architecture mode: activation checkpointing.
     pub checkpointing: Checkpointing,
+    /// Architecture mode: full fine-tuning, LoRA or QLoRA.
+    pub method: Method,
+    /// LoRA rank `r`, as typed.
+    pub lora_rank: String,
+    /// `lora_alpha`, as typed (it scales the adapters' output, not their memory).
+    pub lora_alpha: String,
+    /// `lora_dropout`, as typed.
+    pub lora_dropout: String,
+    /// Target modules: `all-linear`, `attention`, `mlp` or module names, as typed.
+    pub lora_targets: String,
+    /// Adapters in fp32 (peft's default) or in the base's dtype.
+    pub lora_fp32: bool,
+    /// QLoRA: the 4-bit type.
+    pub quant: Quant4,
+    /// QLoRA: double quantization.
+    pub double_quant: bool,
+    /// QLoRA: `prepare_model_for_kbit_training`.
+    pub kbit_prepare: bool,
     /// Architecture mode, inference: tokens generated after the prompt (KV cache), as typed.
     pub new_tokens: String,
     /// The GPU, or `None` to plan for no GPU in particular.
@@ -161,6 +181,15 @@ impl Default for PageState {
             recipe: PrecisionRecipe::AmpBf16,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
+            method: Method::Full,
+            lora_rank: "16".to_owned(),
+            lora_alpha: "32".to_owned(),
+            lora_dropout: "0".to_owned(),
+            lora_targets: "all-linear".to_owned(),
+            lora_fp32: true,
+            quant: Quant4::Nf4,
+            double_quant: true,
+            kbit_prepare: true,
             new_tokens: "0".to_owned(),
             gpu: Some(Gpu::H100_80),
             custom_capacity_mib: "81920".to_owned(),
@@ -207,6 +236,24 @@ pub enum Field {
     Attention,
     /// [`PageState::checkpointing`].
     Checkpointing,
+    /// [`PageState::method`].
+    Method,
+    /// [`PageState::lora_rank`].
+    LoraRank,
+    /// [`PageState::lora_alpha`].
+    LoraAlpha,
+    /// [`PageState::lora_dropout`].
+    LoraDropout,
+    /// [`PageState::lora_targets`].
+    LoraTargets,
+    /// [`PageState::lora_fp32`].
+    LoraDtype,
+    /// [`PageState::quant`].
+    Quant,
+    /// [`PageState::double_quant`].
+    DoubleQuant,
+    /// [`PageState::kbit_prepare`].
+    KbitPrepare,
     /// [`PageState::new_tokens`].
     NewTokens,
     /// [`PageState::gpu`].
@@ -236,7 +283,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 25] = [
+    pub const ALL: [Field; 34] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -250,6 +297,15 @@ impl Field {
         Field::Recipe,
         Field::Attention,
         Field::Checkpointing,
+        Field::Method,
+        Field::LoraRank,
+        Field::LoraAlpha,
+        Field::LoraDropout,
+        Field::LoraTargets,
+        Field::LoraDtype,
+        Field::Quant,
+        Field::DoubleQuant,
+        Field::KbitPrepare,
         Field::NewTokens,
         Field::Gpu,
         Field::CustomCapacity,
@@ -282,6 +338,15 @@ impl Field {
             Field::Recipe => "r",
             Field::Attention => "attn",
             Field::Checkpointing => "gc",
+            Field::Method => "method",
+            Field::LoraRank => "lr",
+            Field::LoraAlpha => "la",
+            Field::LoraDropout => "ld",
+            Field::LoraTargets => "lt",
+            Field::LoraDtype => "ldt",
+            Field::Quant => "q",
+            Field::DoubleQuant => "dq",
+            Field::KbitPrepare => "kbit",
             Field::NewTokens => "gen",
             Field::Gpu => "gpu",
             Field::CustomCapacity => "cap",
@@ -314,6 +379,15 @@ impl Field {
             Field::Recipe => "precision recipe",
             Field::Attention => "attention kernel",
             Field::Checkpointing => "activation checkpointing",
+            Field::Method => "training method",
+            Field::LoraRank => "LoRA rank",
+            Field::LoraAlpha => "LoRA alpha",
+            Field::LoraDropout => "LoRA dropout",
+            Field::LoraTargets => "LoRA target modules",
+            Field::LoraDtype => "adapter dtype",
+            Field::Quant => "4-bit type",
+            Field::DoubleQuant => "double quantization",
+            Field::KbitPrepare => "k-bit preparation",
             Field::NewTokens => "generated tokens",
             Field::Gpu => "GPU",
             Field::CustomCapacity => "custom capacity (MiB)",
@@ -335,12 +409,41 @@ impl Field {
     }
 }
 
-fn choice<T>(
+/// The choice of `all` whose key is `value` (the message lists the keys otherwise).
+fn choice<T: Copy>(value: &str, all: &[T], key: fn(T) -> &'static str) -> Result<T, String> {
+    choice_by(value, all, key, |v| {
+        all.iter().copied().find(|&c| key(c) == v)
+    })
+}
+
+/// [`choice`] for types that read their keys their own way (case-insensitive GGUF names).
+fn choice_by<T: Copy>(
     value: &str,
+    all: &[T],
+    key: fn(T) -> &'static str,
     from_key: impl Fn(&str) -> Option<T>,
-    keys: &[&str],
 ) -> Result<T, String> {
-    from_key(value).ok_or_else(|| format!("expected one of {}.", keys.join(", ")))
+    from_key(value).ok_or_else(|| {
+        let keys: Vec<&str> = all.iter().map(|&v| key(v)).collect();
+        format!("expected one of {}.", keys.join(", "))
+    })
+}
+
+fn on_off(value: bool) -> &'static str {
+    if value {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Adapters in fp32, or in the base model's dtype.
+fn adapter_dtype_key(fp32: bool) -> &'static str {
+    if fp32 {
+        "fp32"
+    } else {
+        "model"
+    }
 }
 
 fn text(value: &str) -> Result<String, String> {
@@ -377,6 +480,15 @@ impl PageState {
             Field::Recipe => self.recipe.key().to_owned(),
             Field::Attention => self.attention.key().to_owned(),
             Field::Checkpointing => self.checkpointing.key().to_owned(),
+            Field::Method => self.method.key().to_owned(),
+            Field::LoraRank => self.lora_rank.clone(),
+            Field::LoraAlpha => self.lora_alpha.clone(),
+            Field::LoraDropout => self.lora_dropout.clone(),
+            Field::LoraTargets => self.lora_targets.clone(),
+            Field::LoraDtype => adapter_dtype_key(self.lora_fp32).to_owned(),
+            Field::Quant => self.quant.key().to_owned(),
+            Field::DoubleQuant => on_off(self.double_quant).to_owned(),
+            Field::KbitPrepare => on_off(self.kbit_prepare).to_owned(),
             Field::NewTokens => self.new_tokens.clone(),
             Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
             Field::CustomCapacity => self.custom_capacity_mib.clone(),
@@ -398,45 +510,29 @@ impl PageState {
     pub fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
         match field {
             Field::Mode => {
-                self.mode = choice(value, Mode::from_key, &Mode::ALL.map(Mode::key))?;
+                self.mode = choice(value, &Mode::ALL, Mode::key)?;
             }
             Field::Params => self.params = text(value)?,
             Field::ParamsUnit => {
-                self.params_unit = choice(
-                    value,
-                    ParamUnit::from_key,
-                    &ParamUnit::ALL.map(ParamUnit::key),
-                )?;
+                self.params_unit =
+                    choice_by(value, &ParamUnit::ALL, ParamUnit::key, ParamUnit::from_key)?;
             }
             Field::Precision => {
-                self.precision = choice(
-                    value,
-                    Precision::from_key,
-                    &Precision::ALL.map(Precision::key),
-                )?;
+                self.precision = choice(value, &Precision::ALL, Precision::key)?;
             }
             Field::Optimizer => {
-                self.optimizer = choice(
-                    value,
-                    Optimizer::from_key,
-                    &Optimizer::ALL.map(Optimizer::key),
-                )?;
+                self.optimizer = choice(value, &Optimizer::ALL, Optimizer::key)?;
             }
             Field::Batch => self.batch = text(value)?,
             Field::ActivationMb => self.activation_mb = text(value)?,
             Field::ByteUnit => {
-                self.byte_unit =
-                    choice(value, ByteUnit::from_key, &ByteUnit::ALL.map(ByteUnit::key))?;
+                self.byte_unit = choice(value, &ByteUnit::ALL, ByteUnit::key)?;
             }
             Field::Model => {
                 self.preset = if value == CUSTOM_MODEL_KEY {
                     None
                 } else {
-                    Some(choice(
-                        value,
-                        Preset::from_key,
-                        &Preset::ALL.map(Preset::key),
-                    )?)
+                    Some(choice(value, &Preset::ALL, Preset::key)?)
                 };
             }
             Field::Config => {
@@ -447,32 +543,35 @@ impl PageState {
             }
             Field::SeqLen => self.seq_len = text(value)?,
             Field::Recipe => {
-                self.recipe = choice(
-                    value,
-                    PrecisionRecipe::from_key,
-                    &PrecisionRecipe::ALL.map(PrecisionRecipe::key),
-                )?;
+                self.recipe = choice(value, &PrecisionRecipe::ALL, PrecisionRecipe::key)?;
             }
             Field::Attention => {
-                self.attention = choice(
-                    value,
-                    AttentionKernel::from_key,
-                    &AttentionKernel::ALL.map(AttentionKernel::key),
-                )?;
+                self.attention = choice(value, &AttentionKernel::ALL, AttentionKernel::key)?;
             }
             Field::Checkpointing => {
-                self.checkpointing = choice(
-                    value,
-                    Checkpointing::from_key,
-                    &Checkpointing::ALL.map(Checkpointing::key),
-                )?;
+                self.checkpointing = choice(value, &Checkpointing::ALL, Checkpointing::key)?;
             }
+            Field::Method => {
+                self.method = choice(value, &Method::ALL, Method::key)?;
+            }
+            Field::LoraRank => self.lora_rank = text(value)?,
+            Field::LoraAlpha => self.lora_alpha = text(value)?,
+            Field::LoraDropout => self.lora_dropout = text(value)?,
+            Field::LoraTargets => self.lora_targets = text(value)?,
+            Field::LoraDtype => {
+                self.lora_fp32 = choice(value, &[true, false], adapter_dtype_key)?;
+            }
+            Field::Quant => {
+                self.quant = choice(value, &Quant4::ALL, Quant4::key)?;
+            }
+            Field::DoubleQuant => self.double_quant = choice(value, &[true, false], on_off)?,
+            Field::KbitPrepare => self.kbit_prepare = choice(value, &[true, false], on_off)?,
             Field::NewTokens => self.new_tokens = text(value)?,
             Field::Gpu => {
                 self.gpu = if value == "none" {
                     None
                 } else {
-                    Some(choice(value, Gpu::from_key, &Gpu::ALL.map(Gpu::key))?)
+                    Some(choice(value, &Gpu::ALL, Gpu::key)?)
                 };
             }
             Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
@@ -481,8 +580,7 @@ impl PageState {
             Field::SafetyMargin => self.safety_margin_percent = text(value)?,
             Field::NumGpus => self.num_gpus = text(value)?,
             Field::Sharding => {
-                self.sharding =
-                    choice(value, Sharding::from_key, &Sharding::ALL.map(Sharding::key))?;
+                self.sharding = choice(value, &Sharding::ALL, Sharding::key)?;
             }
             Field::TensorParallel => self.tensor_parallel = text(value)?,
             Field::ExpertParallel => self.expert_parallel = text(value)?,
@@ -497,6 +595,67 @@ impl PageState {
     /// The message for the field.
     pub fn parsed_seq_len(&self) -> Result<u64, FieldError> {
         parse_count(&self.seq_len, MAX_SEQ_LEN, "tokens", false)
+    }
+
+    /// The LoRA rank, whether `lora_alpha` is a number (it scales the adapters' output, not
+    /// their memory) and whether dropout is on.
+    fn lora_numbers(
+        &self,
+    ) -> (
+        Result<u64, FieldError>,
+        Result<(), FieldError>,
+        Result<bool, FieldError>,
+    ) {
+        let rank = parse_count(&self.lora_rank, MAX_LORA_RANK, "ranks", false);
+        let alpha =
+            crate::number::parse_rounded_amount(&self.lora_alpha, 1000, u64::MAX / 2).map(|_| ());
+        let dropout = match crate::number::parse_rounded_amount(&self.lora_dropout, 1000, 999) {
+            Ok(_) => Ok(true),
+            Err(FieldError::Zero) => Ok(false),
+            Err(FieldError::TooLarge { .. }) => Err(FieldError::Other(
+                "Must be below 1 (a probability).".to_owned(),
+            )),
+            Err(e) => Err(e),
+        };
+        (rank, alpha, dropout)
+    }
+
+    /// The LoRA / QLoRA setup of `arch` (`None` for full fine-tuning), or the error of each
+    /// PEFT field that does not parse.
+    ///
+    /// # Errors
+    /// The fields and their messages.
+    pub fn parsed_peft(
+        &self,
+        arch: &crate::Architecture,
+    ) -> Result<Option<Peft>, Vec<(Field, FieldError)>> {
+        if self.method == Method::Full {
+            return Ok(None);
+        }
+        let mut errors = Vec::new();
+        let (rank, alpha, dropout) = self.lora_numbers();
+        let rank = rank.map_err(|e| errors.push((Field::LoraRank, e)));
+        let _ = alpha.map_err(|e| errors.push((Field::LoraAlpha, e)));
+        let dropout = dropout.map_err(|e| errors.push((Field::LoraDropout, e)));
+        let targets = arch
+            .lora_targets(&self.lora_targets)
+            .map_err(|e| errors.push((Field::LoraTargets, FieldError::Other(e.to_string()))));
+        let (Ok(rank), Ok(dropout), Ok(targets)) = (rank, dropout, targets) else {
+            return Err(errors);
+        };
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Some(Peft {
+            method: self.method,
+            rank,
+            dropout,
+            targets,
+            adapter_fp32: self.lora_fp32,
+            quant: self.quant,
+            double_quant: self.double_quant,
+            kbit_prepare: self.kbit_prepare,
+        }))
     }
 
     /// The parsed number of generated tokens (0 = no generation).
@@ -636,6 +795,16 @@ impl PageState {
         }
         if let Err(e) = self.parsed_new_tokens() {
             invalid.push((Field::NewTokens, e));
+        }
+        let (rank, alpha, dropout) = self.lora_numbers();
+        for (field, result) in [
+            (Field::LoraRank, rank.map(|_| ())),
+            (Field::LoraAlpha, alpha),
+            (Field::LoraDropout, dropout.map(|_| ())),
+        ] {
+            if let Err(e) = result {
+                invalid.push((field, e));
+            }
         }
         invalid.extend(self.plan_field_errors());
         // The custom capacity is checked even while another GPU is chosen: it travels in
