@@ -2,9 +2,9 @@
 
 use estimator_core::{
     decode_query, encode_query, evaluate, format_bytes, group_thousands, largest_peak_that_fits,
-    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Mode, ModelFamily,
-    Optimizer, PageState, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset, Sharding,
-    SweepRow, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Method, Mode,
+    ModelFamily, Optimizer, PageState, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset,
+    Quant4, Sharding, SweepRow, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
@@ -81,7 +81,14 @@ pub fn App() -> impl IntoView {
     let mode = Memo::new(move |_| state.with(|s| s.mode));
     let field_errors = Memo::new(move |_| {
         state.with(|s| {
-            s.invalid_text_fields()
+            let mut errors = s.invalid_text_fields();
+            // target module names are checked against the model
+            if s.mode == Mode::Architecture && s.method != Method::Full {
+                if let Ok(Err(peft)) = s.architecture().map(|a| s.parsed_peft(&a)) {
+                    errors.extend(peft.into_iter().filter(|(f, _)| *f == Field::LoraTargets));
+                }
+            }
+            errors
                 .into_iter()
                 .map(|(f, e)| (f, e.to_string()))
                 .collect::<Vec<_>>()
@@ -213,6 +220,8 @@ pub fn App() -> impl IntoView {
     let is_custom_gpu = move || state.with(|s| s.gpu == Some(Gpu::Custom));
     let is_vision = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_vision()));
     let is_moe = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_moe()));
+    let is_peft = move || state.with(|s| s.method != Method::Full && s.optimizer.trains());
+    let is_qlora = move || state.with(|s| s.method == Method::Qlora && s.optimizer.trains());
 
     let model_groups = preset_groups();
     let model_options = vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")];
@@ -241,6 +250,16 @@ pub fn App() -> impl IntoView {
                         " phase"
                     });
                 let per_gpu = e.per_gpu.then_some(" · figures are per GPU");
+                // LoRA / QLoRA train only the adapters
+                let trainable = (is_arch() && is_peft()).then(|| {
+                    let n = e.step.trainable_params;
+                    view! {
+                        " "
+                        <span data-testid="trainable-params" data-value=n.to_string()>
+                            {format!("({} trainable)", group_thousands(n))}
+                        </span>
+                    }
+                });
                 // A mixture of experts runs only some of its parameters for each token.
                 let active = state.with(active_params).map(|active| view! {
                     " "
@@ -254,6 +273,7 @@ pub fn App() -> impl IntoView {
                             {format!("{} parameters", group_thousands(e.n_params))}
                         </span>
                         {active}
+                        {trainable}
                         {phase}
                         <span data-testid="per-gpu-note">{per_gpu}</span>
                     </p>
@@ -276,7 +296,7 @@ pub fn App() -> impl IntoView {
                 <RadioGroup legend="Describe the model" name="mode" testid="mode"
                     options=options(&Mode::ALL, Mode::key, Mode::label)
                     value=value_of(Field::Mode) on_change=setter(Field::Mode) />
-                <Show when=move || !is_arch()>
+                <div class="when" hidden=is_arch>
                     <div class="field-row">
                         <NumberField label="Model parameters" testid="params"
                             hint="Decimals allowed: 0.5 with B is 500 million."
@@ -288,21 +308,24 @@ pub fn App() -> impl IntoView {
                     <SelectField label="Numerical precision" testid="precision"
                         options=options(&Precision::ALL, Precision::key, Precision::label)
                         value=value_of(Field::Precision) on_change=setter(Field::Precision) />
-                    <SelectField label="Optimizer" testid="optimizer"
-                        options=options(&SIMPLE_OPTIMIZERS, Optimizer::key, Optimizer::label)
-                        value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
-                </Show>
-                <Show when=is_arch>
+                    // each mode has its own optimizer list, and only one may be in the page
+                    <Show when=move || !is_arch()>
+                        <SelectField label="Optimizer" testid="optimizer"
+                            options=options(&SIMPLE_OPTIMIZERS, Optimizer::key, Optimizer::label)
+                            value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
+                    </Show>
+                </div>
+                <div class="when" hidden=move || !is_arch()>
                     <SelectField label="Model" testid="model"
                         groups=model_groups.clone() options=model_options.clone()
                         value=value_of(Field::Model) on_change=on_model />
-                    <Show when=is_custom_model>
+                    <div class="when" hidden=move || !is_custom_model()>
                         <ConfigInput value=Signal::derive(move || state.with(|s| s.config_json.clone()))
                             on_change=Callback::new(move |text: String| state.update(|s| {
                                 let _ = s.set(Field::Config, &text);
                             }))
                             error=config_error />
-                    </Show>
+                    </div>
                     <NumberField
                         label=Signal::derive(move || {
                             if is_vision() { "Image size (pixels per side)" } else { "Sequence length (tokens)" }
@@ -313,38 +336,75 @@ pub fn App() -> impl IntoView {
                     <SelectField label="Precision recipe" testid="recipe"
                         options=options(&PrecisionRecipe::ALL, PrecisionRecipe::key, PrecisionRecipe::label)
                         value=value_of(Field::Recipe) on_change=setter(Field::Recipe) />
-                    <SelectField label="Optimizer" testid="optimizer"
-                        options=options(&Optimizer::ALL, Optimizer::key, Optimizer::label)
-                        value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
+                    <Show when=is_arch>
+                        <SelectField label="Optimizer" testid="optimizer"
+                            options=options(&Optimizer::ALL, Optimizer::key, Optimizer::label)
+                            value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
+                    </Show>
                     <SelectField label="Attention kernel" testid="attention"
                         options=options(&AttentionKernel::ALL, AttentionKernel::key, AttentionKernel::label)
                         value=value_of(Field::Attention) on_change=setter(Field::Attention) />
                     <SelectField label="Activation checkpointing" testid="checkpointing"
                         options=options(&Checkpointing::ALL, Checkpointing::key, Checkpointing::label)
                         value=value_of(Field::Checkpointing) on_change=setter(Field::Checkpointing) />
-                    <Show when=is_inference>
+                    <div class="when" hidden=is_inference>
+                        <SelectField label="Training method" testid="method"
+                            options=options(&Method::ALL, Method::key, Method::label)
+                            value=value_of(Field::Method) on_change=setter(Field::Method) />
+                    </div>
+                    <div class="when" hidden=move || !is_peft()>
+                        <fieldset class="peft" data-testid="peft-settings">
+                            <legend>"LoRA adapters (peft)"</legend>
+                            <NumberField label="Rank r" testid="lora-rank"
+                                value=value_of(Field::LoraRank) on_input=setter(Field::LoraRank) error=error_of(Field::LoraRank) />
+                            <NumberField label="lora_alpha" testid="lora-alpha"
+                                hint="Scales the adapters' output (alpha / r): no effect on memory."
+                                value=value_of(Field::LoraAlpha) on_input=setter(Field::LoraAlpha) error=error_of(Field::LoraAlpha) />
+                            <NumberField label="lora_dropout" testid="lora-dropout"
+                                hint="Above 0, every adapted linear keeps a dropout mask."
+                                value=value_of(Field::LoraDropout) on_input=setter(Field::LoraDropout) error=error_of(Field::LoraDropout) />
+                            <NumberField label="Target modules" testid="lora-targets" text=true
+                                hint="all-linear, attention, mlp, or module names such as q_proj,v_proj."
+                                value=value_of(Field::LoraTargets) on_input=setter(Field::LoraTargets) error=error_of(Field::LoraTargets) />
+                            <SelectField label="Adapter dtype" testid="lora-dtype"
+                                options=vec![("fp32", "fp32 (peft's default)"), ("model", "The base model's dtype")]
+                                value=value_of(Field::LoraDtype) on_change=setter(Field::LoraDtype) />
+                            <div class="when" hidden=move || !is_qlora()>
+                                <SelectField label="4-bit type (bitsandbytes)" testid="quant"
+                                    options=options(&Quant4::ALL, Quant4::key, Quant4::key)
+                                    value=value_of(Field::Quant) on_change=setter(Field::Quant) />
+                                <SelectField label="Double quantization" testid="double-quant"
+                                    options=vec![("on", "On"), ("off", "Off")]
+                                    value=value_of(Field::DoubleQuant) on_change=setter(Field::DoubleQuant) />
+                                <SelectField label="prepare_model_for_kbit_training" testid="kbit-prepare"
+                                    options=vec![("on", "On: unquantized weights in fp32"), ("off", "Off")]
+                                    value=value_of(Field::KbitPrepare) on_change=setter(Field::KbitPrepare) />
+                            </div>
+                        </fieldset>
+                    </div>
+                    <div class="when" hidden=move || !is_inference()>
                         <NumberField label="Generated tokens (KV cache)" testid="new-tokens"
                             hint="Tokens generated after the prompt; 0 for a single forward pass."
                             value=value_of(Field::NewTokens) on_input=setter(Field::NewTokens) error=error_of(Field::NewTokens) />
-                    </Show>
-                </Show>
+                    </div>
+                </div>
                 <NumberField label="Batch size" testid="batch"
                     hint="Samples per step (per GPU), a whole number."
                     value=value_of(Field::Batch) on_input=setter(Field::Batch) error=error_of(Field::Batch) />
-                <Show when=move || !is_arch()>
+                <div class="when" hidden=is_arch>
                     <NumberField label="Activation memory per sample (MB)" testid="act-mb"
                         hint="Intermediate tensors one sample keeps for backward, in MB (10⁶ bytes)."
                         value=value_of(Field::ActivationMb) on_input=setter(Field::ActivationMb) error=error_of(Field::ActivationMb) />
-                </Show>
+                </div>
 
                 <h3 class="section-title">"Hardware"</h3>
                 <SelectField label="GPU" testid="gpu" options=gpu_options
                     value=value_of(Field::Gpu) on_change=setter(Field::Gpu) />
-                <Show when=is_custom_gpu>
+                <div class="when" hidden=move || !is_custom_gpu()>
                     <NumberField label="Custom capacity (MiB)" testid="gpu-capacity"
                         hint="Total memory as nvidia-smi reports it."
                         value=value_of(Field::CustomCapacity) on_input=setter(Field::CustomCapacity) error=error_of(Field::CustomCapacity) />
-                </Show>
+                </div>
                 <div class="overheads">
                     <NumberField label="CUDA context (MiB)" testid="cuda-context"
                         value=value_of(Field::CudaContext) on_input=setter(Field::CudaContext) error=error_of(Field::CudaContext) />
@@ -359,7 +419,7 @@ pub fn App() -> impl IntoView {
                 <SelectField label="Sharding" testid="sharding"
                     options=options(&Sharding::ALL, Sharding::key, Sharding::label)
                     value=value_of(Field::Sharding) on_change=setter(Field::Sharding) />
-                <Show when=is_arch>
+                <div class="when" hidden=move || !is_arch()>
                     <NumberField label="Tensor parallelism (GPUs per group)" testid="tensor-parallel"
                         hint="Splits weights and most activations across the group."
                         value=value_of(Field::TensorParallel) on_input=setter(Field::TensorParallel) error=error_of(Field::TensorParallel) />
@@ -372,7 +432,7 @@ pub fn App() -> impl IntoView {
                             }
                         })
                         value=value_of(Field::ExpertParallel) on_input=setter(Field::ExpertParallel) error=error_of(Field::ExpertParallel) />
-                </Show>
+                </div>
                 <NumberField label="Target global batch (optional)" testid="global-batch"
                     hint="Samples per optimizer step, reached with gradient accumulation."
                     value=value_of(Field::GlobalBatch) on_input=setter(Field::GlobalBatch) error=error_of(Field::GlobalBatch) />

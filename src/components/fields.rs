@@ -24,6 +24,9 @@ pub fn NumberField(
     /// A short hint below the field (its `data-testid` is `{testid}-hint`).
     #[prop(optional, into)]
     hint: Signal<&'static str>,
+    /// Free text (module names) rather than a number: no decimal keyboard.
+    #[prop(optional)]
+    text: bool,
 ) -> impl IntoView {
     let error_id = format!("{testid}-error");
     let hint_id = format!("{testid}-hint");
@@ -45,7 +48,7 @@ pub fn NumberField(
                 id=testid
                 data-testid=testid
                 type="text"
-                inputmode="decimal"
+                inputmode=if text { "text" } else { "decimal" }
                 maxlength="64"
                 autocomplete="off"
                 spellcheck="false"
