@@ -29,6 +29,14 @@
 //! step (weights, gradients, state and foreach AdamW's parameter-sized temporary). Inference
 //! (`Optimizer::None`) is weights plus the largest live forward tensors.
 //!
+//! # Parameter-efficient fine-tuning
+//! LoRA and QLoRA (`peft.rs`) run on the same tape: the base is frozen, so a linear keeps no
+//! input and a norm no normalised output; each adapted linear keeps its input in the
+//! adapters' dtype and its rank-r output; the first layer keeps nothing before its first
+//! adapter unless checkpointing enabled input gradients; a 4-bit base keeps nothing and its
+//! output takes its input's dtype. Only the adapters have gradients and optimizer state
+//! (AdamW, 8-bit AdamW with its per-block scales, paged or not, Adafactor).
+//!
 //! Every rule was read off PyTorch's and transformers' behaviour and checked against the
 //! harness in `validation/` (per-tensor dumps and measured rows in `tests/fixtures/`).
 //!
