@@ -761,13 +761,21 @@ impl ModelSpec {
         let mut per_group = Vec::new();
         let mut layer_parts = PartBytes::default();
         let mut last_layer_parts = PartBytes::default();
+        // the first layer's group comes first (groups are in order of first occurrence)
+        let mut first_layer: Option<(u64, PartBytes)> = None;
         let last = self.layers.last();
-        for (layer, count) in self.layer_groups() {
+        let run = |layer: &Layer, grad: bool| -> Res<Tape> {
             let mut own = Tape::new(tokens);
             own.peft = s.peft;
             let input = own.tensor(h, r)?;
+            own.grad = grad;
             layer.forward(&mut own, input, s)?;
+            Ok(own)
+        };
+        for (layer, count) in self.layer_groups() {
+            let own = run(layer, true)?;
             per_group.push(own.total());
+            first_layer.get_or_insert((own.total(), own.parts));
             if last == Some(layer) {
                 last_layer_parts = own.parts;
             }
@@ -778,19 +786,13 @@ impl ModelSpec {
         // With a frozen base and no input gradients, the first layer records nothing for
         // backward until its first adapter runs.
         let mut first_layer_discount = 0;
-        if let (Some(first), Some(p)) = (self.layers.first(), s.peft) {
+        if let (Some(first), Some((full_total, full_parts)), Some(p)) =
+            (self.layers.first(), first_layer, s.peft)
+        {
             if !p.input_grad {
-                let mut own = Tape::new(tokens);
-                own.peft = s.peft;
-                let input = own.tensor(h, r)?;
-                own.grad = false;
-                first.forward(&mut own, input, s)?;
-                let mut full = Tape::new(tokens);
-                full.peft = s.peft;
-                let input = full.tensor(h, r)?;
-                first.forward(&mut full, input, s)?;
-                first_layer_discount = full.total().saturating_sub(own.total());
-                layer_parts.remove(&full.parts);
+                let own = run(first, false)?;
+                first_layer_discount = full_total.saturating_sub(own.total());
+                layer_parts.remove(&full_parts);
                 layer_parts.merge(&own.parts)?;
             }
         }
