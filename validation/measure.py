@@ -455,6 +455,37 @@ def build_model(cfg, arch, attn, dtype):
     return model
 
 
+def warm_up(fwd, opt, train, step_ctx=None):
+    """One untracked step, so that lazily created state (optimizer moments, autocast's
+    caches, CUDA kernels) exists before measuring. `step_ctx` wraps `opt.step()`."""
+    if train:
+        out = fwd()
+        out.loss.backward()
+        del out
+        with step_ctx or _nullctx():
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    else:
+        with torch.no_grad():
+            out = fwd()
+            del out
+
+
+def peak_summary(phase_peaks, opt_state_bytes):
+    """The peak phase, its snapshot, the optimizer step's temporary (optimizer-state bytes
+    beyond the persistent state) and the row's `at_peak` split."""
+    peak_phase = max(phase_peaks, key=lambda k: phase_peaks[k]["total"])
+    pk = phase_peaks[peak_phase]
+    opt_step_temp = max(0, pk["optstate"] - opt_state_bytes)
+    at_peak = {
+        "parameter": pk["parameter"], "buffer": pk["buffer"], "gradient": pk["gradient"],
+        "optstate": pk["optstate"] - opt_step_temp, "opt_step_temp": opt_step_temp,
+        "activation": pk["activation"], "temp": pk["temp"], "other": pk["other"],
+        "total": pk["total"],
+    }
+    return peak_phase, pk, opt_step_temp, at_peak
+
+
 def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False):
     install_cuda_emulation()
     import transformers
@@ -471,17 +502,7 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
         model = build_model(cfg, arch, attn, dtype)
         ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cpu")
 
-        # warm-up (untracked)
-        if train:
-            out = fwd()
-            out.loss.backward()
-            del out
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        else:
-            with torch.no_grad():
-                out = fwd()
-                del out
+        warm_up(fwd, opt, train)  # untracked
 
         param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
         mt = PhaseTracker(param_cdata)
@@ -523,15 +544,7 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
     param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
     opt_state_bytes = start["optstate"]
     grad_bytes = after_bwd["gradient"] if after_bwd else 0
-    peak_phase = max(phase_peaks, key=lambda k: phase_peaks[k]["total"])
-    pk = phase_peaks[peak_phase]
-    opt_step_temp = max(0, pk["optstate"] - opt_state_bytes)
-    at_peak = {
-        "parameter": pk["parameter"], "buffer": pk["buffer"], "gradient": pk["gradient"],
-        "optstate": pk["optstate"] - opt_step_temp, "opt_step_temp": opt_step_temp,
-        "activation": pk["activation"], "temp": pk["temp"], "other": pk["other"],
-        "total": pk["total"],
-    }
+    peak_phase, pk, opt_step_temp, at_peak = peak_summary(phase_peaks, opt_state_bytes)
     phase_order = ["fwd", "bwd", "opt"]
     row = {
         "config": {
@@ -590,16 +603,7 @@ def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn
     model.to(dev)
     ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cuda", dev)
 
-    if train:
-        out = fwd()
-        out.loss.backward()
-        del out
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    else:
-        with torch.no_grad():
-            out = fwd()
-            del out
+    warm_up(fwd, opt, train)
     cuda = torch.cuda
 
     def rnd(n):

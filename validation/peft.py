@@ -569,12 +569,7 @@ def measure(o):
             with ctx:
                 return model(input_ids=ids, labels=labels)
 
-        out = fwd()
-        out.loss.backward()
-        del out
-        with _FakeItem():
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        M.warm_up(fwd, opt, True, _FakeItem())
 
         param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
         mt = PeftTracker(param_cdata)
@@ -612,14 +607,7 @@ def measure(o):
     param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
     opt_state_bytes = start["optstate"]
     grad_bytes = after_bwd["gradient"]
-    peak_phase = max(phase_peaks, key=lambda k: phase_peaks[k]["total"])
-    pk = phase_peaks[peak_phase]
-    opt_step_temp = max(0, pk["optstate"] - opt_state_bytes)
-    at_peak = {
-        "parameter": pk["parameter"], "buffer": pk["buffer"], "gradient": pk["gradient"],
-        "optstate": pk["optstate"] - opt_step_temp, "opt_step_temp": opt_step_temp,
-        "activation": pk["activation"], "temp": pk["temp"], "other": pk["other"], "total": pk["total"],
-    }
+    peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(phase_peaks, opt_state_bytes)
     gcv = {"none": False, "full": True, "offload": "offload"}[o.gc]
     row = {
         "config": {
