@@ -70,7 +70,7 @@ test('a dense model shows no active count and says expert parallelism has no eff
   const weights = await bytesOf(page, 'weights');
   await typeInto(page, 'expert-parallel', '1');
   assert.equal(await bytesOf(page, 'weights'), weights);
-  // Simple mode has neither the field nor an active count.
+  // Simple mode hides the field and shows no active count.
   await page.getByTestId('mode-simple').check();
   assert.equal(await page.getByTestId('expert-parallel').isVisible(), false);
   assert.equal(await page.getByTestId('active-params').count(), 0);
