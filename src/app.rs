@@ -1,18 +1,18 @@
 //! The page: the inputs as one signal, everything shown as memos over the core crate.
 
 use estimator_core::{
-    decode_query, encode_query, evaluate, format_bytes, group_thousands, largest_peak_that_fits,
-    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, Method, Mode,
-    ModelFamily, Optimizer, PageState, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset,
-    Quant4, Sharding, SweepRow, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
+    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, KvDtype, Method,
+    Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset, Quant4,
+    Scenario, Sharding, SweepRow, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
 use crate::browser;
 use crate::components::{
-    BreakdownCard, BreakdownDetail, BreakdownPart, ConfigInput, Explanations, MemoryChart,
-    ModelNotes, Notices, NumberField, OptionGroup, RadioGroup, SelectField, SweepTable,
-    VerdictCard,
+    BreakdownCard, BreakdownDetail, BreakdownPart, ConfigInput, Explanations, FitAdvice,
+    MemoryChart, ModelNotes, Notices, NumberField, OptionGroup, RadioGroup, SelectField,
+    SweepTable, VerdictCard,
 };
 
 /// The inputs the page opens with: the URL's if it has any, else the saved ones, else the
@@ -61,14 +61,8 @@ fn preset_groups() -> Vec<OptionGroup> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
-/// Parameters one token runs through, for a mixture of experts in architecture mode.
-fn active_params(state: &PageState) -> Option<u64> {
-    if state.mode != Mode::Architecture {
-        return None;
-    }
-    let arch = state.architecture().ok()?;
-    arch.is_moe().then(|| arch.active_parameter_count())
-}
+/// Plans the advisor lists at most.
+const ADVICE_LIMIT: usize = 12;
 
 /// The whole estimator page.
 #[component]
@@ -79,41 +73,20 @@ pub fn App() -> impl IntoView {
 
     let unit = Memo::new(move |_| state.with(|s| s.byte_unit));
     let mode = Memo::new(move |_| state.with(|s| s.mode));
-    let field_errors = Memo::new(move |_| {
-        state.with(|s| {
-            let mut errors = s.invalid_text_fields();
-            // target module names are checked against the model
-            if s.mode == Mode::Architecture && s.method != Method::Full {
-                if let Ok(Err(peft)) = s.architecture().map(|a| s.parsed_peft(&a)) {
-                    errors.extend(peft.into_iter().filter(|(f, _)| *f == Field::LoraTargets));
-                }
-            }
-            errors
-                .into_iter()
-                .map(|(f, e)| (f, e.to_string()))
-                .collect::<Vec<_>>()
+    // One parse per change: everything below reads the parsed page, never the text.
+    let page = Memo::new(move |_| state.with(parse_page));
+    let field_errors = Memo::new(move |_| page.with(|p| p.field_errors.clone()));
+    let config_error = Memo::new(move |_| page.with(|p| p.config_error.clone()));
+    let evaluation = Memo::new(move |_| {
+        page.with(|p| {
+            p.scenario
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(Scenario::evaluate)
         })
     });
-    let config_error = Memo::new(move |_| {
-        state.with(|s| match s.preset {
-            Some(_) => None,
-            None if s.config_json.trim().is_empty() => {
-                Some("Paste a config.json, upload one, or pick a preset.".to_owned())
-            }
-            None => s.architecture().err().map(|e| e.to_string()),
-        })
-    });
-    let evaluation = Memo::new(move |_| state.with(evaluate));
     // What the estimate of the chosen model leaves out or assumes (architecture mode).
-    let model_notes = Memo::new(move |_| {
-        state.with(|s| match s.mode {
-            Mode::Simple => Vec::new(),
-            Mode::Architecture => s
-                .architecture()
-                .map(|a| a.notes().to_vec())
-                .unwrap_or_default(),
-        })
-    });
+    let model_notes = Memo::new(move |_| page.with(|p| p.notes.clone()));
     let evaluated = Signal::derive(move || evaluation.get().ok());
 
     let sweep_rows = Signal::derive(move || -> Vec<SweepRow> {
@@ -218,8 +191,28 @@ pub fn App() -> impl IntoView {
     let is_custom_model = move || state.with(|s| s.preset.is_none());
     let is_inference = move || state.with(|s| !s.optimizer.trains());
     let is_custom_gpu = move || state.with(|s| s.gpu == Some(Gpu::Custom));
-    let is_vision = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_vision()));
-    let is_moe = move || state.with(|s| s.architecture().is_ok_and(|a| a.is_moe()));
+    let is_vision = move || page.with(|p| p.is_vision);
+    let is_moe = move || page.with(|p| p.is_moe);
+    let is_cpu_ram = move || state.with(|s| s.gpu == Some(Gpu::CpuRam));
+    let fits_now = Signal::derive(move || {
+        evaluation.with(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.verdict.as_ref().is_some_and(|v| v.fits()))
+        })
+    });
+    // The advisor runs when the step does not fit, or when asked to.
+    let show_plans = RwSignal::new(false);
+    let advice = Memo::new(move |_| {
+        let wanted = !fits_now.get() || show_plans.get();
+        page.with(|p| {
+            let scenario = p.scenario.as_ref().ok()?;
+            scenario.plan().capacity_bytes?;
+            if !wanted {
+                return Some(Ok(Vec::new()));
+            }
+            Some(state.with(|s| scenario.advise(s, ADVICE_LIMIT).map_err(|e| e.to_string())))
+        })
+    });
     let is_peft = move || state.with(|s| s.method != Method::Full && s.optimizer.trains());
     let is_qlora = move || state.with(|s| s.method == Method::Qlora && s.optimizer.trains());
 
@@ -261,7 +254,7 @@ pub fn App() -> impl IntoView {
                     }
                 });
                 // A mixture of experts runs only some of its parameters for each token.
-                let active = state.with(active_params).map(|active| view! {
+                let active = page.with(|p| p.active_params).map(|active| view! {
                     " "
                     <span data-testid="active-params" data-value=active.to_string()>
                         {format!("({} active per token)", group_thousands(active))}
@@ -290,6 +283,24 @@ pub fn App() -> impl IntoView {
             </p>
         </header>
         <Notices notices=notices />
+        // On a phone the results come after the form: the peak and the verdict stay in view.
+        <div class="sticky-summary" data-testid="sticky-summary" aria-hidden="true">
+            {move || evaluation.with(|e| match e {
+                Ok(e) => {
+                    let unit = unit.get();
+                    let verdict = e.verdict_text(unit).unwrap_or_default();
+                    let fits = e.verdict.as_ref().map(|v| v.fits());
+                    view! {
+                        <span>{format!("{} {}", total_label.get(), format_bytes(e.step.peak_bytes, unit))}</span>
+                        " · "
+                        <span class:fits=fits == Some(true) class:no-fit=fits == Some(false)>{verdict}</span>
+                        {(fits == Some(false)).then(|| view! { " " <a href="#advice-title">"What to change"</a> })}
+                    }
+                    .into_any()
+                }
+                Err(_) => view! { <span>"Fix the highlighted fields to see the figures."</span> }.into_any(),
+            })}
+        </div>
         <main class="layout">
             <form class="card inputs" aria-labelledby="inputs-title" on:submit=|ev| ev.prevent_default()>
                 <h2 id="inputs-title">"Model and training step"</h2>
@@ -386,6 +397,12 @@ pub fn App() -> impl IntoView {
                         <NumberField label="Generated tokens (KV cache)" testid="new-tokens"
                             hint="Tokens generated after the prompt; 0 for a single forward pass."
                             value=value_of(Field::NewTokens) on_input=setter(Field::NewTokens) error=error_of(Field::NewTokens) />
+                        <SelectField label="Weight format" testid="weight-format"
+                            options=options(&WeightFormat::ALL, WeightFormat::key, WeightFormat::label)
+                            value=value_of(Field::WeightFormat) on_change=setter(Field::WeightFormat) />
+                        <SelectField label="KV-cache dtype" testid="kv-dtype"
+                            options=options(&KvDtype::ALL, KvDtype::key, KvDtype::label)
+                            value=value_of(Field::KvDtype) on_change=setter(Field::KvDtype) />
                     </div>
                 </div>
                 <NumberField label="Batch size" testid="batch"
@@ -400,6 +417,11 @@ pub fn App() -> impl IntoView {
                 <h3 class="section-title">"Hardware"</h3>
                 <SelectField label="GPU" testid="gpu" options=gpu_options
                     value=value_of(Field::Gpu) on_change=setter(Field::Gpu) />
+                <div class="when" hidden=move || !is_cpu_ram()>
+                    <NumberField label="CPU RAM (GiB)" testid="ram-gib"
+                        hint="The computer's memory; inference on the CPU has no CUDA context."
+                        value=value_of(Field::RamCapacity) on_input=setter(Field::RamCapacity) error=error_of(Field::RamCapacity) />
+                </div>
                 <div class="when" hidden=move || !is_custom_gpu()>
                     <NumberField label="Custom capacity (MiB)" testid="gpu-capacity"
                         hint="Total memory as nvidia-smi reports it."
@@ -446,11 +468,12 @@ pub fn App() -> impl IntoView {
                 <ModelNotes notes=model_notes />
                 <BreakdownCard parts=parts total=total problem=problem unit=unit total_label=total_label />
                 <VerdictCard evaluation=evaluated unit=unit />
+                <FitAdvice plans=advice fits_now=fits_now show=show_plans unit=unit />
                 <MemoryChart rows=sweep_rows capacity_line=capacity_line unit=unit />
-                <SweepTable rows=sweep_rows unit=unit total_label=total_label />
+                <SweepTable rows=sweep_rows unit=unit />
             </div>
         </main>
-        <Explanations />
+        <Explanations mode=mode />
         <footer class="page-footer">
             <p>"Runs entirely in your browser: nothing you type leaves this page."</p>
         </footer>

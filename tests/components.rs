@@ -2,7 +2,8 @@
 #![cfg(target_arch = "wasm32")]
 
 use batch_size_estimator::components::{
-    BreakdownCard, BreakdownDetail, BreakdownPart, ModelNotes, NumberField, SelectField, SweepTable,
+    BreakdownCard, BreakdownDetail, BreakdownPart, FitAdvice, ModelNotes, NumberField, SelectField,
+    SweepTable,
 };
 use batch_size_estimator::App;
 use estimator_core::{ByteUnit, SweepRow};
@@ -306,9 +307,10 @@ async fn sweep_table_highlights_the_chosen_batch() {
             batch,
             model_state_bytes: 1_000,
             activation_bytes: batch * 10,
-            total_bytes: 1_000 + batch * 10,
+            total_bytes: 1_000 + batch * 10 + 7,
+            peak_phase: Some(estimator_core::Phase::Backward),
             is_selected: false,
-            fits: None,
+            fits: Some(batch <= 16),
         })
     });
     let handle = leptos::mount::mount_to(root.clone(), move || {
@@ -316,7 +318,6 @@ async fn sweep_table_highlights_the_chosen_batch() {
             <SweepTable
                 rows=Signal::derive(move || rows.clone())
                 unit=Signal::derive(|| ByteUnit::Gb)
-                total_label=Signal::derive(|| "Total")
             />
         }
     });
@@ -332,6 +333,29 @@ async fn sweep_table_highlights_the_chosen_batch() {
         .map(|r| r.get_attribute("data-batch").unwrap())
         .collect();
     assert_eq!(selected, ["12"]);
+    // every column at the peak, the same header as the copies
+    let header: Vec<String> = {
+        let cells = root.query_selector_all("thead th").unwrap();
+        (0..cells.length())
+            .map(|i| cells.item(i).unwrap().text_content().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        header,
+        [
+            "Batch Size",
+            "Weights + Grad + Opt at peak (GB)",
+            "Activations at peak (GB)",
+            "Other at peak (GB)",
+            "Peak (GB)",
+            "Peak in",
+            "Fits"
+        ]
+    );
+    let fits = all_by_testid(&root, "sweep-fits");
+    assert_eq!(fits.len(), 8);
+    assert_eq!(fits[5].text_content().unwrap(), "yes");
+    assert_eq!(fits[6].text_content().unwrap(), "no");
     assert!(root
         .query_selector("[data-testid=\"copy-sweep\"]")
         .unwrap()
@@ -427,4 +451,34 @@ async fn the_app_shows_active_parameters_and_the_expert_parallel_field() {
     if let Some(storage) = web_sys::window().and_then(|w| w.local_storage().ok().flatten()) {
         let _ = storage.remove_item(browser::STORAGE_KEY);
     }
+}
+
+#[wasm_bindgen_test]
+async fn fit_advice_links_each_plan() {
+    let root = container();
+    let state = estimator_core::decode_query("m=arch&model=llama3-8b&gpu=rtx4090&b=1&s=2048").state;
+    let plans = estimator_core::fit_advice(&state, 12).unwrap();
+    let n = plans.len();
+    assert!(n > 1);
+    let show = RwSignal::new(false);
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <FitAdvice
+                plans=Signal::derive(move || Some(Ok(plans.clone())))
+                fits_now=Signal::derive(|| false)
+                show=show
+                unit=Signal::derive(|| ByteUnit::Gb)
+            />
+        }
+    });
+    let advice = by_testid(&root, "fit-advice");
+    let links = advice.query_selector_all("a[href]").unwrap();
+    assert_eq!(links.length() as usize, n);
+    let items = all_by_testid(&root, "fit-plan");
+    assert!(items
+        .iter()
+        .any(|li| li.text_content().unwrap().contains("QLoRA")));
+    let href: web_sys::Element = links.item(0).unwrap().unchecked_into();
+    assert!(href.get_attribute("href").unwrap().starts_with("?m=arch"));
+    drop(handle);
 }

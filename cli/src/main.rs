@@ -7,8 +7,9 @@
 use std::process::ExitCode;
 
 use estimator_core::{
-    decode_query, evaluate, format_bytes, group_thousands, ByteUnit, Evaluation, Field, MaxBatch,
-    Method, Mode, ModelFamily, PageState, PartKind, Preset,
+    decode_query, encode_query, evaluate, fit_advice, format_bytes, group_thousands, ByteUnit,
+    Change, Evaluation, EvaluationError, Field, FitPlan, Gpu, KvDtype, MaxBatch, Method, Mode,
+    ModelFamily, PageState, PartKind, Preset, WeightFormat,
 };
 
 const USAGE: &str = "\
@@ -23,13 +24,17 @@ step:
   --batch N             samples per step (per GPU)
   --seq N               tokens per sample (image side in pixels for ViT)
   --precision P         fp32, amp-bf16, amp-fp16, bf16, mixed-bf16, mixed-fp16
-  --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit (bitsandbytes),
-                        adafactor (torch.optim), adafactor-hf (transformers), none
+  --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit
+                        (bitsandbytes), adafactor (torch.optim), adafactor-hf
+                        (transformers), none
   --attention A         sdpa, eager
   --checkpointing C     none, full, offload (layer inputs in CPU memory)
   --generate N          tokens generated after the prompt (KV cache; optimizer none)
 
-fine-tuning:
+inference (--optimizer none):
+  --weight-format F     weights' storage (default recipe: as --precision; fp16 = bf16):
+{weight_formats}  --kv-dtype D          KV cache with --generate: {kv_dtypes}
+
 fine-tuning:
   --method M            full, lora, qlora (LoRA on a 4-bit bitsandbytes base)
   --lora-r N            adapter rank (default 16)
@@ -42,9 +47,9 @@ fine-tuning:
   --kbit-prepare on|off qlora: prepare_model_for_kbit_training (default on)
 
 hardware:
-  --gpu KEY             rtx3090, rtx4090, rtx5090, a10g, l4, l40s, t4, v100-16, v100-32,
-                        a100-40, a100-80, h100-80, h200, b200, mi300x, custom, none
+{gpu_line}                        (mac-N: Apple silicon, N GB unified memory; cpu: the CPU's RAM)
   --capacity-mib N      capacity of a custom GPU
+  --ram-gib N           capacity of the CPU RAM in GiB, with --gpu cpu (default 64)
   --gpus N              data-parallel GPUs
   --sharding S          ddp, zero1, zero2, zero3 (fsdp)
   --tp N                tensor-parallel group size
@@ -52,6 +57,7 @@ hardware:
   --global-batch N      samples per optimizer step to reach with accumulation
 
 output:
+  --advise              then the configurations that fit on the GPU, best first
   --json                one JSON object instead of the readable breakdown
   --gib                 readable figures in GiB instead of GB
   -h, --help            this text";
@@ -81,14 +87,37 @@ fn wrapped(words: &[&str], indent: &str) -> String {
     out
 }
 
-/// The `--help` text: the options, then the `model_type` values `--config` reads and the
-/// preset keys, both from the core so they never fall behind it.
+/// The column where the description of an option starts in [`USAGE`].
+const OPTION_COLUMN: usize = 24;
+
+/// `words` wrapped under the descriptions of the options, the first line starting with
+/// `flag`.
+fn option_line(flag: &str, words: &[&str]) -> String {
+    let text = wrapped(words, &" ".repeat(OPTION_COLUMN));
+    let head = format!("  {flag:<width$}", width = OPTION_COLUMN - 2);
+    format!("{head}{}", &text[OPTION_COLUMN..])
+}
+
+/// The `--help` text: the options, with the GPU keys, weight formats and KV-cache dtypes,
+/// then the `model_type` values `--config` reads and the preset keys, all from the core so
+/// they never fall behind it.
 fn usage() -> String {
     let types = ModelFamily::supported_model_types();
     let types: Vec<&str> = types.split(", ").collect();
     let presets: Vec<&str> = Preset::ALL.iter().map(|p| p.key()).collect();
+    let mut gpus: Vec<&str> = Gpu::ALL.iter().map(|g| g.key()).collect();
+    gpus.push("none");
+    let formats: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.key()).collect();
+    let kv: Vec<&str> = KvDtype::ALL.iter().map(|k| k.key()).collect();
+    let options = USAGE
+        .replace("{gpu_line}", &option_line("--gpu KEY", &gpus))
+        .replace(
+            "{weight_formats}",
+            &wrapped(&formats, &" ".repeat(OPTION_COLUMN)),
+        )
+        .replace("{kv_dtypes}", &kv.join(", "));
     format!(
-        "{USAGE}\n\nconfig.json model_type values (--config, --query):\n{}\npreset keys (--preset):\n{}",
+        "{options}\n\nconfig.json model_type values (--config, --query):\n{}\npreset keys (--preset):\n{}",
         wrapped(&types, "  "),
         wrapped(&presets, "  ").trim_end()
     )
@@ -97,11 +126,12 @@ fn usage() -> String {
 struct Options {
     state: PageState,
     json: bool,
+    advise: bool,
     notices: Vec<String>,
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 23] = [
+const FIELD_FLAGS: [(&str, Field); 26] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -109,8 +139,11 @@ const FIELD_FLAGS: [(&str, Field); 23] = [
     ("--attention", Field::Attention),
     ("--checkpointing", Field::Checkpointing),
     ("--generate", Field::NewTokens),
+    ("--weight-format", Field::WeightFormat),
+    ("--kv-dtype", Field::KvDtype),
     ("--gpu", Field::Gpu),
     ("--capacity-mib", Field::CustomCapacity),
+    ("--ram-gib", Field::RamCapacity),
     ("--gpus", Field::NumGpus),
     ("--sharding", Field::Sharding),
     ("--tp", Field::TensorParallel),
@@ -152,6 +185,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     };
     let mut notices = Vec::new();
     let mut json = false;
+    let mut advise = false;
     let mut i = 0;
     // The query is applied first so that flags refine a shared link.
     if let Some(at) = args.iter().position(|a| a == "--query") {
@@ -171,6 +205,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         match flag {
             "-h" | "--help" => return Err(String::new()),
             "--json" => json = true,
+            "--advise" => advise = true,
             "--gib" => state.byte_unit = ByteUnit::Gib,
             "--query" => {
                 value()?;
@@ -207,12 +242,27 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             return Err(format!("{flag} needs --method qlora"));
         }
     }
+    if given(&["--weight-format"]).is_some() && state.optimizer.trains() {
+        return Err("--weight-format needs --optimizer none (inference)".to_owned());
+    }
+    if given(&["--kv-dtype"]).is_some()
+        && (state.optimizer.trains() || state.new_tokens.trim().parse::<u64>() == Ok(0))
+    {
+        return Err("--kv-dtype needs --optimizer none and --generate N".to_owned());
+    }
+    if given(&["--ram-gib"]).is_some() && state.gpu != Some(Gpu::CpuRam) {
+        return Err("--ram-gib needs --gpu cpu".to_owned());
+    }
+    if advise && state.gpu.is_none() {
+        return Err("--advise needs a device to fit the step on: --gpu KEY".to_owned());
+    }
     if state.mode == Mode::Architecture && state.preset.is_none() && state.config_json.is_empty() {
         return Err("give a model: --config PATH, --preset KEY or --query".to_owned());
     }
     Ok(Options {
         state,
         json,
+        advise,
         notices,
     })
 }
@@ -372,6 +422,118 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
     out
 }
 
+/// The largest batch of a plan as a number, 0 when none fits.
+fn max_batch_number(m: MaxBatch) -> u64 {
+    match m {
+        MaxBatch::Fits(b) => b,
+        MaxBatch::NoneFits(_) => 0,
+    }
+}
+
+/// The advisor's plans as JSON: each with its page query, peak, changes, tier and batches.
+fn plans_json(plans: &[FitPlan]) -> serde_json::Value {
+    plans
+        .iter()
+        .map(|plan| {
+            serde_json::json!({
+                "query": encode_query(&plan.state),
+                "peak_bytes": plan.peak_bytes,
+                "changes": plan.changes.iter().map(Change::label).collect::<Vec<_>>(),
+                "tier": plan.rank.tier.label(),
+                "batch": plan.batch,
+                "max_batch": max_batch_number(plan.max_batch),
+            })
+        })
+        .collect()
+}
+
+/// `text` wrapped to lines of at most 90 characters, the first after `prefix`, the others
+/// indented as wide as it.
+fn prose(text: &str, prefix: &str) -> String {
+    let indent = " ".repeat(prefix.len());
+    let mut out = String::new();
+    let mut line = prefix.to_owned();
+    let mut empty = true;
+    for word in text.split_whitespace() {
+        if !empty && line.len() + 1 + word.len() > 90 {
+            out.push_str(&line);
+            out.push('\n');
+            line.clone_from(&indent);
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+/// The advisor's plans, numbered, for a person.
+fn readable_plans(plans: &[FitPlan], unit: ByteUnit) -> String {
+    let mut out = String::from("\n");
+    match plans {
+        [] => {
+            out.push_str("advice            nothing the advisor tries fits on this device\n");
+            return out;
+        }
+        [only] if only.changes.is_empty() => {
+            out.push_str("advice            the step fits as it is: nothing to change\n");
+        }
+        _ => out.push_str("advice            what fits on this device, best first\n"),
+    }
+    for (n, plan) in plans.iter().enumerate() {
+        let heading = if plan.changes.is_empty() {
+            "As it is"
+        } else {
+            plan.rank.tier.label()
+        };
+        out.push_str(&format!("{:>3}. {heading}\n", n + 1));
+        for change in &plan.changes {
+            out.push_str(&prose(&change.label(), "     - "));
+            out.push_str(&prose(&change.cost(), "       "));
+        }
+        let largest = match plan.max_batch {
+            MaxBatch::Fits(b) => b.to_string(),
+            MaxBatch::NoneFits(_) => "none".to_owned(),
+        };
+        out.push_str(&format!(
+            "     peak {} at batch {}; largest batch {largest}\n",
+            format_bytes(plan.peak_bytes, unit),
+            plan.batch
+        ));
+        if let Some(p) = plan.accumulation {
+            out.push_str(&format!(
+                "     accumulation {} per GPU x {} steps x {} GPUs = {}\n",
+                p.micro_batch,
+                p.accumulation_steps,
+                p.num_gpus,
+                p.global_batch()
+            ));
+        }
+        out.push_str(&format!("     ?{}\n", encode_query(&plan.state)));
+    }
+    out
+}
+
+/// Reports what keeps the inputs from being evaluated, on stderr.
+fn report(why: &EvaluationError) {
+    match why {
+        EvaluationError::Fields(fields) => {
+            for (field, message) in fields {
+                eprintln!("memest: {}: {message}", field.label());
+            }
+        }
+        other => eprintln!("memest: {other}"),
+    }
+}
+
+/// The most plans `--advise` lists.
+const ADVICE_LIMIT: usize = 12;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = match parse_args(&args) {
@@ -388,25 +550,35 @@ fn main() -> ExitCode {
     for notice in &options.notices {
         eprintln!("memest: {notice}");
     }
-    match evaluate(&options.state) {
-        Ok(e) => {
-            if options.json {
-                println!("{}", to_json(&e, &options.state));
-            } else {
-                print!("{}", readable(&e, &options.state));
-            }
-            ExitCode::SUCCESS
-        }
+    let e = match evaluate(&options.state) {
+        Ok(e) => e,
         Err(why) => {
-            match &why {
-                estimator_core::EvaluationError::Fields(fields) => {
-                    for (field, message) in fields {
-                        eprintln!("memest: {}: {message}", field.label());
-                    }
-                }
-                other => eprintln!("memest: {other}"),
+            report(&why);
+            return ExitCode::from(1);
+        }
+    };
+    let plans = if options.advise {
+        match fit_advice(&options.state, ADVICE_LIMIT) {
+            Ok(plans) => Some(plans),
+            Err(why) => {
+                report(&why);
+                return ExitCode::from(1);
             }
-            ExitCode::from(1)
+        }
+    } else {
+        None
+    };
+    if options.json {
+        let mut out = to_json(&e, &options.state);
+        if let Some(plans) = &plans {
+            out["plans"] = plans_json(plans);
+        }
+        println!("{out}");
+    } else {
+        print!("{}", readable(&e, &options.state));
+        if let Some(plans) = &plans {
+            print!("{}", readable_plans(plans, options.state.byte_unit));
         }
     }
+    ExitCode::SUCCESS
 }

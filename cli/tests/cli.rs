@@ -343,3 +343,242 @@ fn peft_mistakes_fail_clearly() {
         assert!(stderr.starts_with(message), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn advise_lists_plans_that_fit_when_run_back() {
+    let (code, stdout, stderr) = memest(&[
+        "--preset",
+        "llama3-8b",
+        "--seq",
+        "2048",
+        "--batch",
+        "1",
+        "--gpu",
+        "rtx4090",
+        "--advise",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["verdict"]["fits"], false, "{stdout}");
+    let plans = v["plans"].as_array().expect("a plans array");
+    assert!(!plans.is_empty() && plans.len() <= 12, "{stdout}");
+    assert!(
+        plans.iter().any(|p| p["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().contains("QLoRA"))),
+        "no QLoRA plan: {stdout}"
+    );
+    for plan in plans {
+        assert!(
+            plan["tier"].as_str().is_some_and(|t| !t.is_empty()),
+            "{plan}"
+        );
+        assert!(!plan["changes"].as_array().unwrap().is_empty(), "{plan}");
+        assert!(plan["batch"].as_u64().unwrap() >= 1, "{plan}");
+        assert!(plan["max_batch"].as_u64().unwrap() >= 1, "{plan}");
+        let query = plan["query"].as_str().unwrap();
+        assert!(query.contains("gpu=rtx4090"), "{query}");
+        let (code, stdout, stderr) = memest(&["--query", query, "--json"]);
+        assert_eq!(code, 0, "{query}: {stderr}");
+        assert!(stderr.is_empty(), "{query}: {stderr}");
+        let back: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(back["verdict"]["fits"], true, "{query}: {stdout}");
+        assert_eq!(back["peak_bytes"], plan["peak_bytes"], "{query}");
+        assert_eq!(back["max_batch"], plan["max_batch"], "{query}");
+    }
+
+    // The readable form numbers the plans and links each one.
+    let (code, stdout, stderr) = memest(&[
+        "--preset",
+        "llama3-8b",
+        "--seq",
+        "2048",
+        "--batch",
+        "1",
+        "--gpu",
+        "rtx4090",
+        "--advise",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let advice = &stdout[stdout.find("\nadvice").expect("an advice section")..];
+    assert!(advice.contains("\n  1. "), "{advice}");
+    assert!(advice.contains("QLoRA"), "{advice}");
+    assert!(advice.contains("largest batch"), "{advice}");
+    assert_eq!(
+        advice.matches("\n     ?m=").count(),
+        plans.len(),
+        "{advice}"
+    );
+}
+
+#[test]
+fn advise_when_the_step_already_fits() {
+    let (code, stdout, stderr) = memest(&[
+        "--preset", "gpt2", "--seq", "1024", "--batch", "2", "--gpu", "rtx4090", "--advise",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    assert_eq!(plans.len(), 1, "{stdout}");
+    assert_eq!(plans[0]["changes"], serde_json::json!([]));
+    assert_eq!(plans[0]["peak_bytes"], v["peak_bytes"]);
+    assert_eq!(plans[0]["max_batch"], v["max_batch"]);
+
+    let (code, stdout, _) = memest(&[
+        "--preset", "gpt2", "--seq", "1024", "--batch", "2", "--gpu", "rtx4090", "--advise",
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("fits as it is"), "{stdout}");
+}
+
+#[test]
+fn advise_needs_a_gpu() {
+    for args in [
+        &["--preset", "gpt2", "--gpu", "none", "--advise"][..],
+        &["--preset", "gpt2", "--advise", "--json"],
+        &["--query", "m=arch&model=gpt2&gpu=none", "--advise"],
+    ] {
+        let (code, stdout, stderr) = memest(args);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(
+            stderr.starts_with("memest: --advise needs a device"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn weight_format_changes_the_weights() {
+    let weights = |extra: &[&str]| -> u64 {
+        let mut args = vec![
+            "--preset",
+            "llama3-8b",
+            "--optimizer",
+            "none",
+            "--generate",
+            "512",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = memest(&args);
+        assert_eq!(code, 0, "{extra:?}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v["at_peak"]["weights"].as_u64().unwrap()
+    };
+    let default = weights(&[]);
+    let q4 = weights(&["--weight-format", "q4_k_m"]);
+    // Q4_K_M holds about 4.9 bits a weight: far below the recipe's weights.
+    assert!(q4 * 3 < default, "q4_k_m {q4} against {default}");
+    assert!(q4 > 0);
+    // The KV-cache dtype and the CPU RAM device are read too.
+    let (code, stdout, stderr) = memest(&[
+        "--preset",
+        "llama3-8b",
+        "--optimizer",
+        "none",
+        "--generate",
+        "512",
+        "--weight-format",
+        "q4_k_m",
+        "--kv-dtype",
+        "q8_0",
+        "--gpu",
+        "cpu",
+        "--ram-gib",
+        "32",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let query = v["query"].as_str().unwrap();
+    for part in ["wf=q4_k_m", "kvd=q8_0", "gpu=cpu", "ram=32"] {
+        assert!(query.contains(part), "{part} in {query}");
+    }
+    assert_eq!(v["verdict"]["fits"], true, "{stdout}");
+}
+
+#[test]
+fn inference_option_mistakes_fail_clearly() {
+    for (args, message) in [
+        (
+            &[
+                "--optimizer",
+                "none",
+                "--generate",
+                "16",
+                "--kv-dtype",
+                "nonsense",
+            ][..],
+            "memest: --kv-dtype \"nonsense\": expected one of model, fp8, q8_0, q4_0.",
+        ),
+        (
+            &["--optimizer", "none", "--weight-format", "q1"][..],
+            "memest: --weight-format \"q1\"",
+        ),
+        (
+            &["--weight-format", "nf4"][..],
+            "memest: --weight-format needs --optimizer none",
+        ),
+        (
+            &["--optimizer", "none", "--kv-dtype", "fp8"][..],
+            "memest: --kv-dtype needs --optimizer none and --generate N",
+        ),
+        (
+            &["--gpu", "rtx4090", "--ram-gib", "32"][..],
+            "memest: --ram-gib needs --gpu cpu",
+        ),
+    ] {
+        let mut all = vec!["--preset", "llama3-8b"];
+        all.extend_from_slice(args);
+        let (code, stdout, stderr) = memest(&all);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn help_lists_every_device_and_format() {
+    let (code, stdout, _) = memest(&["--help"]);
+    assert_eq!(code, 0);
+    let words: Vec<&str> = stdout
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ':')
+        .collect();
+    for key in [
+        "rtx4090",
+        "mi300x",
+        "mac-8",
+        "mac-192",
+        "cpu",
+        "custom",
+        "none",
+        "recipe",
+        "int4-g128",
+        "nf4-dq",
+        "q4_k_m",
+        "q2_k",
+        "q4_0",
+    ] {
+        assert!(
+            words.contains(&key),
+            "--help does not name {key}:\n{stdout}"
+        );
+    }
+    for flag in [
+        "--advise",
+        "--weight-format F",
+        "--kv-dtype D",
+        "--ram-gib N",
+    ] {
+        assert!(stdout.contains(flag), "--help does not name {flag}");
+    }
+    assert!(
+        stdout.lines().all(|l| l.len() <= 90),
+        "a line of --help is too long:\n{stdout}"
+    );
+}

@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use estimator_core::{
-    decode_query, estimate_peak, evaluate, max_batch_that_fits, simple_breakdown,
+    decode_query, estimate_peak, evaluate, fit_advice, max_batch_that_fits, simple_breakdown,
     simple_breakdown_at_batch, sweep, sweep_markdown, ByteUnit, Overheads, SweepRow, MAX_BATCH,
 };
 
@@ -41,6 +41,7 @@ fn main() {
                 model_state_bytes: x.model_state_bytes(),
                 activation_bytes: x.activations,
                 total_bytes: x.total,
+                peak_phase: None,
                 is_selected: false,
                 fits: None,
             })
@@ -108,6 +109,15 @@ fn main() {
             black_box(evaluate(black_box(&arch_state)).ok());
         },
     );
+    // The example: full fine-tuning does not fit one 24 GB card.
+    let advise = decode_query("m=arch&model=llama3-8b&s=2048&b=8&r=amp-bf16&gpu=rtx4090").state;
+    report("advisor: Llama-3-8B on a 24 GB GPU (5 plans)", 200, || {
+        black_box(fit_advice(black_box(&advise), 5).ok());
+    });
+    let advise_70b = decode_query("m=arch&model=llama3-70b&s=2048&b=1&gpu=rtx4090").state;
+    report("advisor: Llama-3-70B on a 24 GB GPU (5 plans)", 100, || {
+        black_box(fit_advice(black_box(&advise_70b), 5).ok());
+    });
     let config = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/configs/llama3-8b.json"

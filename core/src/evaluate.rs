@@ -2,12 +2,14 @@
 
 use std::fmt;
 
+use crate::formats::WeightShape;
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::{
     estimate_peak_with, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
-    simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, CategoryBytes, FitVerdict,
-    MaxBatch, Phase, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow,
-    TrainingStep, MAX_BATCH,
+    simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, AttentionKernel,
+    CategoryBytes, Checkpointing, FitVerdict, KvDtype, MaxBatch, Optimizer, PeakEstimate, Phase,
+    Precision, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow, TrainingStep,
+    WeightFormat, MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -63,6 +65,73 @@ impl PartKind {
                 "Paged optimizer states (outside PyTorch's allocator)"
             }
         }
+    }
+}
+
+impl PartKind {
+    /// What to try when this kind takes the most memory and even batch 1 does not fit (the
+    /// advisor lists the plans that do).
+    #[must_use]
+    pub const fn what_to_try(self) -> &'static str {
+        match self {
+            PartKind::OptimizerStates | PartKind::PagedOptimizerStates => {
+                "Shard the optimizer states (ZeRO-1) over more GPUs, use an 8-bit optimizer, or train LoRA adapters."
+            }
+            PartKind::Weights | PartKind::Gradients => {
+                "Shard the model (ZeRO-3 / FSDP) or split it (tensor parallelism) over more GPUs, or train QLoRA adapters on a 4-bit base."
+            }
+            PartKind::Activations | PartKind::Temporaries => {
+                "Turn on activation checkpointing, shorten the sequence, or split the batch with gradient accumulation."
+            }
+            PartKind::KvCache => "Generate fewer tokens, quantize the KV cache, or run a smaller batch.",
+            PartKind::Buffers => "Try a larger GPU.",
+        }
+    }
+}
+
+impl Evaluation {
+    /// The verdict in words: fits with how much left, or how much is missing; `None` when no
+    /// device is chosen.
+    #[must_use]
+    pub fn verdict_text(&self, unit: crate::ByteUnit) -> Option<String> {
+        let v = self.verdict.as_ref()?;
+        let per_gpu = if self.per_gpu { " per GPU" } else { "" };
+        Some(if v.fits() {
+            format!(
+                "Fits{per_gpu}: {} left.",
+                crate::format_bytes(v.bytes_left(), unit)
+            )
+        } else {
+            format!(
+                "Does not fit{per_gpu}: {} missing.",
+                crate::format_bytes(v.bytes_missing(), unit)
+            )
+        })
+    }
+
+    /// When even batch 1 does not fit: what it needs, what takes the most at the chosen
+    /// batch, and what to try. `None` otherwise.
+    #[must_use]
+    pub fn nothing_fits_text(&self, unit: crate::ByteUnit) -> Option<String> {
+        let Some(MaxBatch::NoneFits(at_one)) = self.max_batch else {
+            return None;
+        };
+        let dominant = self.step.parts.iter().max_by_key(|(_, b)| *b);
+        let why = dominant
+            .map(|(k, b)| {
+                format!(
+                    " At the chosen batch, {} take the most: {}.",
+                    k.label().to_ascii_lowercase(),
+                    crate::format_bytes(*b, unit)
+                )
+            })
+            .unwrap_or_default();
+        Some(format!(
+            "Even batch 1 does not fit: it needs {} of {} usable.{why} {}",
+            crate::format_bytes(at_one.needed_bytes, unit),
+            crate::format_bytes(at_one.usable_bytes, unit),
+            dominant.map_or("Try a larger GPU.", |(k, _)| k.what_to_try()),
+        ))
     }
 }
 
@@ -167,20 +236,102 @@ pub struct Evaluation {
     pub plan: PlanInputs,
 }
 
+/// The model of a page, parsed once: what does not change when the settings the advisor
+/// tries change.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Parsed {
+    /// Simple mode.
+    Simple {
+        /// Parameters.
+        params: u64,
+        /// Activation bytes per sample.
+        activation_bytes_per_sample: u64,
+    },
+    /// Architecture mode.
+    Architecture(ArchModel),
+}
+
+/// A model of the architecture mode with the figures of its architecture that every step
+/// uses, counted once.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ArchModel {
+    /// The model.
+    pub arch: Architecture,
+    /// Generated tokens (inference).
+    pub new_tokens: u64,
+    /// [`Architecture::parameter_count`].
+    pub n_params: u64,
+    /// [`Architecture::largest_layer_parameter_count`].
+    pub largest_layer: u64,
+    /// [`Architecture::routed_expert_parameter_count`].
+    pub routed: u64,
+    /// What the weight formats need of the model.
+    pub shape: WeightShape,
+}
+
+impl ArchModel {
+    pub(crate) fn new(arch: Architecture, new_tokens: u64) -> Self {
+        let n_params = arch.parameter_count();
+        Self {
+            n_params,
+            largest_layer: arch.largest_layer_parameter_count(),
+            routed: arch.routed_expert_parameter_count(),
+            shape: WeightShape::counted(&arch, n_params),
+            arch,
+            new_tokens,
+        }
+    }
+}
+
+/// The settings of one step that a person can change without changing the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Knobs {
+    /// Samples per step (per GPU).
+    pub batch: u64,
+    /// Tokens per sample (architecture mode).
+    pub seq_len: u64,
+    /// Weights' precision (simple mode).
+    pub precision: Precision,
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Precision recipe (architecture mode).
+    pub recipe: PrecisionRecipe,
+    /// Attention kernel (architecture mode).
+    pub attention: AttentionKernel,
+    /// Activation checkpointing (architecture mode).
+    pub checkpointing: Checkpointing,
+    /// Weight format (architecture mode, inference).
+    pub weight_format: WeightFormat,
+    /// KV-cache dtype (architecture mode, inference).
+    pub kv_dtype: KvDtype,
+    /// LoRA / QLoRA (architecture mode), `None` for full fine-tuning.
+    pub peft: Option<crate::Peft>,
+}
+
 /// A model ready to be evaluated at any batch.
-#[derive(Clone, Debug)]
-enum Model {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Model<'a> {
     Simple(SimpleInputs),
     Architecture {
-        arch: Architecture,
+        model: &'a ArchModel,
         step: TrainingStep,
-        new_tokens: u64,
+        /// Inference in a quantized format: the weights' bytes (`None`: the recipe's).
+        format_weight_bytes: Option<u64>,
+        kv_dtype: KvDtype,
         /// LoRA / QLoRA, `None` for full fine-tuning.
         peft: Option<crate::Peft>,
     },
 }
 
-fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
+/// The part of a step's memory that does not depend on how it is spread over GPUs: what the
+/// advisor reuses across sharding, GPU counts and expert parallelism.
+#[derive(Clone, Debug)]
+pub(crate) enum Unsharded {
+    Simple(crate::Breakdown),
+    Architecture(PeakEstimate),
+}
+
+pub(crate) fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
     EvaluationError::Fields(
         errors
             .into_iter()
@@ -189,11 +340,33 @@ fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
     )
 }
 
-fn model_of(state: &PageState) -> Result<(Model, u64), EvaluationError> {
+/// Parses the model of `state` and its step settings.
+pub(crate) fn parse_model(
+    state: &PageState,
+    arch: Option<&Result<Architecture, crate::ConfigError>>,
+) -> Result<(Parsed, Knobs), EvaluationError> {
+    let knobs = |batch: u64, seq_len: u64| Knobs {
+        batch,
+        seq_len,
+        precision: state.precision,
+        optimizer: state.optimizer,
+        recipe: state.recipe,
+        attention: state.attention,
+        checkpointing: state.checkpointing,
+        weight_format: state.weight_format,
+        kv_dtype: state.kv_dtype,
+        peft: None,
+    };
     match state.mode {
         Mode::Simple => {
             let inputs = state.simple_inputs().map_err(fields_error)?;
-            Ok((Model::Simple(inputs), inputs.params))
+            Ok((
+                Parsed::Simple {
+                    params: inputs.params,
+                    activation_bytes_per_sample: inputs.activation_bytes_per_sample,
+                },
+                knobs(inputs.batch, 0),
+            ))
         }
         Mode::Architecture => {
             let mut errors = Vec::new();
@@ -208,28 +381,63 @@ fn model_of(state: &PageState) -> Result<(Model, u64), EvaluationError> {
             let (Ok(batch), Ok(seq_len), Ok(new_tokens)) = (batch, seq, new_tokens) else {
                 return Err(fields_error(errors));
             };
-            let arch = state
-                .architecture()
-                .map_err(|e| EvaluationError::Model(e.to_string()))?;
-            let n_params = arch.parameter_count();
+            let arch = match arch {
+                Some(parsed) => parsed.clone(),
+                None => state.architecture(),
+            }
+            .map_err(|e| EvaluationError::Model(e.to_string()))?;
             let peft = state.parsed_peft(&arch).map_err(fields_error)?;
-            let step = TrainingStep {
-                batch,
-                seq_len,
-                precision: state.recipe,
-                optimizer: state.optimizer,
-                attention: state.attention,
-                checkpointing: state.checkpointing,
-            };
             Ok((
-                Model::Architecture {
-                    arch,
-                    step,
-                    new_tokens,
+                Parsed::Architecture(ArchModel::new(arch, new_tokens)),
+                Knobs {
                     peft,
+                    ..knobs(batch, seq_len)
                 },
-                n_params,
             ))
+        }
+    }
+}
+
+impl Parsed {
+    /// Parameters of the model.
+    pub(crate) fn n_params(&self) -> u64 {
+        match self {
+            Parsed::Simple { params, .. } => *params,
+            Parsed::Architecture(m) => m.n_params,
+        }
+    }
+
+    /// The model with the step settings `knobs`.
+    pub(crate) fn model(&self, knobs: &Knobs) -> Model<'_> {
+        match self {
+            Parsed::Simple {
+                params,
+                activation_bytes_per_sample,
+            } => Model::Simple(SimpleInputs {
+                params: *params,
+                precision: knobs.precision,
+                optimizer: knobs.optimizer,
+                batch: knobs.batch,
+                activation_bytes_per_sample: *activation_bytes_per_sample,
+            }),
+            Parsed::Architecture(model) => Model::Architecture {
+                model,
+                step: TrainingStep {
+                    batch: knobs.batch,
+                    seq_len: knobs.seq_len,
+                    precision: knobs.recipe,
+                    optimizer: knobs.optimizer,
+                    attention: knobs.attention,
+                    checkpointing: knobs.checkpointing,
+                },
+                format_weight_bytes: if knobs.optimizer.trains() {
+                    None
+                } else {
+                    knobs.weight_format.shape_bytes(&model.shape)
+                },
+                kv_dtype: knobs.kv_dtype,
+                peft: knobs.peft,
+            },
         }
     }
 }
@@ -241,7 +449,7 @@ fn batch_of(model: &Model) -> u64 {
     }
 }
 
-/// Bytes of one KV-cache element: the activations' dtype.
+/// Bytes of one KV-cache element in the model's dtype: the activations' dtype.
 fn kv_element_bytes(recipe: PrecisionRecipe) -> u64 {
     if matches!(recipe, PrecisionRecipe::Fp32) {
         4
@@ -251,27 +459,89 @@ fn kv_element_bytes(recipe: PrecisionRecipe) -> u64 {
 }
 
 /// The KV cache of `batch` sequences: a prompt of `prompt` tokens and `generated` more, as
-/// HF transformers' cache holds it (see [`Architecture::kv_cache_elements_per_sample`]).
+/// HF transformers' cache holds it (see [`Architecture::kv_cache_elements_per_sample`]),
+/// stored in `dtype`.
 fn kv_cache_bytes(
     arch: &Architecture,
     recipe: PrecisionRecipe,
+    dtype: KvDtype,
     batch: u64,
     prompt: u64,
     generated: u64,
 ) -> Option<u64> {
-    batch
-        .checked_mul(arch.kv_cache_elements_per_sample(prompt, generated)?)?
-        .checked_mul(kv_element_bytes(recipe))
+    let elements = batch.checked_mul(arch.kv_cache_elements_per_sample(prompt, generated)?)?;
+    dtype.block(kv_element_bytes(recipe)).bytes(elements)
+}
+
+/// `estimate` with the weights stored in a quantized format of `weight_bytes`: quantized
+/// layers dequantize one matmul at a time, so autocast's 16-bit weight copies go too.
+fn with_weight_format(mut estimate: PeakEstimate, weight_bytes: u64) -> PeakEstimate {
+    let copies = estimate
+        .saved_parts
+        .iter()
+        .filter(|(p, _)| *p == SavedPart::WeightCopies)
+        .fold(0u64, |a, (_, b)| a.saturating_add(*b));
+    estimate
+        .saved_parts
+        .retain(|(p, _)| *p != SavedPart::WeightCopies);
+    for (_, c) in &mut estimate.phase_peaks {
+        c.parameters = weight_bytes;
+        c.activations = c.activations.saturating_sub(copies);
+    }
+    estimate
 }
 
 const STEP_TOO_LARGE: &str = "The memory needed is too large to count (over 18 EB).";
 
+fn too_large() -> EvaluationError {
+    EvaluationError::Step(STEP_TOO_LARGE.to_owned())
+}
+
 /// The step's memory at `batch` per GPU, sharded as `plan` says.
-fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, EvaluationError> {
-    let too_large = || EvaluationError::Step(STEP_TOO_LARGE.to_owned());
+pub(crate) fn step_at(
+    model: &Model,
+    plan: &PlanInputs,
+    batch: u64,
+) -> Result<StepMemory, EvaluationError> {
+    shard_step(model, &unsharded(model, batch)?, plan, batch, true)
+}
+
+/// The whole model's step at `batch`, before sharding.
+pub(crate) fn unsharded(model: &Model, batch: u64) -> Result<Unsharded, EvaluationError> {
     match model {
-        Model::Simple(inputs) => {
-            let b = simple_breakdown_at_batch(inputs, batch).map_err(|_| too_large())?;
+        Model::Simple(inputs) => simple_breakdown_at_batch(inputs, batch)
+            .map(Unsharded::Simple)
+            .map_err(|_| too_large()),
+        Model::Architecture {
+            model,
+            step,
+            format_weight_bytes,
+            peft,
+            ..
+        } => {
+            let step = TrainingStep { batch, ..*step };
+            let mut estimate = estimate_peak_with(&model.arch, &step, peft.as_ref())
+                .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
+            if let Some(weights) = *format_weight_bytes {
+                estimate = with_weight_format(estimate, weights);
+            }
+            Ok(Unsharded::Architecture(estimate))
+        }
+    }
+}
+
+/// The step of `whole` (the [`unsharded`] step of `model` at `batch`) per GPU, sharded as
+/// `plan` says. Without `with_parts` the activations are not broken down (the advisor's
+/// searches need only the peak).
+pub(crate) fn shard_step(
+    model: &Model,
+    whole: &Unsharded,
+    plan: &PlanInputs,
+    batch: u64,
+    with_parts: bool,
+) -> Result<StepMemory, EvaluationError> {
+    match (model, whole) {
+        (Model::Simple(inputs), Unsharded::Simple(b)) => {
             let state = shard_model_state(
                 ShardedState {
                     parameter_bytes: b.weights,
@@ -306,15 +576,17 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 paged_bytes: 0,
             })
         }
-        Model::Architecture {
-            arch,
-            step,
-            new_tokens,
-            peft,
-        } => {
-            let step = TrainingStep { batch, ..*step };
-            let estimate = estimate_peak_with(arch, &step, peft.as_ref())
-                .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
+        (
+            Model::Architecture {
+                model,
+                step,
+                kv_dtype,
+                ..
+            },
+            Unsharded::Architecture(estimate),
+        ) => {
+            let arch = &model.arch;
+            let new_tokens = &model.new_tokens;
             let tp = plan.tensor_parallel.max(1);
             let n = plan.num_gpus.max(1);
             // Persistent state as held between steps: gradients exist only from the end of
@@ -328,16 +600,22 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                     .unwrap_or(0)
             };
             let whole_params = persistent(|c| c.parameters);
-            let gathered = u128::from(whole_params)
-                * u128::from(arch.largest_layer_parameter_count())
+            let gathered = u128::from(whole_params) * u128::from(model.largest_layer)
                 / u128::from(estimate.n_params.max(1));
             let gathered = u64::try_from(gathered).unwrap_or(u64::MAX) / tp;
             let opt_sharded = plan.sharding.shards_optimizer_states() && n > 1;
             let kv = if step.optimizer.trains() || *new_tokens == 0 || arch.is_vision() {
                 0
             } else {
-                kv_cache_bytes(arch, step.precision, batch, step.seq_len, *new_tokens)
-                    .ok_or_else(too_large)?
+                kv_cache_bytes(
+                    arch,
+                    step.precision,
+                    *kv_dtype,
+                    batch,
+                    step.seq_len,
+                    *new_tokens,
+                )
+                .ok_or_else(too_large)?
                     / tp
             };
             // Expert parallelism: the routed experts' share of the model state is split over
@@ -348,7 +626,7 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
             } else {
                 1
             };
-            let routed = arch.routed_expert_parameter_count();
+            let routed = model.routed;
             let experts_of = |bytes: u64| -> u64 {
                 let share =
                     u128::from(bytes) * u128::from(routed) / u128::from(estimate.n_params.max(1));
@@ -461,8 +739,11 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 .iter()
                 .find(|(p, _)| *p == Phase::Forward)
                 .map_or(0, |(_, c)| c.activations);
-            let activation_parts =
-                scale_parts(&estimate.saved_parts, forward_activations, c.activations);
+            let activation_parts = if with_parts {
+                scale_parts(&estimate.saved_parts, forward_activations, c.activations)
+            } else {
+                Vec::new()
+            };
             Ok(StepMemory {
                 parts,
                 peak_bytes,
@@ -474,6 +755,8 @@ fn step_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<StepMemory, E
                 paged_bytes: paged,
             })
         }
+        // a step of another model: never built so
+        _ => Err(too_large()),
     }
 }
 
@@ -499,37 +782,28 @@ fn capitalise(text: &str) -> String {
 /// What keeps the figures from being computed: invalid fields, an unusable model, or a
 /// step that cannot be estimated.
 pub fn evaluate(state: &PageState) -> Result<Evaluation, EvaluationError> {
-    let plan = state.plan_inputs().map_err(fields_error);
-    let model = model_of(state);
-    let (plan, (model, n_params)) = match (plan, model) {
-        (Ok(plan), Ok(model)) => (plan, model),
-        (Err(EvaluationError::Fields(mut a)), Err(EvaluationError::Fields(b))) => {
-            a.extend(b);
-            return Err(EvaluationError::Fields(a));
-        }
-        (Err(e), _) | (_, Err(e)) => return Err(e),
-    };
+    let (plan, parsed, knobs) = parse_all(state, None)?;
+    evaluate_parsed(&plan, &parsed, &knobs)
+}
+
+/// [`evaluate`] of inputs already parsed.
+pub(crate) fn evaluate_parsed(
+    plan: &PlanInputs,
+    parsed: &Parsed,
+    knobs: &Knobs,
+) -> Result<Evaluation, EvaluationError> {
+    let plan = plan.clone();
+    let model = parsed.model(knobs);
     let batch = batch_of(&model);
-    let step = step_at(&model, &plan, batch)?;
+    let fit = fit_at(&model, &plan, batch)?;
     let capacity = plan.capacity_bytes;
     let sweep_rows = sweep(batch, MAX_BATCH, |b| {
-        step_at(&model, &plan, b).map(|s| SweepRow {
-            batch: b,
-            model_state_bytes: s.model_state_bytes,
-            activation_bytes: s.activation_bytes,
-            total_bytes: s.peak_bytes,
-            is_selected: false,
-            fits: capacity.map(|c| fit_verdict(s.peak_bytes, c, &plan.overheads).fits()),
+        step_at(&model, &plan, b).map(|s| {
+            let fits = capacity.map(|c| fit_verdict(s.peak_bytes, c, &plan.overheads).fits());
+            sweep_row(b, &s, fits)
         })
     });
-    let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &plan.overheads));
-    let max_batch = match capacity {
-        Some(c) => Some(max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
-            step_at(&model, &plan, b).map(|s| s.peak_bytes)
-        })?),
-        None => None,
-    };
-    let accumulation = match (plan.global_batch, max_batch) {
+    let accumulation = match (plan.global_batch, fit.max_batch) {
         (Some(target), Some(MaxBatch::Fits(max_micro))) => {
             plan_accumulation(target, max_micro, plan.num_gpus)
         }
@@ -537,28 +811,94 @@ pub fn evaluate(state: &PageState) -> Result<Evaluation, EvaluationError> {
     };
     Ok(Evaluation {
         // peft counts the adapters among the model's parameters
-        n_params: n_params.saturating_add(
-            if matches!(model, Model::Architecture { peft: Some(_), .. }) {
-                step.trainable_params
-            } else {
-                0
-            },
-        ),
-        step,
+        n_params: parsed.n_params().saturating_add(if knobs.peft.is_some() {
+            fit.step.trainable_params
+        } else {
+            0
+        }),
+        step: fit.step,
         batch,
         sweep: sweep_rows,
-        verdict,
-        max_batch,
+        verdict: fit.verdict,
+        max_batch: fit.max_batch,
         accumulation,
         per_gpu: plan.num_gpus > 1 || plan.tensor_parallel > 1,
         plan,
     })
 }
 
+/// The planning inputs and the model of `state`, with every field error at once.
+pub(crate) fn parse_all(
+    state: &PageState,
+    arch: Option<&Result<Architecture, crate::ConfigError>>,
+) -> Result<(PlanInputs, Parsed, Knobs), EvaluationError> {
+    let plan = state.plan_inputs().map_err(fields_error);
+    let model = parse_model(state, arch);
+    match (plan, model) {
+        (Ok(plan), Ok((parsed, knobs))) => Ok((plan, parsed, knobs)),
+        (Err(EvaluationError::Fields(mut a)), Err(EvaluationError::Fields(b))) => {
+            a.extend(b);
+            Err(EvaluationError::Fields(a))
+        }
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// The step at one batch with its verdict and the largest batch that fits.
+pub(crate) struct Fit {
+    /// The step.
+    pub step: StepMemory,
+    /// Whether it fits (a device is chosen).
+    pub verdict: Option<FitVerdict>,
+    /// The largest batch per GPU that fits (a device is chosen).
+    pub max_batch: Option<MaxBatch>,
+}
+
+/// The step of `model` at `batch`, its verdict and the largest batch that fits.
+pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit, EvaluationError> {
+    let step = step_at(model, plan, batch)?;
+    let capacity = plan.capacity_bytes;
+    let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &plan.overheads));
+    let max_batch = match capacity {
+        Some(c) => Some(max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
+            step_at(model, plan, b).map(|s| s.peak_bytes)
+        })?),
+        None => None,
+    };
+    Ok(Fit {
+        step,
+        verdict,
+        max_batch,
+    })
+}
+
+/// The sweep row of `step` at `batch`: every column at the peak.
+fn sweep_row(batch: u64, step: &StepMemory, fits: Option<bool>) -> SweepRow {
+    let part = |kinds: &[PartKind]| {
+        step.parts
+            .iter()
+            .filter(|(k, _)| kinds.contains(k))
+            .fold(0u64, |a, (_, b)| a.saturating_add(*b))
+    };
+    SweepRow {
+        batch,
+        model_state_bytes: part(&[
+            PartKind::Weights,
+            PartKind::Gradients,
+            PartKind::OptimizerStates,
+        ]),
+        activation_bytes: part(&[PartKind::Activations]),
+        total_bytes: step.peak_bytes,
+        peak_phase: step.peak_phase,
+        is_selected: false,
+        fits,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode_query, Checkpointing, Gpu, Optimizer};
+    use crate::{decode_query, Checkpointing, Gpu, Optimizer, Preset};
     use proptest::prelude::*;
 
     #[test]
@@ -728,11 +1068,12 @@ mod tests {
         assert!(scale_parts(&[], 0, 5).is_empty());
     }
 
-    proptest! {
-        #[test]
-        fn never_panics_on_any_link(query in "[a-z]{1,6}=[-0-9a-z.%]{0,12}(&[a-z]{1,6}=[-0-9a-z.%]{0,12}){0,8}") {
-            let _ = evaluate(&decode_query(&query).state);
-        }
+    fn part(e: &Evaluation, kind: PartKind) -> u64 {
+        e.step
+            .parts
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, b)| *b)
     }
 
     #[track_caller]
@@ -740,6 +1081,139 @@ mod tests {
         let decoded = decode_query(query);
         assert!(decoded.notices.is_empty(), "{query}: {:?}", decoded.notices);
         evaluate(&decoded.state).unwrap()
+    }
+
+    #[test]
+    fn inference_weights_take_the_format_s_bytes() {
+        let base = "m=arch&model=llama3-8b&o=none&b=1&s=1024";
+        let arch = Preset::from_key("llama3-8b")
+            .unwrap()
+            .architecture()
+            .unwrap();
+        let recipe = eval(&format!("{base}&r=bf16"));
+        for format in [WeightFormat::Q4KM, WeightFormat::Nf4, WeightFormat::Fp8] {
+            let q = eval(&format!("{base}&r=bf16&wf={}", format.key()));
+            assert_eq!(
+                part(&q, PartKind::Weights),
+                format.weight_bytes(&arch).unwrap(),
+                "{format:?}"
+            );
+            assert!(q.step.peak_bytes < recipe.step.peak_bytes, "{format:?}");
+        }
+        // AMP keeps fp32 weights and autocast's 16-bit copies; 16-bit weights keep neither
+        let amp = eval(&format!("{base}&r=amp-bf16"));
+        let half = eval(&format!("{base}&r=amp-bf16&wf=bf16"));
+        assert_eq!(part(&half, PartKind::Weights), 2 * arch.parameter_count());
+        assert!(amp
+            .step
+            .activation_parts
+            .iter()
+            .any(|(p, _)| *p == SavedPart::WeightCopies));
+        assert!(!half
+            .step
+            .activation_parts
+            .iter()
+            .any(|(p, _)| *p == SavedPart::WeightCopies));
+        assert!(part(&half, PartKind::Activations) < part(&amp, PartKind::Activations));
+        // training ignores the format and the KV dtype
+        let train = "m=arch&model=llama3-8b&b=1&s=1024&r=bf16";
+        assert_eq!(
+            eval(train).step,
+            eval(&format!("{train}&wf=q4_k_m&kvd=q4_0")).step
+        );
+    }
+
+    #[track_caller]
+    fn kv_of(kvd: &str) -> u64 {
+        let e = eval(&format!(
+            "m=arch&model=llama3-8b&o=none&r=bf16&b=4&s=1024&gen=1024&kvd={kvd}"
+        ));
+        part(&e, PartKind::KvCache)
+    }
+
+    #[test]
+    fn kv_cache_dtypes() {
+        let model = kv_of("model");
+        assert_eq!(model, 4 * 2048 * 32 * 2 * 8 * 128 * 2);
+        assert_eq!(kv_of("fp8"), model / 2);
+        assert_eq!(kv_of("q8_0"), model / 2 / 32 * 34);
+        assert_eq!(kv_of("q4_0"), model / 2 / 32 * 18);
+    }
+
+    #[test]
+    fn cpu_ram_and_macs_have_no_cuda_context() {
+        let cpu = eval("m=arch&model=gpt2&b=1&s=512&gpu=cpu&ram=32");
+        let v = cpu.verdict.unwrap();
+        assert_eq!(v.capacity_bytes, 32 << 30);
+        assert_eq!(v.cuda_context_bytes, 0);
+        let half = eval("m=arch&model=gpt2&b=1&s=512&gpu=cpu&ram=15.5");
+        assert_eq!(half.verdict.unwrap().capacity_bytes, 15_872 << 20);
+        let mac = eval("m=arch&model=gpt2&b=1&s=512&gpu=mac-16");
+        let v = mac.verdict.unwrap();
+        assert_eq!(v.capacity_bytes, (16 << 30) / 3 * 2 / (1 << 20) * (1 << 20));
+        assert_eq!(v.cuda_context_bytes, 0);
+        let gpu = eval("m=arch&model=gpt2&b=1&s=512&gpu=rtx4090");
+        assert_eq!(gpu.verdict.unwrap().cuda_context_bytes, 500 << 20);
+        // a bad RAM size is an error only while the CPU is chosen, and a notice in a link
+        let bad = PageState {
+            ram_gib: "0".to_owned(),
+            ..decode_query("m=arch&model=gpt2&gpu=cpu").state
+        };
+        assert!(matches!(
+            evaluate(&bad),
+            Err(EvaluationError::Fields(f)) if f.iter().any(|(field, _)| *field == Field::RamCapacity)
+        ));
+        assert_eq!(decode_query("ram=-4&gpu=h100-80").notices.len(), 1);
+    }
+
+    #[test]
+    fn zero_activations_per_sample_are_the_model_state() {
+        let e = eval("p=7&pu=B&b=8&a=0&gpu=none");
+        assert_eq!(e.step.peak_bytes, e.step.model_state_bytes);
+        assert_eq!(part(&e, PartKind::Activations), 0);
+        assert!(e.sweep.iter().all(|r| r.total_bytes == e.step.peak_bytes));
+    }
+
+    #[test]
+    fn sweep_columns_add_up_to_the_peak_at_its_moment() {
+        for query in [
+            "m=arch&model=llama3-8b&b=4&s=2048&r=amp-bf16",
+            "m=arch&model=gpt2&b=8&s=1024&r=bf16&gc=full",
+            "m=arch&model=qwen3-8b&o=none&b=2&s=1024&gen=512",
+            "m=arch&model=llama3-8b&b=1&s=2048&n=8&shard=zero3",
+        ] {
+            let e = eval(query);
+            for row in &e.sweep {
+                assert_eq!(
+                    row.model_state_bytes + row.activation_bytes + row.other_bytes(),
+                    row.total_bytes,
+                    "{query}: {row:?}"
+                );
+                assert!(row.peak_phase.is_some());
+            }
+            let selected = e.sweep.iter().find(|r| r.is_selected).unwrap();
+            assert_eq!(selected.peak_phase, e.step.peak_phase);
+        }
+        // at batch 1 the peak of Llama-3-8B training is the optimizer step: the gradients
+        // count, the activations do not
+        let e = eval("m=arch&model=llama3-8b&b=1&s=512&r=amp-bf16");
+        let first = &e.sweep[0];
+        assert_eq!(first.peak_phase, Some(Phase::OptimizerStep));
+        assert_eq!(first.activation_bytes, 0);
+        // simple mode: the columns are as they were
+        let simple = eval("p=7&pu=B&b=8&a=512");
+        let row = simple.sweep.iter().find(|r| r.is_selected).unwrap();
+        assert_eq!(row.model_state_bytes, simple.step.model_state_bytes);
+        assert_eq!(row.activation_bytes, simple.step.activation_bytes);
+        assert_eq!(row.other_bytes(), 0);
+        assert_eq!(row.peak_phase, None);
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_any_link(query in "[a-z]{1,6}=[-0-9a-z.%]{0,12}(&[a-z]{1,6}=[-0-9a-z.%]{0,12}){0,8}") {
+            let _ = evaluate(&decode_query(&query).state);
+        }
     }
 
     /// The QLoRA recipe people run on one 24 GB card: Llama 3 8B, nf4 with double

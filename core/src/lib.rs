@@ -6,33 +6,42 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod advisor;
 mod bytes;
 mod evaluate;
+mod formats;
 mod json;
 mod number;
 mod optimizer;
 mod plan;
 mod query;
+mod scenario;
 mod simple;
 mod state;
 mod sweep;
 
+pub use advisor::{fit_advice, Change, FitPlan, RankKey, Tier, MAX_GPU_MULTIPLIER, PLANS_PER_TIER};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
 pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
+pub use formats::{Block, GgufType, KvDtype, WeightFormat};
 pub use number::FieldError;
 pub use optimizer::Optimizer;
 pub use plan::{
-    fit_verdict, largest_peak_that_fits, max_batch_that_fits, plan_accumulation, shard_model_state,
-    AccumulationPlan, FitVerdict, Gpu, MaxBatch, Overheads, ShardedState, Sharding, BYTES_PER_MIB,
+    apple_gpu_share_mib, fit_verdict, largest_peak_that_fits, max_batch_that_fits,
+    plan_accumulation, shard_model_state, AccumulationPlan, DeviceKind, FitVerdict, Gpu, MaxBatch,
+    Overheads, ShardedState, Sharding, BYTES_PER_MIB,
 };
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
+pub use scenario::{parse_page, Page, Scenario};
 pub use simple::{
     parse_activation_mb, parse_batch, parse_params, simple_breakdown, simple_breakdown_at_batch,
     Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
     SIMPLE_OPTIMIZERS,
 };
 pub use state::{Field, Mode, PageState, PlanInputs, CUSTOM_MODEL_KEY, MAX_CONFIG_CHARS};
-pub use sweep::{sweep, sweep_batches, sweep_markdown, sweep_tsv, SweepRow};
+pub use sweep::{
+    sweep, sweep_batches, sweep_cells, sweep_header, sweep_markdown, sweep_tsv, SweepRow,
+};
 
 // arch-begin (architecture mode: owned by core/src/arch/)
 mod arch;

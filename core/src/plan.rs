@@ -6,7 +6,39 @@ use std::fmt;
 /// Bytes in one MiB (2^20), the unit nvidia-smi reports capacities in.
 pub const BYTES_PER_MIB: u64 = 1 << 20;
 
-/// A GPU with the total memory nvidia-smi reports for it, or a custom capacity.
+/// What kind of memory a [`Gpu`] is, and so which overheads apply: only discrete GPUs carry
+/// a CUDA context; the allocator reserve and the safety margin apply to every device (on a
+/// Mac or a CPU the margin stands for the system and the other programs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A discrete GPU (CUDA or ROCm): its own memory, and a context on it.
+    Gpu,
+    /// Apple silicon: the GPU may wire a share of the unified memory (no CUDA context).
+    AppleUnified {
+        /// The Mac's memory in GiB (Apple's "16 GB" is 16 GiB, as for all DRAM).
+        ram_gib: u64,
+    },
+    /// The computer's RAM, for running on the CPU (no CUDA context).
+    CpuRam,
+}
+
+/// The share of a Mac's unified memory the GPU may wire by default, in MiB: macOS's
+/// `recommendedMaxWorkingSetSize` (what PyTorch MPS and llama.cpp's Metal backend take as
+/// the limit) is about 2/3 of the memory up to 36 GB and 3/4 above. This is observed
+/// behaviour reported by llama.cpp and MLX users, not documented by Apple; it can be raised
+/// with `sudo sysctl iogpu.wired_limit_mb=...`.
+#[must_use]
+pub const fn apple_gpu_share_mib(ram_gib: u64) -> u64 {
+    let mib = ram_gib.saturating_mul(1024);
+    if ram_gib <= 36 {
+        mib / 3 * 2 + mib % 3 * 2 / 3
+    } else {
+        mib / 4 * 3 + mib % 4 * 3 / 4
+    }
+}
+
+/// A device to fit the step on: a GPU with the total memory nvidia-smi reports for it, a
+/// Mac's unified memory, the computer's RAM, or a custom capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Gpu {
     /// GeForce RTX 3090, 24 GB.
@@ -39,13 +71,37 @@ pub enum Gpu {
     B200,
     /// AMD Instinct MI300X, 192 GB.
     Mi300x,
+    /// Apple silicon Mac, 8 GB unified memory.
+    Mac8,
+    /// Apple silicon Mac, 16 GB unified memory.
+    Mac16,
+    /// Apple silicon Mac, 18 GB unified memory.
+    Mac18,
+    /// Apple silicon Mac, 24 GB unified memory.
+    Mac24,
+    /// Apple silicon Mac, 32 GB unified memory.
+    Mac32,
+    /// Apple silicon Mac, 36 GB unified memory.
+    Mac36,
+    /// Apple silicon Mac, 48 GB unified memory.
+    Mac48,
+    /// Apple silicon Mac, 64 GB unified memory.
+    Mac64,
+    /// Apple silicon Mac, 96 GB unified memory.
+    Mac96,
+    /// Apple silicon Mac, 128 GB unified memory.
+    Mac128,
+    /// Apple silicon Mac, 192 GB unified memory.
+    Mac192,
+    /// The computer's RAM (running on the CPU), its capacity typed in GiB.
+    CpuRam,
     /// A capacity typed in by the person.
     Custom,
 }
 
 impl Gpu {
-    /// Every GPU, in the order the page lists them.
-    pub const ALL: [Gpu; 16] = [
+    /// Every device, in the order the page lists them.
+    pub const ALL: [Gpu; 28] = [
         Gpu::Rtx3090,
         Gpu::Rtx4090,
         Gpu::Rtx5090,
@@ -61,12 +117,62 @@ impl Gpu {
         Gpu::H200,
         Gpu::B200,
         Gpu::Mi300x,
+        Gpu::Mac8,
+        Gpu::Mac16,
+        Gpu::Mac18,
+        Gpu::Mac24,
+        Gpu::Mac32,
+        Gpu::Mac36,
+        Gpu::Mac48,
+        Gpu::Mac64,
+        Gpu::Mac96,
+        Gpu::Mac128,
+        Gpu::Mac192,
+        Gpu::CpuRam,
         Gpu::Custom,
     ];
 
-    /// Total memory as nvidia-smi (or rocm-smi) reports it, in MiB; `None` for a custom GPU.
+    /// What kind of memory it is.
+    #[must_use]
+    pub const fn kind(self) -> DeviceKind {
+        let ram_gib = match self {
+            Gpu::Mac8 => 8,
+            Gpu::Mac16 => 16,
+            Gpu::Mac18 => 18,
+            Gpu::Mac24 => 24,
+            Gpu::Mac32 => 32,
+            Gpu::Mac36 => 36,
+            Gpu::Mac48 => 48,
+            Gpu::Mac64 => 64,
+            Gpu::Mac96 => 96,
+            Gpu::Mac128 => 128,
+            Gpu::Mac192 => 192,
+            Gpu::CpuRam => return DeviceKind::CpuRam,
+            _ => return DeviceKind::Gpu,
+        };
+        DeviceKind::AppleUnified { ram_gib }
+    }
+
+    /// Whether a CUDA (or ROCm) context takes memory on it: discrete GPUs only.
+    #[must_use]
+    pub const fn has_cuda_context(self) -> bool {
+        matches!(self.kind(), DeviceKind::Gpu)
+    }
+
+    /// Whether it computes in bf16 (V100 and T4 predate it: fp16 recipes there).
+    #[must_use]
+    pub const fn supports_bf16(self) -> bool {
+        !matches!(self, Gpu::T4 | Gpu::V100_16 | Gpu::V100_32)
+    }
+
+    /// Total memory as nvidia-smi (or rocm-smi) reports it, in MiB; for a Mac the share its
+    /// GPU may use ([`apple_gpu_share_mib`]); `None` for a capacity typed in (custom GPU,
+    /// CPU RAM).
     #[must_use]
     pub const fn capacity_mib(self) -> Option<u64> {
+        if let DeviceKind::AppleUnified { ram_gib } = self.kind() {
+            return Some(apple_gpu_share_mib(ram_gib));
+        }
         Some(match self {
             Gpu::Rtx3090 => 24_576,
             Gpu::Rtx4090 => 24_564,
@@ -83,7 +189,7 @@ impl Gpu {
             Gpu::H200 => 143_771,
             Gpu::B200 => 183_359,
             Gpu::Mi300x => 196_288,
-            Gpu::Custom => return None,
+            _ => return None,
         })
     }
 
@@ -106,6 +212,18 @@ impl Gpu {
             Gpu::H200 => "h200",
             Gpu::B200 => "b200",
             Gpu::Mi300x => "mi300x",
+            Gpu::Mac8 => "mac-8",
+            Gpu::Mac16 => "mac-16",
+            Gpu::Mac18 => "mac-18",
+            Gpu::Mac24 => "mac-24",
+            Gpu::Mac32 => "mac-32",
+            Gpu::Mac36 => "mac-36",
+            Gpu::Mac48 => "mac-48",
+            Gpu::Mac64 => "mac-64",
+            Gpu::Mac96 => "mac-96",
+            Gpu::Mac128 => "mac-128",
+            Gpu::Mac192 => "mac-192",
+            Gpu::CpuRam => "cpu",
             Gpu::Custom => "custom",
         }
     }
@@ -129,6 +247,18 @@ impl Gpu {
             Gpu::H200 => "H200 (143,771 MiB)",
             Gpu::B200 => "B200 (183,359 MiB)",
             Gpu::Mi300x => "MI300X (196,288 MiB)",
+            Gpu::Mac8 => "Mac, 8 GB unified memory (GPU share 5,461 MiB)",
+            Gpu::Mac16 => "Mac, 16 GB unified memory (GPU share 10,922 MiB)",
+            Gpu::Mac18 => "Mac, 18 GB unified memory (GPU share 12,288 MiB)",
+            Gpu::Mac24 => "Mac, 24 GB unified memory (GPU share 16,384 MiB)",
+            Gpu::Mac32 => "Mac, 32 GB unified memory (GPU share 21,845 MiB)",
+            Gpu::Mac36 => "Mac, 36 GB unified memory (GPU share 24,576 MiB)",
+            Gpu::Mac48 => "Mac, 48 GB unified memory (GPU share 36,864 MiB)",
+            Gpu::Mac64 => "Mac, 64 GB unified memory (GPU share 49,152 MiB)",
+            Gpu::Mac96 => "Mac, 96 GB unified memory (GPU share 73,728 MiB)",
+            Gpu::Mac128 => "Mac, 128 GB unified memory (GPU share 98,304 MiB)",
+            Gpu::Mac192 => "Mac, 192 GB unified memory (GPU share 147,456 MiB)",
+            Gpu::CpuRam => "CPU RAM (capacity in GiB)",
             Gpu::Custom => "Custom capacity",
         }
     }
@@ -488,6 +618,20 @@ mod tests {
     fn gpu_capacities() {
         assert_eq!(Gpu::H100_80.capacity_mib(), Some(81_559));
         assert_eq!(Gpu::Custom.capacity_mib(), None);
+        assert_eq!(Gpu::CpuRam.capacity_mib(), None);
+        // 2/3 up to 36 GB, 3/4 above
+        assert_eq!(Gpu::Mac16.capacity_mib(), Some(16 * 1024 * 2 / 3));
+        assert_eq!(Gpu::Mac36.capacity_mib(), Some(24_576));
+        assert_eq!(Gpu::Mac48.capacity_mib(), Some(36_864));
+        assert!(Gpu::H100_80.has_cuda_context() && Gpu::Custom.has_cuda_context());
+        assert!(!Gpu::Mac64.has_cuda_context() && !Gpu::CpuRam.has_cuda_context());
+        // every label that shows a capacity shows the one used
+        for gpu in Gpu::ALL {
+            if let Some(mib) = gpu.capacity_mib() {
+                let shown = format!("{} MiB)", crate::group_thousands(mib));
+                assert!(gpu.label().ends_with(&shown), "{}: {shown}", gpu.label());
+            }
+        }
         for gpu in Gpu::ALL {
             assert_eq!(Gpu::from_key(gpu.key()), Some(gpu));
         }

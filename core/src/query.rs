@@ -227,6 +227,43 @@ mod tests {
         assert!(d.notices[0].contains("<script>"));
     }
 
+    #[track_caller]
+    fn round_trips(query: &str) {
+        let d = decode_query(query);
+        assert!(d.notices.is_empty(), "{query}: {:?}", d.notices);
+        let again = decode_query(&encode_query(&d.state));
+        assert!(again.notices.is_empty(), "{:?}", again.notices);
+        assert_eq!(again.state, d.state, "{query}");
+    }
+
+    #[test]
+    fn formats_devices_and_zero_activations_round_trip() {
+        use crate::{Gpu, KvDtype, WeightFormat};
+        for f in WeightFormat::ALL {
+            round_trips(&format!("m=arch&o=none&wf={}", f.key()));
+        }
+        for k in KvDtype::ALL {
+            round_trips(&format!("m=arch&o=none&gen=64&kvd={}", k.key()));
+        }
+        for gpu in Gpu::ALL {
+            round_trips(&format!("gpu={}", gpu.key()));
+        }
+        round_trips("gpu=cpu&ram=12.5");
+        round_trips("a=0");
+        let d = decode_query("wf=Q4_K_M&kvd=q8_0&gpu=mac-64&ram=128&a=0");
+        assert!(d.notices.is_empty(), "{:?}", d.notices);
+        assert_eq!(d.state.weight_format, WeightFormat::Q4KM);
+        assert_eq!(d.state.kv_dtype, KvDtype::Q8_0);
+        assert_eq!(d.state.gpu, Some(Gpu::Mac64));
+        assert_eq!(d.state.ram_gib, "128");
+        assert_eq!(d.state.activation_mb, "0");
+        // defaults: today's behaviour, and old links read as before
+        let old = decode_query("m=arch&o=none&gen=64").state;
+        assert_eq!(old.weight_format, WeightFormat::Recipe);
+        assert_eq!(old.kv_dtype, KvDtype::Model);
+        falls_back("wf=int3&kvd=fp4&ram=0", 3);
+    }
+
     #[test]
     fn percent_coding_round_trips() {
         for text in ["", "a b", "100%", "ü→😀", "&=?#+"] {

@@ -249,12 +249,16 @@ pub fn parse_batch(text: &str) -> Result<u64, FieldError> {
     parse_whole_count(text, 1, MAX_BATCH, "samples")
 }
 
-/// Parses the activation field (MB per sample) into bytes per sample.
+/// Parses the activation field (MB per sample) into bytes per sample. Zero is valid: the
+/// model state alone (a model whose activations are negligible, or counted elsewhere).
 ///
 /// # Errors
 /// A [`FieldError`] to show next to the field.
 pub fn parse_activation_mb(text: &str) -> Result<u64, FieldError> {
-    parse_rounded_amount(text, BYTES_PER_MB, MAX_ACTIVATION_BYTES_PER_SAMPLE)
+    match parse_rounded_amount(text, BYTES_PER_MB, MAX_ACTIVATION_BYTES_PER_SAMPLE) {
+        Err(FieldError::Zero) => Ok(0),
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -344,6 +348,24 @@ mod tests {
         ));
         assert_eq!(parse_activation_mb("512"), Ok(512_000_000));
         assert_eq!(parse_activation_mb("-1"), Err(FieldError::Negative));
+    }
+
+    #[track_caller]
+    fn activation(text: &str, expected: Result<u64, FieldError>) {
+        assert_eq!(parse_activation_mb(text), expected, "{text:?}");
+    }
+
+    #[test]
+    fn zero_activations_are_the_model_state_alone() {
+        activation("0", Ok(0));
+        activation("0.0", Ok(0));
+        activation("0e5", Ok(0));
+        activation("-0", Err(FieldError::Negative));
+        activation("", Err(FieldError::Empty));
+        activation("0.0000001", Ok(1));
+        let b = simple_breakdown(&inputs(1_000, Precision::Half, Optimizer::AdamW, 8, 0)).unwrap();
+        assert_eq!(b.activations, 0);
+        assert_eq!(b.total, b.model_state_bytes());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AttentionKernel, ByteUnit, Checkpointing, Gpu, Method, Optimizer, ParamUnit, Peft, Precision,
-    PrecisionRecipe, Preset, Quant4, Sharding,
+    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, Method, Optimizer, ParamUnit, Peft,
+    Precision, PrecisionRecipe, Preset, Quant4, Sharding, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -17,6 +17,8 @@ pub const MAX_SEQ_LEN: u64 = 1 << 24;
 pub const MAX_GPUS: u64 = 100_000;
 /// Largest custom capacity accepted: 100 TiB.
 pub const MAX_CAPACITY_MIB: u64 = 100 << 20;
+/// MiB in one GiB: the CPU RAM field is typed in GiB.
+const MIB_PER_GIB: u64 = 1024;
 /// Largest CUDA context accepted.
 pub const MAX_CONTEXT_MIB: u64 = 1 << 20;
 /// Longest generation accepted.
@@ -123,10 +125,16 @@ pub struct PageState {
     pub kbit_prepare: bool,
     /// Architecture mode, inference: tokens generated after the prompt (KV cache), as typed.
     pub new_tokens: String,
-    /// The GPU, or `None` to plan for no GPU in particular.
+    /// Architecture mode, inference: how the weights are stored (quantization).
+    pub weight_format: WeightFormat,
+    /// Architecture mode, inference: the dtype of the KV cache.
+    pub kv_dtype: KvDtype,
+    /// The GPU (or other device), or `None` to plan for no GPU in particular.
     pub gpu: Option<Gpu>,
     /// Capacity of a custom GPU in MiB, as typed.
     pub custom_capacity_mib: String,
+    /// Capacity of the CPU RAM in GiB (2^30 bytes), as typed.
+    pub ram_gib: String,
     /// CUDA context in MiB, as typed.
     pub cuda_context_mib: String,
     /// Allocator reserve in percent of the peak, as typed.
@@ -191,8 +199,11 @@ impl Default for PageState {
             double_quant: true,
             kbit_prepare: true,
             new_tokens: "0".to_owned(),
+            weight_format: WeightFormat::Recipe,
+            kv_dtype: KvDtype::Model,
             gpu: Some(Gpu::H100_80),
             custom_capacity_mib: "81920".to_owned(),
+            ram_gib: "64".to_owned(),
             cuda_context_mib: "500".to_owned(),
             allocator_reserve_percent: "5".to_owned(),
             safety_margin_percent: "15".to_owned(),
@@ -256,10 +267,16 @@ pub enum Field {
     KbitPrepare,
     /// [`PageState::new_tokens`].
     NewTokens,
+    /// [`PageState::weight_format`].
+    WeightFormat,
+    /// [`PageState::kv_dtype`].
+    KvDtype,
     /// [`PageState::gpu`].
     Gpu,
     /// [`PageState::custom_capacity_mib`].
     CustomCapacity,
+    /// [`PageState::ram_gib`].
+    RamCapacity,
     /// [`PageState::cuda_context_mib`].
     CudaContext,
     /// [`PageState::allocator_reserve_percent`].
@@ -283,7 +300,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 34] = [
+    pub const ALL: [Field; 37] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -307,8 +324,11 @@ impl Field {
         Field::DoubleQuant,
         Field::KbitPrepare,
         Field::NewTokens,
+        Field::WeightFormat,
+        Field::KvDtype,
         Field::Gpu,
         Field::CustomCapacity,
+        Field::RamCapacity,
         Field::CudaContext,
         Field::AllocatorReserve,
         Field::SafetyMargin,
@@ -348,8 +368,11 @@ impl Field {
             Field::DoubleQuant => "dq",
             Field::KbitPrepare => "kbit",
             Field::NewTokens => "gen",
+            Field::WeightFormat => "wf",
+            Field::KvDtype => "kvd",
             Field::Gpu => "gpu",
             Field::CustomCapacity => "cap",
+            Field::RamCapacity => "ram",
             Field::CudaContext => "ctx",
             Field::AllocatorReserve => "res",
             Field::SafetyMargin => "margin",
@@ -389,8 +412,11 @@ impl Field {
             Field::DoubleQuant => "double quantization",
             Field::KbitPrepare => "k-bit preparation",
             Field::NewTokens => "generated tokens",
+            Field::WeightFormat => "weight format",
+            Field::KvDtype => "KV-cache dtype",
             Field::Gpu => "GPU",
             Field::CustomCapacity => "custom capacity (MiB)",
+            Field::RamCapacity => "CPU RAM (GiB)",
             Field::CudaContext => "CUDA context (MiB)",
             Field::AllocatorReserve => "allocator reserve (%)",
             Field::SafetyMargin => "safety margin (%)",
@@ -490,8 +516,11 @@ impl PageState {
             Field::DoubleQuant => on_off(self.double_quant).to_owned(),
             Field::KbitPrepare => on_off(self.kbit_prepare).to_owned(),
             Field::NewTokens => self.new_tokens.clone(),
+            Field::WeightFormat => self.weight_format.key().to_owned(),
+            Field::KvDtype => self.kv_dtype.key().to_owned(),
             Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
             Field::CustomCapacity => self.custom_capacity_mib.clone(),
+            Field::RamCapacity => self.ram_gib.clone(),
             Field::CudaContext => self.cuda_context_mib.clone(),
             Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
             Field::SafetyMargin => self.safety_margin_percent.clone(),
@@ -567,6 +596,17 @@ impl PageState {
             Field::DoubleQuant => self.double_quant = choice(value, &[true, false], on_off)?,
             Field::KbitPrepare => self.kbit_prepare = choice(value, &[true, false], on_off)?,
             Field::NewTokens => self.new_tokens = text(value)?,
+            Field::WeightFormat => {
+                self.weight_format = choice_by(
+                    value,
+                    &WeightFormat::ALL,
+                    WeightFormat::key,
+                    WeightFormat::from_key,
+                )?;
+            }
+            Field::KvDtype => {
+                self.kv_dtype = choice_by(value, &KvDtype::ALL, KvDtype::key, KvDtype::from_key)?;
+            }
             Field::Gpu => {
                 self.gpu = if value == "none" {
                     None
@@ -575,6 +615,7 @@ impl PageState {
                 };
             }
             Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
+            Field::RamCapacity => self.ram_gib = text(value)?,
             Field::CudaContext => self.cuda_context_mib = text(value)?,
             Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
             Field::SafetyMargin => self.safety_margin_percent = text(value)?,
@@ -658,6 +699,14 @@ impl PageState {
         }))
     }
 
+    /// The CPU RAM capacity in MiB (typed in GiB, rounded to the MiB).
+    ///
+    /// # Errors
+    /// The message for the field.
+    pub fn parsed_ram_mib(&self) -> Result<u64, FieldError> {
+        crate::number::parse_rounded_amount(&self.ram_gib, MIB_PER_GIB, MAX_CAPACITY_MIB)
+    }
+
     /// The parsed number of generated tokens (0 = no generation).
     ///
     /// # Errors
@@ -701,6 +750,7 @@ impl PageState {
                 Field::CustomCapacity,
                 parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false),
             ),
+            Some(Gpu::CpuRam) => check(Field::RamCapacity, self.parsed_ram_mib()),
             Some(gpu) => gpu.capacity_mib(),
             None => Some(0),
         };
@@ -763,7 +813,12 @@ impl PageState {
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
-                    cuda_context_bytes: context * crate::BYTES_PER_MIB,
+                    // Macs and CPUs have no CUDA context.
+                    cuda_context_bytes: if self.gpu.is_none_or(Gpu::has_cuda_context) {
+                        context * crate::BYTES_PER_MIB
+                    } else {
+                        0
+                    },
                     allocator_reserve_percent: reserve,
                     safety_margin_percent: margin,
                 },
@@ -812,6 +867,11 @@ impl PageState {
         if self.gpu != Some(Gpu::Custom) {
             if let Err(e) = parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false) {
                 invalid.push((Field::CustomCapacity, e));
+            }
+        }
+        if self.gpu != Some(Gpu::CpuRam) {
+            if let Err(e) = self.parsed_ram_mib() {
+                invalid.push((Field::RamCapacity, e));
             }
         }
         invalid

@@ -1,22 +1,39 @@
 //! "Batch Size vs. Memory": the same model evaluated at several batch sizes.
 
 use crate::bytes::{format_in_unit, ByteUnit};
+use crate::Phase;
 
-/// One row of the sweep table, in bytes.
+/// One row of the sweep table, in bytes, every column at the same moment: the peak.
+///
+/// `model_state_bytes + activation_bytes + other_bytes() == total_bytes`. In architecture
+/// mode the moment is [`peak_phase`](Self::peak_phase): gradients, for instance, count only
+/// when the peak falls where they exist. In simple mode everything is alive at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SweepRow {
     /// Samples per step.
     pub batch: u64,
-    /// Weights + gradients + optimizer states (does not grow with the batch).
+    /// Weights + gradients + optimizer states alive at the peak.
     pub model_state_bytes: u64,
-    /// Activations (grow with the batch).
+    /// Activations alive at the peak (grow with the batch).
     pub activation_bytes: u64,
     /// Peak memory of the step at this batch.
     pub total_bytes: u64,
+    /// The phase of the peak (architecture mode; `None` in simple mode).
+    pub peak_phase: Option<Phase>,
     /// Whether this is the batch the person chose.
     pub is_selected: bool,
     /// Whether it fits on the chosen GPU, where one is chosen.
     pub fits: Option<bool>,
+}
+
+impl SweepRow {
+    /// Everything else alive at the peak: temporaries, buffers and inputs, the KV cache.
+    #[must_use]
+    pub const fn other_bytes(&self) -> u64 {
+        self.total_bytes
+            .saturating_sub(self.model_state_bytes)
+            .saturating_sub(self.activation_bytes)
+    }
 }
 
 /// How many powers of two the sweep shows on each side of the chosen batch.
@@ -61,18 +78,77 @@ pub fn sweep<E>(
         .collect()
 }
 
-fn header(unit: ByteUnit, with_fit: bool) -> Vec<String> {
-    let symbol = unit.symbol();
-    let mut cells = vec![
-        "Batch Size".to_owned(),
-        format!("Weights + Grad + Opt ({symbol})"),
-        format!("Activations ({symbol})"),
-        format!("Total ({symbol})"),
-    ];
-    if with_fit {
-        cells.push("Fits".to_owned());
+/// Which columns a table has.
+#[derive(Clone, Copy)]
+struct Columns {
+    /// Architecture mode: the moment of the peak varies, so "Other" and "Peak in" columns.
+    phases: bool,
+    /// A GPU is chosen: a "Fits" column.
+    fit: bool,
+}
+
+impl Columns {
+    fn of(rows: &[SweepRow]) -> Self {
+        Self {
+            phases: rows.iter().any(|r| r.peak_phase.is_some()),
+            fit: rows.iter().any(|r| r.fits.is_some()),
+        }
     }
-    cells
+
+    fn header(self, unit: ByteUnit) -> Vec<String> {
+        let symbol = unit.symbol();
+        let at = if self.phases { " at peak" } else { "" };
+        let mut cells = vec![
+            "Batch Size".to_owned(),
+            format!("Weights + Grad + Opt{at} ({symbol})"),
+            format!("Activations{at} ({symbol})"),
+        ];
+        if self.phases {
+            cells.push(format!("Other at peak ({symbol})"));
+        }
+        cells.push(format!("Peak ({symbol})"));
+        if self.phases {
+            cells.push("Peak in".to_owned());
+        }
+        if self.fit {
+            cells.push("Fits".to_owned());
+        }
+        cells
+    }
+
+    /// The cells of `row`, figures written by `figure`.
+    fn cells(self, row: &SweepRow, figure: impl Fn(u64) -> String) -> Vec<String> {
+        let mut cells = vec![
+            row.batch.to_string(),
+            figure(row.model_state_bytes),
+            figure(row.activation_bytes),
+        ];
+        if self.phases {
+            cells.push(figure(row.other_bytes()));
+        }
+        cells.push(figure(row.total_bytes));
+        if self.phases {
+            cells.push(row.peak_phase.map_or("", Phase::label).to_owned());
+        }
+        if self.fit {
+            cells.push(fit_cell(row.fits));
+        }
+        cells
+    }
+}
+
+/// The header of the sweep table of `rows` as the page and both copies show it: every
+/// column at the peak (architecture mode says so, with "Other at peak" and "Peak in").
+#[must_use]
+pub fn sweep_header(rows: &[SweepRow], unit: ByteUnit) -> Vec<String> {
+    Columns::of(rows).header(unit)
+}
+
+/// The cells of `row` (one of `rows`) under [`sweep_header`], figures in `unit` without
+/// the unit (the header has it).
+#[must_use]
+pub fn sweep_cells(rows: &[SweepRow], row: &SweepRow, unit: ByteUnit) -> Vec<String> {
+    Columns::of(rows).cells(row, |b| format_in_unit(b, unit))
 }
 
 fn fit_cell(fits: Option<bool>) -> String {
@@ -85,11 +161,12 @@ fn fit_cell(fits: Option<bool>) -> String {
 
 /// The sweep as a Markdown table that reads well pasted into notes.
 ///
-/// The chosen batch is in bold; figures are in `unit`, with the unit in the header.
+/// The chosen batch is in bold; figures are in `unit`, with the unit in the header. Every
+/// column is taken at the peak; in architecture mode the table says in which phase.
 #[must_use]
 pub fn sweep_markdown(rows: &[SweepRow], unit: ByteUnit) -> String {
-    let with_fit = rows.iter().any(|r| r.fits.is_some());
-    let header = header(unit, with_fit);
+    let columns = Columns::of(rows);
+    let header = columns.header(unit);
     let mut out = format!("| {} |\n", header.join(" | "));
     out.push('|');
     for _ in &header {
@@ -97,15 +174,7 @@ pub fn sweep_markdown(rows: &[SweepRow], unit: ByteUnit) -> String {
     }
     out.push('\n');
     for row in rows {
-        let mut cells = vec![
-            row.batch.to_string(),
-            format_in_unit(row.model_state_bytes, unit),
-            format_in_unit(row.activation_bytes, unit),
-            format_in_unit(row.total_bytes, unit),
-        ];
-        if with_fit {
-            cells.push(fit_cell(row.fits));
-        }
+        let mut cells = columns.cells(row, |b| format_in_unit(b, unit));
         if row.is_selected {
             for cell in &mut cells {
                 if !cell.is_empty() {
@@ -123,22 +192,13 @@ pub fn sweep_markdown(rows: &[SweepRow], unit: ByteUnit) -> String {
 /// Numbers carry no thousands separators so spreadsheets read them as numbers.
 #[must_use]
 pub fn sweep_tsv(rows: &[SweepRow], unit: ByteUnit) -> String {
-    let with_fit = rows.iter().any(|r| r.fits.is_some());
-    let mut header = header(unit, with_fit);
+    let columns = Columns::of(rows);
+    let mut header = columns.header(unit);
     header.push("Selected".to_owned());
     let mut out = header.join("\t");
     out.push('\n');
     for row in rows {
-        let plain = |bytes: u64| format_in_unit(bytes, unit).replace(',', "");
-        let mut cells = vec![
-            row.batch.to_string(),
-            plain(row.model_state_bytes),
-            plain(row.activation_bytes),
-            plain(row.total_bytes),
-        ];
-        if with_fit {
-            cells.push(fit_cell(row.fits));
-        }
+        let mut cells = columns.cells(row, |b| format_in_unit(b, unit).replace(',', ""));
         cells.push(if row.is_selected { "yes" } else { "" }.to_owned());
         out.push_str(&cells.join("\t"));
         out.push('\n');
@@ -178,6 +238,7 @@ mod tests {
             model_state_bytes: 98_000_000_000,
             activation_bytes: batch * 512_000_000,
             total_bytes: 98_000_000_000 + batch * 512_000_000,
+            peak_phase: None,
             is_selected: false,
             fits: None,
         })
@@ -189,7 +250,7 @@ mod tests {
         let table = sweep_markdown(&rows[2..4], ByteUnit::Gb);
         assert_eq!(
             table,
-            "| Batch Size | Weights + Grad + Opt (GB) | Activations (GB) | Total (GB) |\n\
+            "| Batch Size | Weights + Grad + Opt (GB) | Activations (GB) | Peak (GB) |\n\
              | ---: | ---: | ---: | ---: |\n\
              | 4 | 98.00 | 2.05 | 100.05 |\n\
              | **8** | **98.00** | **4.10** | **102.10** |\n"
@@ -203,8 +264,45 @@ mod tests {
         let table = sweep_tsv(&rows[3..4], ByteUnit::Gib);
         assert_eq!(
             table,
-            "Batch Size\tWeights + Grad + Opt (GiB)\tActivations (GiB)\tTotal (GiB)\tFits\tSelected\n\
+            "Batch Size\tWeights + Grad + Opt (GiB)\tActivations (GiB)\tPeak (GiB)\tFits\tSelected\n\
              8\t91.27\t3.81\t95.08\tno\tyes\n"
+        );
+    }
+
+    #[test]
+    fn architecture_tables_name_the_moment_of_the_peak() {
+        let rows = [
+            SweepRow {
+                batch: 1,
+                model_state_bytes: 6_000_000_000,
+                activation_bytes: 0,
+                total_bytes: 7_500_000_000,
+                peak_phase: Some(Phase::OptimizerStep),
+                is_selected: true,
+                fits: Some(true),
+            },
+            SweepRow {
+                batch: 2,
+                model_state_bytes: 4_000_000_000,
+                activation_bytes: 3_000_000_000,
+                total_bytes: 8_000_000_000,
+                peak_phase: Some(Phase::Forward),
+                is_selected: false,
+                fits: Some(false),
+            },
+        ];
+        assert_eq!(rows[0].other_bytes(), 1_500_000_000);
+        assert_eq!(
+            sweep_markdown(&rows, ByteUnit::Gb),
+            "| Batch Size | Weights + Grad + Opt at peak (GB) | Activations at peak (GB) | Other at peak (GB) | Peak (GB) | Peak in | Fits |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
+             | **1** | **6.00** | **0.00** | **1.50** | **7.50** | **Optimizer step** | **yes** |\n\
+             | 2 | 4.00 | 3.00 | 1.00 | 8.00 | Forward | no |\n"
+        );
+        assert_eq!(
+            sweep_tsv(&rows[1..], ByteUnit::Gb),
+            "Batch Size\tWeights + Grad + Opt at peak (GB)\tActivations at peak (GB)\tOther at peak (GB)\tPeak (GB)\tPeak in\tFits\tSelected\n\
+             2\t4.00\t3.00\t1.00\t8.00\tForward\tno\t\n"
         );
     }
 

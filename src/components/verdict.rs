@@ -1,6 +1,6 @@
 //! Will it fit: the verdict, the largest batch and the accumulation plan.
 
-use estimator_core::{format_bytes, ByteUnit, Evaluation, MaxBatch, PartKind};
+use estimator_core::{format_bytes, ByteUnit, Evaluation, MaxBatch};
 use leptos::prelude::*;
 
 /// The answer for the chosen GPU: fits or not, by how much, the largest batch that fits,
@@ -24,23 +24,7 @@ pub fn VerdictCard(
             return view! { <p data-testid="fit-verdict">"Choose a GPU to see whether the step fits."</p> }.into_any();
         };
         let per_gpu = if e.per_gpu { " per GPU" } else { "" };
-        let verdict = if v.fits() {
-            format!(
-                "Fits{per_gpu}: {} left.",
-                format_bytes(v.bytes_left(), unit)
-            )
-        } else {
-            format!(
-                "Does not fit{per_gpu}: {} missing.",
-                format_bytes(v.bytes_missing(), unit)
-            )
-        };
-        let dominant = e
-            .step
-            .parts
-            .iter()
-            .max_by_key(|(_, b)| *b)
-            .map(|(k, b)| (*k, *b));
+        let verdict = e.verdict_text(unit).unwrap_or_default();
         let max_batch = match e.max_batch {
             Some(MaxBatch::Fits(b)) => view! {
                 <p>
@@ -49,28 +33,10 @@ pub fn VerdictCard(
                 </p>
             }
             .into_any(),
-            Some(MaxBatch::NoneFits(at_one)) => {
-                let why = dominant
-                    .map(|(k, b)| {
-                        format!(
-                            " At the chosen batch, {} take the most: {}.",
-                            k.label().to_ascii_lowercase(),
-                            format_bytes(b, unit)
-                        )
-                    })
-                    .unwrap_or_default();
-                view! {
-                    <p data-testid="max-batch" data-value="0">
-                        {format!(
-                            "Even batch 1 does not fit: it needs {} of {} usable.{why} {}",
-                            format_bytes(at_one.needed_bytes, unit),
-                            format_bytes(at_one.usable_bytes, unit),
-                            advice(dominant.map(|(k, _)| k)),
-                        )}
-                    </p>
-                }
-                .into_any()
+            Some(MaxBatch::NoneFits(_)) => view! {
+                <p data-testid="max-batch" data-value="0">{e.nothing_fits_text(unit)}</p>
             }
+            .into_any(),
             None => ().into_any(),
         };
         let accumulation = e.accumulation.map(|p| {
@@ -134,22 +100,5 @@ pub fn VerdictCard(
             <h2 id="verdict-title">"Will it fit?"</h2>
             <div aria-live="polite">{body}</div>
         </section>
-    }
-}
-
-/// What to try when even batch 1 does not fit, from what dominates.
-fn advice(dominant: Option<PartKind>) -> &'static str {
-    match dominant {
-        Some(PartKind::OptimizerStates) => {
-            "Try ZeRO-1 or more GPUs to shard the optimizer states, or SGD."
-        }
-        Some(PartKind::Weights | PartKind::Gradients) => {
-            "Try ZeRO-3/FSDP or tensor parallelism across more GPUs, or a larger GPU."
-        }
-        Some(PartKind::Activations | PartKind::Temporaries) => {
-            "Try activation checkpointing, a shorter sequence or a larger GPU."
-        }
-        Some(PartKind::KvCache) => "Try fewer generated tokens or a smaller batch.",
-        _ => "Try a larger GPU.",
     }
 }

@@ -1,0 +1,176 @@
+//! The page's inputs parsed once: text as typed in, one validated scenario out.
+//!
+//! Every keystroke changes the [`PageState`] (the text as typed, which links must keep
+//! exactly); [`parse_page`] turns it into a [`Page`] once per change: the field errors, the
+//! model's notes and what the form needs to know of the model, and the typed [`Scenario`]
+//! that evaluation and the advisor read. Nothing downstream parses text again, and the
+//! advisor varies the typed scenario, never text.
+
+use crate::advisor::advise_parsed;
+use crate::evaluate::{evaluate_parsed, parse_all, Knobs, Parsed};
+use crate::state::{Mode, PageState, PlanInputs};
+use crate::{Evaluation, EvaluationError, Field, FitPlan, Method};
+
+/// A validated scenario: the model (parsed, counted once), the step, the training method
+/// and the hardware plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    plan: PlanInputs,
+    parsed: Parsed,
+    knobs: Knobs,
+}
+
+impl Scenario {
+    /// Every figure the page shows (what [`evaluate`](crate::evaluate) returns).
+    ///
+    /// # Errors
+    /// A step that cannot be estimated (a sequence too long, a figure too large).
+    pub fn evaluate(&self) -> Result<Evaluation, EvaluationError> {
+        evaluate_parsed(&self.plan, &self.parsed, &self.knobs)
+    }
+
+    /// The configurations that fit, best first (what [`fit_advice`](crate::fit_advice)
+    /// returns); `state` is the text the plans' links change.
+    ///
+    /// # Errors
+    /// No device chosen, or a step that cannot be estimated.
+    pub fn advise(&self, state: &PageState, limit: usize) -> Result<Vec<FitPlan>, EvaluationError> {
+        advise_parsed(state, &self.plan, &self.parsed, self.knobs, limit)
+    }
+
+    /// The planning inputs (device, overheads, GPUs, sharding, global batch).
+    #[must_use]
+    pub fn plan(&self) -> &PlanInputs {
+        &self.plan
+    }
+}
+
+/// What the page shows for one [`PageState`], parsed once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page {
+    /// The scenario, or why there is none (field errors, an unusable model).
+    pub scenario: Result<Scenario, EvaluationError>,
+    /// The message of each field whose text does not parse, shown next to it. Target
+    /// module names are checked against the model.
+    pub field_errors: Vec<(Field, String)>,
+    /// Why the pasted config cannot be used (architecture mode, custom model).
+    pub config_error: Option<String>,
+    /// What the estimate of the chosen model leaves out or assumes (architecture mode).
+    pub notes: Vec<&'static str>,
+    /// Architecture mode: whether the model is a mixture of experts.
+    pub is_moe: bool,
+    /// Architecture mode: whether the model takes images (the sequence is an image side).
+    pub is_vision: bool,
+    /// Architecture mode, a mixture of experts: the parameters one token runs through.
+    pub active_params: Option<u64>,
+}
+
+/// Parses `state` once into everything the page reads.
+#[must_use]
+pub fn parse_page(state: &PageState) -> Page {
+    let arch = (state.mode == Mode::Architecture).then(|| state.architecture());
+    let model = arch.as_ref().and_then(|a| a.as_ref().ok());
+    let mut field_errors: Vec<(Field, String)> = state
+        .invalid_text_fields()
+        .into_iter()
+        .map(|(f, e)| (f, e.to_string()))
+        .collect();
+    if let Some(a) = model.filter(|_| state.method != Method::Full) {
+        if let Err(errors) = state.parsed_peft(a) {
+            field_errors.extend(
+                errors
+                    .into_iter()
+                    .filter(|(f, _)| *f == Field::LoraTargets)
+                    .map(|(f, e)| (f, e.to_string())),
+            );
+        }
+    }
+    let config_error = match (&arch, state.preset) {
+        (None, _) | (_, Some(_)) => None,
+        (Some(_), None) if state.config_json.trim().is_empty() => {
+            Some("Paste a config.json, upload one, or pick a preset.".to_owned())
+        }
+        (Some(parsed), None) => parsed.as_ref().err().map(ToString::to_string),
+    };
+    let scenario = parse_all(state, arch.as_ref()).map(|(plan, parsed, knobs)| Scenario {
+        plan,
+        parsed,
+        knobs,
+    });
+    Page {
+        scenario,
+        field_errors,
+        config_error,
+        notes: model.map(|a| a.notes().to_vec()).unwrap_or_default(),
+        is_moe: model.is_some_and(crate::Architecture::is_moe),
+        is_vision: model.is_some_and(crate::Architecture::is_vision),
+        active_params: model
+            .filter(|a| a.is_moe())
+            .map(crate::Architecture::active_parameter_count),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode_query, evaluate, fit_advice};
+
+    /// The parsed page gives what the text-reading functions give, for both modes, valid
+    /// and not.
+    #[test]
+    fn parsing_once_changes_no_figure() {
+        for query in [
+            "",
+            "p=13&pu=B&b=4&a=0&gpu=a100-80",
+            "m=arch&model=llama3-8b&gpu=rtx4090&b=1&s=2048",
+            "m=arch&model=qwen3-30b-a3b&gpu=h200&n=8&ep=8&shard=zero1",
+            "m=arch&model=llama3-8b&method=qlora&o=paged-adamw8bit&gc=full&gpu=rtx4090",
+            "m=arch&model=llama3-8b&method=lora&lt=c_attn",
+            "m=arch&model=gpt2&b=x",
+        ] {
+            let state = decode_query(query).state;
+            let page = parse_page(&state);
+            let direct = evaluate(&state);
+            assert_eq!(
+                page.scenario
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(Scenario::evaluate),
+                direct,
+                "{query}"
+            );
+            if let Ok(s) = &page.scenario {
+                assert_eq!(s.advise(&state, 6), fit_advice(&state, 6), "{query}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_page_knows_the_model() {
+        let page = parse_page(&decode_query("m=arch&model=qwen3-30b-a3b").state);
+        assert!(page.is_moe && !page.is_vision);
+        assert_eq!(page.active_params, Some(3_353_032_704));
+        let page = parse_page(&decode_query("m=arch&model=vit-b16").state);
+        assert!(page.is_vision);
+        let page = parse_page(&decode_query("m=arch&model=llama3-8b&method=lora&lt=c_attn").state);
+        assert!(page
+            .field_errors
+            .iter()
+            .any(|(f, e)| *f == Field::LoraTargets && e.contains("c_attn")));
+        let page = parse_page(&PageState {
+            preset: None,
+            ..decode_query("m=arch").state
+        });
+        assert_eq!(
+            page.config_error.as_deref(),
+            Some("Paste a config.json, upload one, or pick a preset.")
+        );
+        assert!(page.scenario.is_err());
+        // simple mode reads no model
+        let page = parse_page(&PageState {
+            preset: None,
+            ..PageState::default()
+        });
+        assert!(page.config_error.is_none() && page.notes.is_empty());
+    }
+}

@@ -1,0 +1,103 @@
+//! What to change so that it fits: the advisor's plans, each a link to the page with them.
+
+use estimator_core::{encode_query, format_bytes, ByteUnit, FitPlan, MaxBatch};
+use leptos::prelude::*;
+
+/// The plans that fit, best first: what changes, what it costs, the peak at its batch and
+/// the largest batch, each a link that opens the page with those settings.
+#[component]
+pub fn FitAdvice(
+    /// The plans (`None` while the inputs are invalid or no device is chosen); an error
+    /// says why none could be searched.
+    #[prop(into)]
+    plans: Signal<Option<Result<Vec<FitPlan>, String>>>,
+    /// Whether the step fits as it is (the list is then shown on request).
+    #[prop(into)]
+    fits_now: Signal<bool>,
+    /// Whether a person asked for the plans although the step fits.
+    show: RwSignal<bool>,
+    /// The unit figures are shown in.
+    #[prop(into)]
+    unit: Signal<ByteUnit>,
+) -> impl IntoView {
+    let list = move || {
+        let unit = unit.get();
+        if fits_now.get() && !show.get() {
+            return ().into_any();
+        }
+        match plans.get() {
+            None => ().into_any(),
+            Some(Err(why)) => view! { <p class="hint">{why}</p> }.into_any(),
+            Some(Ok(plans)) if plans.is_empty() => view! {
+                <p data-testid="fit-advice-none">
+                    "Nothing the advisor tries fits this device: not 64 times the GPUs with ZeRO-3, "
+                    "nor lower precision, a lighter optimizer, QLoRA or a sixteenth of the sequence. "
+                    "Choose a device with more memory."
+                </p>
+            }
+            .into_any(),
+            Some(Ok(plans)) => {
+                let items = plans
+                    .into_iter()
+                    .map(|p| {
+                        let href = format!("?{}", encode_query(&p.state));
+                        let what = if p.changes.is_empty() {
+                            "As it is: it fits.".to_owned()
+                        } else {
+                            p.changes
+                                .iter()
+                                .map(|c| c.label())
+                                .collect::<Vec<_>>()
+                                .join(" · ")
+                        };
+                        let costs = p
+                            .changes
+                            .iter()
+                            .map(|c| view! { <li>{c.cost()}</li> })
+                            .collect_view();
+                        let largest = match p.max_batch {
+                            MaxBatch::Fits(b) => format!("largest batch {b}"),
+                            MaxBatch::NoneFits(_) => String::new(),
+                        };
+                        view! {
+                            <li data-testid="fit-plan" data-tier=p.rank.tier.label()
+                                data-peak-bytes=p.peak_bytes.to_string()>
+                                <span class="tier">{p.rank.tier.label()}</span>
+                                <a href=href>{what}</a>
+                                <span class="plan-figures">
+                                    {format!(
+                                        " — peak {} at batch {}, {largest}",
+                                        format_bytes(p.peak_bytes, unit),
+                                        p.batch
+                                    )}
+                                </span>
+                                <ul class="costs">{costs}</ul>
+                            </li>
+                        }
+                    })
+                    .collect_view();
+                view! { <ol class="plans">{items}</ol> }.into_any()
+            }
+        }
+    };
+    view! {
+        <section class="card fit-advice" aria-labelledby="advice-title" data-testid="fit-advice"
+            hidden=move || plans.with(Option::is_none)>
+            <h2 id="advice-title">"What to change so that it fits"</h2>
+            <div hidden=move || !fits_now.get()>
+                <label class="inline-check">
+                    <input type="checkbox" data-testid="show-plans"
+                        prop:checked=move || show.get()
+                        on:change=move |ev| show.set(event_target_checked(&ev)) />
+                    " It fits as it is. Show other plans too"
+                </label>
+            </div>
+            <p class="hint">
+                "Ranked by what you give up: the same math first (checkpointing, micro-batches with "
+                "accumulation, sharding, more GPUs), then precision, the optimizer, LoRA, QLoRA, and last the "
+                "sequence length. Each link opens the page with that plan."
+            </p>
+            <div aria-live="polite">{list}</div>
+        </section>
+    }
+}
