@@ -2,9 +2,9 @@
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
-    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, Gpu, KvDtype, Method,
-    Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset, Quant4,
-    Scenario, Sharding, SweepRow, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, FitPlan, Gpu, KvDtype,
+    Method, Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset,
+    Quant4, Scenario, Sharding, SweepRow, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
@@ -202,16 +202,39 @@ pub fn App() -> impl IntoView {
     });
     // The advisor runs when the step does not fit, or when asked to.
     let show_plans = RwSignal::new(false);
-    let advice = Memo::new(move |_| {
+    // The advisor searches many steps (milliseconds): it runs in a task after the numbers
+    // of a keystroke are on screen, and a result older than the inputs is dropped.
+    let advice: RwSignal<Option<Result<Vec<FitPlan>, String>>> = RwSignal::new(None);
+    let advice_generation = StoredValue::new(0u64);
+    Effect::new(move |_| {
+        // the plans' links keep the text as typed: any change of it renews them
+        state.track();
         let wanted = !fits_now.get() || show_plans.get();
-        page.with(|p| {
+        let job = page.with(|p| {
             let scenario = p.scenario.as_ref().ok()?;
             scenario.plan().capacity_bytes?;
-            if !wanted {
-                return Some(Ok(Vec::new()));
+            Some(wanted.then(|| (scenario.clone(), state.get_untracked())))
+        });
+        let generation = advice_generation.get_value().wrapping_add(1);
+        advice_generation.set_value(generation);
+        match job {
+            None => advice.set(None),
+            Some(None) => advice.set(Some(Ok(Vec::new()))),
+            Some(Some((scenario, inputs))) => {
+                set_timeout(
+                    move || {
+                        if advice_generation.get_value() == generation {
+                            advice.set(Some(
+                                scenario
+                                    .advise(&inputs, ADVICE_LIMIT)
+                                    .map_err(|e| e.to_string()),
+                            ));
+                        }
+                    },
+                    std::time::Duration::ZERO,
+                );
             }
-            Some(state.with(|s| scenario.advise(s, ADVICE_LIMIT).map_err(|e| e.to_string())))
-        })
+        }
     });
     let is_peft = move || state.with(|s| s.method != Method::Full && s.optimizer.trains());
     let is_qlora = move || state.with(|s| s.method == Method::Qlora && s.optimizer.trains());

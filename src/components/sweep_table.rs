@@ -26,7 +26,7 @@ pub fn SweepTable(
                     <CopyButton label="Copy for spreadsheet (TSV)" testid="copy-sweep-tsv" text=tsv />
                 </div>
             </div>
-            <div class="table-scroll">
+            <div class="table-scroll" tabindex="0" role="region" aria-labelledby="sweep-title">
                 <table data-testid="sweep-table">
                     <caption class="visually-hidden">
                         "Memory of one training step at batch sizes around the chosen one, every column at the peak"

@@ -74,7 +74,7 @@ test('copy as Markdown and as TSV, then read the clipboard', async () => {
   await page.getByTestId('copy-sweep').getByText('Copied!').waitFor();
   const markdown = await page.evaluate(() => navigator.clipboard.readText());
   const lines = markdown.trim().split('\n');
-  assert.equal(lines[0], '| Batch Size | Weights + Grad + Opt (GB) | Activations (GB) | Total (GB) | Fits |');
+  assert.equal(lines[0], '| Batch Size | Weights + Grad + Opt (GB) | Activations (GB) | Peak (GB) | Fits |');
   assert.equal(lines[1], '| ---: | ---: | ---: | ---: | ---: |');
   // 102 GB does not fit the default H100 80 GB.
   assert.ok(lines.includes('| **8** | **98.00** | **4.10** | **102.10** | **no** |'), markdown);
@@ -85,7 +85,7 @@ test('copy as Markdown and as TSV, then read the clipboard', async () => {
   await page.getByTestId('copy-sweep-tsv').getByText('Copied!').waitFor();
   const tsv = await page.evaluate(() => navigator.clipboard.readText());
   const rows = tsv.trim().split('\n').map((l) => l.split('\t'));
-  assert.deepEqual(rows[0], ['Batch Size', 'Weights + Grad + Opt (GiB)', 'Activations (GiB)', 'Total (GiB)', 'Fits', 'Selected']);
+  assert.deepEqual(rows[0], ['Batch Size', 'Weights + Grad + Opt (GiB)', 'Activations (GiB)', 'Peak (GiB)', 'Fits', 'Selected']);
   assert.deepEqual(rows.find((r) => r[0] === '8'), ['8', '91.27', '3.81', '95.08', 'no', 'yes']);
 
   await page.getByTestId('gpu').selectOption('none');

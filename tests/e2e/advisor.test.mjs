@@ -1,0 +1,108 @@
+// What to change so that it fits, in a real browser: Llama 3 8B on an RTX 4090 does not fit
+// as a full fine-tune; the page lists plans that do, one of them QLoRA; opening a plan's link
+// gives a page whose verdict fits at the peak the plan promised. Also the newcomer fixes:
+// activation memory 0, explanations that follow the mode, the summary that stays in view
+// on a phone, and inference formats and devices.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { useServerAndBrowser, bytesOf, typeInto, openPage } from './harness.mjs';
+
+const env = useServerAndBrowser({ before, after });
+
+const LLAMA_4090 = '/?m=arch&model=llama3-8b&gpu=rtx4090&b=1&s=2048';
+
+test('a step that does not fit lists plans that fit; each link opens a page that fits', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + LLAMA_4090);
+  await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
+  const advice = page.getByTestId('fit-advice');
+  await advice.locator('a[href]').first().waitFor();
+  const plans = advice.getByTestId('fit-plan');
+  const n = await plans.count();
+  assert.ok(n >= 3, `only ${n} plans`);
+  assert.equal(await advice.locator('a[href]').count(), n);
+  const texts = await plans.allTextContents();
+  const qlora = texts.findIndex((t) => t.includes('QLoRA'));
+  assert.ok(qlora >= 0, texts.join('\n'));
+  // the sticky summary offers the way there
+  const hrefs = await advice.locator('a[href]').evaluateAll((as) => as.map((a) => a.getAttribute('href')));
+  const peaks = await plans.evaluateAll((ls) => ls.map((l) => l.dataset.peakBytes));
+  // open the QLoRA plan as a person would: click it
+  await advice.locator('a[href]').nth(qlora).click();
+  await page.locator('[data-testid="fit-verdict"][data-fits="true"]').waitFor();
+  assert.equal(await page.getByTestId('method').inputValue(), 'qlora');
+  assert.equal(String(await bytesOf(page, 'total')), peaks[qlora]);
+  // every other plan's link fits too, at its promised peak
+  for (const [i, href] of hrefs.entries()) {
+    if (i === qlora) continue;
+    await page.goto(env.server.origin + '/' + href);
+    await page.locator('[data-testid="fit-verdict"][data-fits="true"]').waitFor();
+    assert.equal(String(await bytesOf(page, 'total')), peaks[i], href);
+  }
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test('a step that fits shows other plans only on request', async () => {
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?m=arch&model=gpt2&b=2&s=512&gpu=h100-80');
+  await page.locator('[data-testid="fit-verdict"][data-fits="true"]').waitFor();
+  assert.equal(await page.getByTestId('fit-plan').count(), 0);
+  await page.getByTestId('show-plans').check();
+  await page.getByTestId('fit-plan').first().waitFor();
+  assert.match(await page.getByTestId('fit-plan').first().textContent(), /As it is/);
+  await context.close();
+});
+
+test('activation memory 0 gives model state only, with a breakdown and a sweep', async () => {
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?gpu=none');
+  await typeInto(page, 'act-mb', '0');
+  await page.waitForFunction(() => document.querySelector('[data-testid="activations"]')?.dataset.bytes === '0');
+  assert.equal(await page.locator('.field.invalid').count(), 0);
+  assert.equal(await bytesOf(page, 'total'), 98_000_000_000n);
+  assert.equal(await page.getByTestId('sweep-row').count(), 7);
+  await context.close();
+});
+
+test('"How it works" follows the mode', async () => {
+  const { page, context } = await openPage(env.browser, env.server.origin + '/?gpu=none');
+  assert.ok(await page.getByTestId('how-simple').isVisible());
+  assert.ok(!(await page.getByTestId('how-architecture').isVisible()));
+  await page.getByTestId('mode-arch').check();
+  await page.getByTestId('how-architecture').waitFor();
+  assert.ok(!(await page.getByTestId('how-simple').isVisible()));
+  await context.close();
+});
+
+test('on a phone the peak and the verdict stay in view below the fold', async () => {
+  const context = await env.browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true });
+  const page = await context.newPage();
+  await page.goto(env.server.origin + LLAMA_4090);
+  await page.getByTestId('total').waitFor({ state: 'attached' });
+  // nothing widens the page past the phone's width
+  assert.equal(await page.evaluate(() => document.documentElement.scrollWidth), 390);
+  await page.getByTestId('global-batch').scrollIntoViewIfNeeded();
+  const summary = page.getByTestId('sticky-summary');
+  assert.ok(await summary.isVisible());
+  const box = await summary.boundingBox();
+  assert.ok(box && box.y >= -1 && box.y < 10, JSON.stringify(box));
+  assert.match(await summary.textContent(), /Peak .* Does not fit/);
+  await context.close();
+});
+
+test('inference in 4-bit GGUF on a Mac and on the CPU RAM', async () => {
+  const base = '/?m=arch&model=llama3-8b&o=none&r=bf16&b=1&s=1024&gen=1024';
+  const { page, context } = await openPage(env.browser, env.server.origin + base + '&gpu=mac-16');
+  const bf16 = await bytesOf(page, 'weights');
+  await page.getByTestId('weight-format').selectOption('q4_k_m');
+  await page.waitForFunction((b) => BigInt(document.querySelector('[data-testid="weights"]').dataset.bytes) < b / 3n, bf16);
+  await page.locator('[data-testid="fit-verdict"][data-fits="true"]').waitFor();
+  // a Mac has no CUDA context
+  assert.equal(await bytesOf(page, 'need-context'), 0n);
+  await page.getByTestId('gpu').selectOption('cpu');
+  await page.getByTestId('ram-gib').waitFor();
+  await typeInto(page, 'ram-gib', '4');
+  await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
+  await page.reload();
+  assert.equal(await page.getByTestId('ram-gib').inputValue(), '4');
+  assert.equal(await page.getByTestId('weight-format').inputValue(), 'q4_k_m');
+  await context.close();
+});
