@@ -61,8 +61,24 @@ fn preset_groups() -> Vec<OptionGroup> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
+/// How long typing must pause before the address bar shows the new inputs.
+const URL_SYNC_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Plans the advisor lists at most.
 const ADVICE_LIMIT: usize = 12;
+
+/// How long the inputs must rest before the advisor searches: typing pays only for the
+/// numbers, and the plans follow once the person pauses.
+const ADVICE_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
+
+/// `f` behind a memo: a reader re-runs only when the value changes, not on every keystroke.
+fn memo_fn<T>(f: impl Fn() -> T + Send + Sync + 'static) -> impl Fn() -> T + Copy
+where
+    T: Clone + PartialEq + Send + Sync + 'static,
+{
+    let memo = Memo::new(move |_| f());
+    move || memo.get()
+}
 
 /// The whole estimator page.
 #[component]
@@ -150,10 +166,23 @@ pub fn App() -> impl IntoView {
     });
 
     // The URL and storage follow the inputs; history is replaced so Back leaves the page.
+    // Storage follows every change (it is cheap); the address bar follows once typing
+    // pauses for URL_SYNC_DELAY, since Chromium's replaceState costs milliseconds a call.
+    // The share link carries the query at once.
+    let query = Memo::new(move |_| state.with(encode_query));
+    let url_generation = StoredValue::new(0u64);
     Effect::new(move |_| {
-        let query = state.with(encode_query);
-        browser::replace_query(&query);
-        browser::store(&query);
+        let generation = url_generation.get_value().wrapping_add(1);
+        url_generation.set_value(generation);
+        query.with(|q| browser::store(q));
+        set_timeout(
+            move || {
+                if url_generation.get_value() == generation {
+                    query.with_untracked(|q| browser::replace_query(q));
+                }
+            },
+            URL_SYNC_DELAY,
+        );
     });
     Effect::new(move |_| {
         let title = match total.get() {
@@ -166,8 +195,9 @@ pub fn App() -> impl IntoView {
         browser::set_title(&title);
     });
 
-    let value_of = move |field: Field| {
-        Signal::derive(move || state.with(|s| s.get(field).unwrap_or_default()))
+    // Memos, so that a keystroke notifies (and re-renders) only the field whose text changed.
+    let value_of = move |field: Field| -> Signal<String> {
+        Memo::new(move |_| state.with(|s| s.get(field).unwrap_or_default())).into()
     };
     let setter = move |field: Field| {
         Callback::new(move |value: String| {
@@ -177,8 +207,8 @@ pub fn App() -> impl IntoView {
             });
         })
     };
-    let error_of = move |field: Field| {
-        Signal::derive(move || {
+    let error_of = move |field: Field| -> Signal<Option<String>> {
+        Memo::new(move |_| {
             field_errors.with(|errors| {
                 errors
                     .iter()
@@ -186,15 +216,16 @@ pub fn App() -> impl IntoView {
                     .map(|(_, e)| e.clone())
             })
         })
+        .into()
     };
     let is_arch = move || mode.get() == Mode::Architecture;
-    let is_custom_model = move || state.with(|s| s.preset.is_none());
-    let is_inference = move || state.with(|s| !s.optimizer.trains());
-    let is_custom_gpu = move || state.with(|s| s.gpu == Some(Gpu::Custom));
-    let is_vision = move || page.with(|p| p.is_vision);
-    let is_moe = move || page.with(|p| p.is_moe);
-    let is_cpu_ram = move || state.with(|s| s.gpu == Some(Gpu::CpuRam));
-    let fits_now = Signal::derive(move || {
+    let is_custom_model = memo_fn(move || state.with(|s| s.preset.is_none()));
+    let is_inference = memo_fn(move || state.with(|s| !s.optimizer.trains()));
+    let is_custom_gpu = memo_fn(move || state.with(|s| s.gpu == Some(Gpu::Custom)));
+    let is_vision = memo_fn(move || page.with(|p| p.is_vision));
+    let is_moe = memo_fn(move || page.with(|p| p.is_moe));
+    let is_cpu_ram = memo_fn(move || state.with(|s| s.gpu == Some(Gpu::CpuRam)));
+    let fits_now = Memo::new(move |_| {
         evaluation.with(|e| {
             e.as_ref()
                 .is_ok_and(|e| e.verdict.as_ref().is_some_and(|v| v.fits()))
@@ -202,8 +233,8 @@ pub fn App() -> impl IntoView {
     });
     // The advisor runs when the step does not fit, or when asked to.
     let show_plans = RwSignal::new(false);
-    // The advisor searches many steps (milliseconds): it runs in a task after the numbers
-    // of a keystroke are on screen, and a result older than the inputs is dropped.
+    // The advisor searches many steps (milliseconds): it runs in a task once the inputs have
+    // rested for ADVICE_DELAY, after the numbers are on screen; a stale task does nothing.
     let advice: RwSignal<Option<Result<Vec<FitPlan>, String>>> = RwSignal::new(None);
     let advice_generation = StoredValue::new(0u64);
     Effect::new(move |_| {
@@ -231,13 +262,14 @@ pub fn App() -> impl IntoView {
                             ));
                         }
                     },
-                    std::time::Duration::ZERO,
+                    ADVICE_DELAY,
                 );
             }
         }
     });
-    let is_peft = move || state.with(|s| s.method != Method::Full && s.optimizer.trains());
-    let is_qlora = move || state.with(|s| s.method == Method::Qlora && s.optimizer.trains());
+    let is_peft = memo_fn(move || state.with(|s| s.method != Method::Full && s.optimizer.trains()));
+    let is_qlora =
+        memo_fn(move || state.with(|s| s.method == Method::Qlora && s.optimizer.trains()));
 
     let model_groups = preset_groups();
     let model_options = vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")];
@@ -292,6 +324,10 @@ pub fn App() -> impl IntoView {
                         {trainable}
                         {phase}
                         <span data-testid="per-gpu-note">{per_gpu}</span>
+                        " · "
+                        <a data-testid="share-link" href=move || format!("?{}", query.get())>
+                            "Link to these inputs"
+                        </a>
                     </p>
                 }
             })
@@ -354,7 +390,7 @@ pub fn App() -> impl IntoView {
                         groups=model_groups.clone() options=model_options.clone()
                         value=value_of(Field::Model) on_change=on_model />
                     <div class="when" hidden=move || !is_custom_model()>
-                        <ConfigInput value=Signal::derive(move || state.with(|s| s.config_json.clone()))
+                        <ConfigInput value=Memo::new(move |_| state.with(|s| s.config_json.clone()))
                             on_change=Callback::new(move |text: String| state.update(|s| {
                                 let _ = s.set(Field::Config, &text);
                             }))

@@ -5,7 +5,7 @@
 // on a phone, and inference formats and devices.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openPage } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, openPage, urlSettled } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -101,6 +101,7 @@ test('inference in 4-bit GGUF on a Mac and on the CPU RAM', async () => {
   await page.getByTestId('ram-gib').waitFor();
   await typeInto(page, 'ram-gib', '4');
   await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
+  await urlSettled(page);
   await page.reload();
   assert.equal(await page.getByTestId('ram-gib').inputValue(), '4');
   assert.equal(await page.getByTestId('weight-format').inputValue(), 'q4_k_m');

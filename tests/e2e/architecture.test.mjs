@@ -3,7 +3,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
-import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -68,6 +68,7 @@ test('a pasted config is read, and travels in the URL', async () => {
   within(await bytesOf(page, 'total'), 20_909_136_896, 3);
   assert.equal(await page.getByTestId('config-json-error').textContent(), '');
 
+  await urlSettled(page);
   const url = page.url();
   assert.match(url, /[?&]cfg=/);
   const other = await env.browser.newContext();

@@ -80,6 +80,17 @@ export async function openPage(browser, url, { colorScheme = 'light', permission
   return { page, context, errors, requests };
 }
 
+/**
+ * Waits until the address bar holds the inputs (it follows typing once it pauses); the
+ * page's share link carries them at once.
+ */
+export async function urlSettled(page) {
+  await page.waitForFunction(() => {
+    const link = document.querySelector('[data-testid="share-link"]');
+    return link && location.search === new URL(link.href).search;
+  });
+}
+
 /** The exact byte count a figure carries. */
 export async function bytesOf(page, testid) {
   const value = await page.getByTestId(testid).getAttribute('data-bytes');

@@ -11,6 +11,7 @@ import {
   typeInto,
   fixture,
   openArchitecturePage,
+  urlSettled,
 } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
@@ -99,6 +100,7 @@ test('expert parallelism lowers the per-GPU weights, travels in the URL and refu
   assert.equal(params.get('n'), '8');
 
   // A reload restores the group and the same figures.
+  await urlSettled(page);
   await page.reload();
   await page.getByTestId('total').waitFor();
   assert.equal(await page.getByTestId('expert-parallel').inputValue(), '8');

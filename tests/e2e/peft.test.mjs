@@ -4,7 +4,7 @@
 // and a module name the model does not have is refused next to its field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -81,6 +81,7 @@ test('every PEFT setting travels in the URL and comes back on reload', async () 
   });
   const changed = await bytesOf(page, 'total');
   assert.notEqual(changed, peak);
+  await urlSettled(page);
   await page.reload();
   await page.getByTestId('total').waitFor();
   assert.equal(await page.getByTestId('lora-rank').inputValue(), '8');

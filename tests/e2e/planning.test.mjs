@@ -2,7 +2,7 @@
 // GPUs, accumulation, the KV cache and the chart.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -105,6 +105,7 @@ test('the hardware settings travel in the URL', async () => {
   await typeInto(page, 'num-gpus', '16');
   await page.getByTestId('sharding').selectOption('zero2');
   await typeInto(page, 'global-batch', '512');
+  await urlSettled(page);
   const url = page.url();
   const other = await env.browser.newContext();
   const fresh = await other.newPage();

@@ -2,7 +2,7 @@
 // the tables, share the link, reload, and try bad values.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, openPage, bytesOf, typeInto } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -128,6 +128,7 @@ test('the URL holds every input and opens the same page elsewhere', async () => 
   await typeInto(page, 'batch', '32');
   await typeInto(page, 'act-mb', '96.5');
   await page.getByTestId('unit-gib').check();
+  await urlSettled(page);
   const url = page.url();
   assert.match(url, /[?&]b=32(&|$)/);
   const expected = await fieldValues(page);
