@@ -14,6 +14,17 @@ fn memest(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `memest --preset llama3-8b ARGS` prints nothing, exits 2 and says `message` first.
+#[track_caller]
+fn refused_on_llama(args: &[&str], message: &str) {
+    let mut all = vec!["--preset", "llama3-8b"];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = memest(&all);
+    assert_eq!(code, 2, "{args:?}");
+    assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+}
+
 fn fixture_config(name: &str) -> String {
     format!(
         "{}/../core/tests/fixtures/configs/{name}.json",
@@ -335,12 +346,7 @@ fn peft_mistakes_fail_clearly() {
         ),
         (&["--method", "dora"][..], "memest: --method \"dora\""),
     ] {
-        let mut all = vec!["--preset", "llama3-8b"];
-        all.extend_from_slice(args);
-        let (code, stdout, stderr) = memest(&all);
-        assert_ne!(code, 0, "{args:?}");
-        assert!(stdout.is_empty(), "{args:?}: {stdout}");
-        assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+        refused_on_llama(args, message);
     }
 }
 
@@ -533,12 +539,7 @@ fn inference_option_mistakes_fail_clearly() {
             "memest: --ram-gib needs --gpu cpu",
         ),
     ] {
-        let mut all = vec!["--preset", "llama3-8b"];
-        all.extend_from_slice(args);
-        let (code, stdout, stderr) = memest(&all);
-        assert_eq!(code, 2, "{args:?}");
-        assert!(stdout.is_empty(), "{args:?}: {stdout}");
-        assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+        refused_on_llama(args, message);
     }
 }
 

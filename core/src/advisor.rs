@@ -588,21 +588,18 @@ impl<'a> Search<'a> {
                 // Macs and CPUs run GGUF (llama.cpp); bitsandbytes and int8 kernels are
                 // CUDA's. GGUF stays GGUF.
                 let cuda = state.gpu.is_none_or(crate::Gpu::has_cuda_context);
-                let ladder: &[WeightFormat] = if current.is_gguf() || !cuda {
-                    &[
-                        WeightFormat::Q8_0,
-                        WeightFormat::Q6K,
-                        WeightFormat::Q5KM,
-                        WeightFormat::Q4KM,
-                        WeightFormat::Q3KM,
-                        WeightFormat::Q2K,
-                    ]
+                let ladder: Vec<WeightFormat> = if current.is_gguf() || !cuda {
+                    // WeightFormat::ALL lists the GGUF types from the largest down
+                    WeightFormat::ALL
+                        .into_iter()
+                        .filter(|f| f.is_gguf())
+                        .collect()
                 } else {
-                    &[WeightFormat::Half, WeightFormat::Int8, WeightFormat::Nf4]
+                    vec![WeightFormat::Half, WeightFormat::Int8, WeightFormat::Nf4]
                 };
                 // from the current format, each option lighter than the one before it
                 let mut chain = vec![current];
-                for &f in ladder {
+                for f in ladder {
                     if chain.last().is_some_and(|&last| bytes(f) < bytes(last)) {
                         chain.push(f);
                     }
