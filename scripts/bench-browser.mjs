@@ -49,8 +49,33 @@ const batches = Array.from({ length: 100 }, (_, i) => String(1 + (i % 50)));
 const simple = await inputLatency('gpu=h100-80', 'batch', batches);
 const arch = await inputLatency('m=arch&model=llama3-8b&s=2048&gpu=h100-80&n=8&shard=zero2', 'batch', batches);
 
+// The advisor: from a change of the inputs to its refreshed plans, less the 150 ms it waits
+// for typing to pause (Llama 3 8B on an RTX 4090, which does not fit).
+async function advisorTime() {
+  await page.goto(`${server.origin}/?m=arch&model=llama3-8b&gpu=rtx4090&b=1&s=2048`);
+  await page.locator('[data-testid="fit-advice"] a[href]').first().waitFor();
+  const times = [];
+  for (let i = 0; i < 10; i++) {
+    const seq = String(2000 + i);
+    times.push(
+      await page.evaluate(async (seq) => {
+        const input = document.querySelector('[data-testid="seq"]');
+        const start = performance.now();
+        input.value = seq;
+        input.dispatchEvent(new Event('input', { bubbles: true }));
+        const fresh = () => document.querySelector('[data-testid="fit-advice"] a[href]')?.getAttribute('href').includes(`s=${seq}&`);
+        while (!fresh()) await new Promise((r) => setTimeout(r, 1));
+        return performance.now() - start - 150;
+      }, seq),
+    );
+  }
+  return times;
+}
+const advisor = await advisorTime();
+
 console.log(`navigation to first complete render (median of ${loads.length}): ${median(loads).toFixed(1)} ms`);
 console.log(`input to updated numbers, simple mode (median of 100): ${median(simple).toFixed(2)} ms`);
 console.log(`input to updated numbers, architecture mode, Llama-3-8B (median of 100): ${median(arch).toFixed(2)} ms`);
+console.log(`advisor: Llama-3-8B on an RTX 4090, change to refreshed plans less the 150 ms pause (median of 10): ${median(advisor).toFixed(1)} ms`);
 await browser.close();
 await server.close();
