@@ -14,13 +14,14 @@ fn memest(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// `memest --preset llama3-8b ARGS` prints nothing, exits 2 and says `message` first.
+/// `memest --preset llama3-8b ARGS` prints nothing, fails (2 for a bad argument, 1 for a
+/// step that cannot be estimated) and says `message` first.
 #[track_caller]
 fn refused_on_llama(args: &[&str], message: &str) {
     let mut all = vec!["--preset", "llama3-8b"];
     all.extend_from_slice(args);
     let (code, stdout, stderr) = memest(&all);
-    assert_eq!(code, 2, "{args:?}");
+    assert!(code == 1 || code == 2, "{args:?}: exit {code}");
     assert!(stdout.is_empty(), "{args:?}: {stdout}");
     assert!(stderr.starts_with(message), "{args:?}: {stderr}");
 }
