@@ -71,6 +71,43 @@ const ADVICE_LIMIT: usize = 12;
 /// numbers, and the plans follow once the person pauses.
 const ADVICE_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
 
+/// Runs the newest task given to it once `delay` has passed with no newer one: the work a
+/// keystroke schedules this way is paid once the typing pauses.
+#[derive(Clone, Copy)]
+struct Debounced {
+    newest: StoredValue<u64>,
+    delay: std::time::Duration,
+}
+
+impl Debounced {
+    fn new(delay: std::time::Duration) -> Self {
+        Self {
+            newest: StoredValue::new(0),
+            delay,
+        }
+    }
+
+    /// Drops the task waiting, if any; returns the generation the next task carries.
+    fn cancel(self) -> u64 {
+        let generation = self.newest.get_value().wrapping_add(1);
+        self.newest.set_value(generation);
+        generation
+    }
+
+    /// Replaces the task waiting with `task`.
+    fn run(self, task: impl FnOnce() + 'static) {
+        let generation = self.cancel();
+        set_timeout(
+            move || {
+                if self.newest.get_value() == generation {
+                    task();
+                }
+            },
+            self.delay,
+        );
+    }
+}
+
 /// `f` behind a memo: a reader re-runs only when the value changes, not on every keystroke.
 fn memo_fn<T>(f: impl Fn() -> T + Send + Sync + 'static) -> impl Fn() -> T + Copy
 where
@@ -165,24 +202,14 @@ pub fn App() -> impl IntoView {
         })
     });
 
-    // The URL and storage follow the inputs; history is replaced so Back leaves the page.
-    // Storage follows every change (it is cheap); the address bar follows once typing
-    // pauses for URL_SYNC_DELAY, since Chromium's replaceState costs milliseconds a call.
-    // The share link carries the query at once.
+    // Storage follows every change (it is cheap); the address bar, replaced so that Back
+    // leaves the page, follows once typing pauses for URL_SYNC_DELAY, since Chromium's
+    // replaceState costs milliseconds a call. The share link carries the query at once.
     let query = Memo::new(move |_| state.with(encode_query));
-    let url_generation = StoredValue::new(0u64);
+    let url_sync = Debounced::new(URL_SYNC_DELAY);
     Effect::new(move |_| {
-        let generation = url_generation.get_value().wrapping_add(1);
-        url_generation.set_value(generation);
         query.with(|q| browser::store(q));
-        set_timeout(
-            move || {
-                if url_generation.get_value() == generation {
-                    query.with_untracked(|q| browser::replace_query(q));
-                }
-            },
-            URL_SYNC_DELAY,
-        );
+        url_sync.run(move || query.with_untracked(|q| browser::replace_query(q)));
     });
     Effect::new(move |_| {
         let title = match total.get() {
@@ -236,7 +263,7 @@ pub fn App() -> impl IntoView {
     // The advisor searches many steps (milliseconds): it runs in a task once the inputs have
     // rested for ADVICE_DELAY, after the numbers are on screen; a stale task does nothing.
     let advice: RwSignal<Option<Result<Vec<FitPlan>, String>>> = RwSignal::new(None);
-    let advice_generation = StoredValue::new(0u64);
+    let advice_search = Debounced::new(ADVICE_DELAY);
     Effect::new(move |_| {
         // the plans' links keep the text as typed: any change of it renews them
         state.track();
@@ -246,25 +273,22 @@ pub fn App() -> impl IntoView {
             scenario.plan().capacity_bytes?;
             Some(wanted.then(|| (scenario.clone(), state.get_untracked())))
         });
-        let generation = advice_generation.get_value().wrapping_add(1);
-        advice_generation.set_value(generation);
         match job {
-            None => advice.set(None),
-            Some(None) => advice.set(Some(Ok(Vec::new()))),
-            Some(Some((scenario, inputs))) => {
-                set_timeout(
-                    move || {
-                        if advice_generation.get_value() == generation {
-                            advice.set(Some(
-                                scenario
-                                    .advise(&inputs, ADVICE_LIMIT)
-                                    .map_err(|e| e.to_string()),
-                            ));
-                        }
-                    },
-                    ADVICE_DELAY,
-                );
+            None => {
+                advice_search.cancel();
+                advice.set(None);
             }
+            Some(None) => {
+                advice_search.cancel();
+                advice.set(Some(Ok(Vec::new())));
+            }
+            Some(Some((scenario, inputs))) => advice_search.run(move || {
+                advice.set(Some(
+                    scenario
+                        .advise(&inputs, ADVICE_LIMIT)
+                        .map_err(|e| e.to_string()),
+                ));
+            }),
         }
     });
     let is_peft = memo_fn(move || state.with(|s| s.method != Method::Full && s.optimizer.trains()));
