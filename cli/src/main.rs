@@ -7,9 +7,9 @@
 use std::process::ExitCode;
 
 use estimator_core::{
-    decode_query, encode_query, evaluate, fit_advice, format_bytes, group_thousands, ByteUnit,
-    Change, Evaluation, EvaluationError, Field, FitPlan, Gpu, KvDtype, MaxBatch, Method, Mode,
-    ModelFamily, PageState, PartKind, Preset, WeightFormat,
+    decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
+    EvaluationError, Field, FitPlan, Gpu, KvDtype, MaxBatch, Method, Mode, ModelFamily, PageState,
+    PartKind, Preset, Scenario, WeightFormat,
 };
 
 const USAGE: &str = "\
@@ -64,27 +64,10 @@ output:
 
 /// `words` joined by ", " and wrapped to lines of at most 90 characters, each indented.
 fn wrapped(words: &[&str], indent: &str) -> String {
-    let mut out = String::new();
-    let mut line = String::new();
-    for (i, word) in words.iter().enumerate() {
-        let item = if i + 1 < words.len() {
-            format!("{word},")
-        } else {
-            (*word).to_owned()
-        };
-        if !line.is_empty() && indent.len() + line.len() + 1 + item.len() > 90 {
-            out.push_str(&format!("{indent}{line}\n"));
-            line.clear();
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(&item);
+    if words.is_empty() {
+        return String::new();
     }
-    if !line.is_empty() {
-        out.push_str(&format!("{indent}{line}\n"));
-    }
-    out
+    prose(&words.join(", "), indent)
 }
 
 /// The column where the description of an option starts in [`USAGE`].
@@ -550,7 +533,13 @@ fn main() -> ExitCode {
     for notice in &options.notices {
         eprintln!("memest: {notice}");
     }
-    let e = match evaluate(&options.state) {
+    // parsed once for the figures and the plans
+    let scenario = Scenario::parse(&options.state);
+    let e = match scenario
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(Scenario::evaluate)
+    {
         Ok(e) => e,
         Err(why) => {
             report(&why);
@@ -558,7 +547,7 @@ fn main() -> ExitCode {
         }
     };
     let plans = if options.advise {
-        match fit_advice(&options.state, ADVICE_LIMIT) {
+        match scenario.and_then(|s| s.advise(&options.state, ADVICE_LIMIT)) {
             Ok(plans) => Some(plans),
             Err(why) => {
                 report(&why);

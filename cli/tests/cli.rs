@@ -18,9 +18,7 @@ fn memest(args: &[&str]) -> (i32, String, String) {
 /// step that cannot be estimated) and says `message` first.
 #[track_caller]
 fn refused_on_llama(args: &[&str], message: &str) {
-    let mut all = vec!["--preset", "llama3-8b"];
-    all.extend_from_slice(args);
-    let (code, stdout, stderr) = memest(&all);
+    let (code, stdout, stderr) = memest(&with(&["--preset", "llama3-8b"], args));
     assert!(code == 1 || code == 2, "{args:?}: exit {code}");
     assert!(stdout.is_empty(), "{args:?}: {stdout}");
     assert!(stderr.starts_with(message), "{args:?}: {stderr}");
@@ -351,20 +349,31 @@ fn peft_mistakes_fail_clearly() {
     }
 }
 
+/// Full fine-tuning of Llama 3 8B on a 24 GB card: does not fit.
+const LLAMA_8B_ON_A_4090: &[&str] = &[
+    "--preset",
+    "llama3-8b",
+    "--seq",
+    "2048",
+    "--batch",
+    "1",
+    "--gpu",
+    "rtx4090",
+];
+
+/// GPT-2 at batch 2 on a 24 GB card: fits as it is.
+const GPT2_ON_A_4090: &[&str] = &[
+    "--preset", "gpt2", "--seq", "1024", "--batch", "2", "--gpu", "rtx4090",
+];
+
+/// `base` followed by `more`.
+fn with<'a>(base: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+    [base, more].concat()
+}
+
 #[test]
 fn advise_lists_plans_that_fit_when_run_back() {
-    let (code, stdout, stderr) = memest(&[
-        "--preset",
-        "llama3-8b",
-        "--seq",
-        "2048",
-        "--batch",
-        "1",
-        "--gpu",
-        "rtx4090",
-        "--advise",
-        "--json",
-    ]);
+    let (code, stdout, stderr) = memest(&with(LLAMA_8B_ON_A_4090, &["--advise", "--json"]));
     assert_eq!(code, 0, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["verdict"]["fits"], false, "{stdout}");
@@ -398,17 +407,7 @@ fn advise_lists_plans_that_fit_when_run_back() {
     }
 
     // The readable form numbers the plans and links each one.
-    let (code, stdout, stderr) = memest(&[
-        "--preset",
-        "llama3-8b",
-        "--seq",
-        "2048",
-        "--batch",
-        "1",
-        "--gpu",
-        "rtx4090",
-        "--advise",
-    ]);
+    let (code, stdout, stderr) = memest(&with(LLAMA_8B_ON_A_4090, &["--advise"]));
     assert_eq!(code, 0, "{stderr}");
     let advice = &stdout[stdout.find("\nadvice").expect("an advice section")..];
     assert!(advice.contains("\n  1. "), "{advice}");
@@ -423,10 +422,7 @@ fn advise_lists_plans_that_fit_when_run_back() {
 
 #[test]
 fn advise_when_the_step_already_fits() {
-    let (code, stdout, stderr) = memest(&[
-        "--preset", "gpt2", "--seq", "1024", "--batch", "2", "--gpu", "rtx4090", "--advise",
-        "--json",
-    ]);
+    let (code, stdout, stderr) = memest(&with(GPT2_ON_A_4090, &["--advise", "--json"]));
     assert_eq!(code, 0, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let plans = v["plans"].as_array().unwrap();
@@ -435,9 +431,7 @@ fn advise_when_the_step_already_fits() {
     assert_eq!(plans[0]["peak_bytes"], v["peak_bytes"]);
     assert_eq!(plans[0]["max_batch"], v["max_batch"]);
 
-    let (code, stdout, _) = memest(&[
-        "--preset", "gpt2", "--seq", "1024", "--batch", "2", "--gpu", "rtx4090", "--advise",
-    ]);
+    let (code, stdout, _) = memest(&with(GPT2_ON_A_4090, &["--advise"]));
     assert_eq!(code, 0);
     assert!(stdout.contains("fits as it is"), "{stdout}");
 }

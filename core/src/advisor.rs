@@ -52,12 +52,12 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::evaluate::{parse_all, shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
+use crate::evaluate::{shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
     fit_verdict, max_batch_that_fits, plan_accumulation, AccumulationPlan, Checkpointing,
     EvaluationError, FitVerdict, KvDtype, MaxBatch, Method, Optimizer, Peft, Precision,
-    PrecisionRecipe, Quant4, Sharding, StepMemory, WeightFormat, BYTES_PER_MIB, MAX_BATCH,
+    PrecisionRecipe, Sharding, StepMemory, WeightFormat, BYTES_PER_MIB, MAX_BATCH,
 };
 
 /// The most plans listed per [`Tier`]: the list spans what a person can give up instead of
@@ -1174,25 +1174,16 @@ fn method_chain(arch: &crate::Architecture, current: Option<Peft>) -> Vec<Option
         ..lora
     };
     match current {
-        None => {
-            let Ok(targets) = arch.lora_targets(&defaults.lora_targets) else {
-                return vec![None];
-            };
-            let Ok(rank) = defaults.lora_rank.parse() else {
-                return vec![None];
-            };
-            let lora = Peft {
-                method: Method::Lora,
-                rank,
-                dropout: false,
-                targets,
-                adapter_fp32: defaults.lora_fp32,
-                quant: Quant4::Nf4,
-                double_quant: true,
-                kbit_prepare: true,
-            };
-            vec![None, Some(lora), Some(qlora(lora))]
-        }
+        // the page's LoRA fields at their defaults, read by the page's own parser
+        None => match (PageState {
+            method: Method::Lora,
+            ..PageState::default()
+        })
+        .parsed_peft(arch)
+        {
+            Ok(Some(lora)) => vec![None, Some(lora), Some(qlora(lora))],
+            _ => vec![None],
+        },
         Some(p) if p.method == Method::Lora => vec![current, Some(qlora(p))],
         Some(_) => vec![current],
     }
@@ -1246,8 +1237,7 @@ fn no_device() -> EvaluationError {
 /// What keeps `state` from being evaluated ([`evaluate`](crate::evaluate)'s errors), or a
 /// [`Field::Gpu`] error when no device is chosen.
 pub fn fit_advice(state: &PageState, limit: usize) -> Result<Vec<FitPlan>, EvaluationError> {
-    let (plan, parsed, knobs) = parse_all(state, None)?;
-    advise_parsed(state, &plan, &parsed, knobs, limit)
+    crate::Scenario::parse(state)?.advise(state, limit)
 }
 
 /// [`fit_advice`] of inputs already parsed (`state` is what the plans' links change).
@@ -1271,6 +1261,7 @@ pub(crate) fn advise_parsed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::evaluate::parse_all;
     use crate::{decode_query, encode_query, evaluate, Gpu, Preset};
     use proptest::prelude::*;
 

@@ -782,8 +782,7 @@ fn capitalise(text: &str) -> String {
 /// What keeps the figures from being computed: invalid fields, an unusable model, or a
 /// step that cannot be estimated.
 pub fn evaluate(state: &PageState) -> Result<Evaluation, EvaluationError> {
-    let (plan, parsed, knobs) = parse_all(state, None)?;
-    evaluate_parsed(&plan, &parsed, &knobs)
+    crate::Scenario::parse(state)?.evaluate()
 }
 
 /// [`evaluate`] of inputs already parsed.

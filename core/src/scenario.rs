@@ -21,6 +21,20 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// The scenario of `state` alone, without what only the page shows (field errors of
+    /// fields that do not count, notes): what [`evaluate`](crate::evaluate), the advisor and
+    /// the CLI read.
+    ///
+    /// # Errors
+    /// Invalid fields or an unusable model.
+    pub fn parse(state: &PageState) -> Result<Self, EvaluationError> {
+        parse_all(state, None).map(|(plan, parsed, knobs)| Self {
+            plan,
+            parsed,
+            knobs,
+        })
+    }
+
     /// Every figure the page shows (what [`evaluate`](crate::evaluate) returns).
     ///
     /// # Errors
