@@ -3,8 +3,9 @@
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
     AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, FitPlan, Gpu, KvDtype,
-    Method, Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision, PrecisionRecipe, Preset,
-    Quant4, Scenario, Sharding, SweepRow, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    LossKind, Method, Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision,
+    PrecisionRecipe, Preset, Quant4, Scenario, Sharding, SweepRow, WeightFormat, CUSTOM_MODEL_KEY,
+    SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
@@ -441,6 +442,17 @@ pub fn App() -> impl IntoView {
                     <SelectField label="Activation checkpointing" testid="checkpointing"
                         options=options(&Checkpointing::ALL, Checkpointing::key, Checkpointing::label)
                         value=value_of(Field::Checkpointing) on_change=setter(Field::Checkpointing) />
+                    <div class="when" hidden=is_inference>
+                        <SelectField label="Loss (trainer)" testid="loss"
+                            options=options(&LossKind::ALL, LossKind::key, LossKind::label)
+                            value=value_of(Field::Loss) on_change=setter(Field::Loss) />
+                        <SelectField label="Sequence packing" testid="packing"
+                            options=vec![("off", "Off: one sample per row"), ("on", "On: documents packed, position ids restart")]
+                            value=value_of(Field::Packing) on_change=setter(Field::Packing) />
+                        <SelectField label="Padded rows" testid="padding"
+                            options=vec![("off", "Off: every token real (the mask is dropped)"), ("on", "On: padding in the attention mask")]
+                            value=value_of(Field::Padding) on_change=setter(Field::Padding) />
+                    </div>
                     <div class="when" hidden=is_inference>
                         <SelectField label="Training method" testid="method"
                             options=options(&Method::ALL, Method::key, Method::label)

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
-    EvaluationError, Field, FitPlan, Gpu, KvDtype, MaxBatch, Method, Mode, ModelFamily, PageState,
-    PartKind, Preset, Scenario, WeightFormat,
+    EvaluationError, Field, FitPlan, Gpu, KvDtype, LossKind, MaxBatch, Method, Mode, ModelFamily,
+    PageState, PartKind, Preset, Scenario, WeightFormat,
 };
 
 const USAGE: &str = "\
@@ -27,8 +27,13 @@ step:
   --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit
                         (bitsandbytes), adafactor (torch.optim), adafactor-hf
                         (transformers), none
-  --attention A         sdpa, eager
+  --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
   --checkpointing C     none, full, offload (layer inputs in CPU memory)
+  --loss L              the trainer's loss (causal LMs; default hf):
+{losses}  --packing on|off      documents packed per row, position ids restarting (a block-causal
+                        mask under sdpa and eager; default off)
+  --padding on|off      rows padded to the longest: a 4-D mask, SDPA's memory-efficient
+                        kernel (default off: every token real, the mask dropped)
   --generate N          tokens generated after the prompt (KV cache; optimizer none)
 
 inference (--optimizer none):
@@ -98,12 +103,24 @@ fn usage() -> String {
             "{weight_formats}",
             &wrapped(&formats, &" ".repeat(OPTION_COLUMN)),
         )
-        .replace("{kv_dtypes}", &kv.join(", "));
+        .replace("{kv_dtypes}", &kv.join(", "))
+        .replace("{losses}", &losses());
     format!(
         "{options}\n\nconfig.json model_type values (--config, --query):\n{}\npreset keys (--preset):\n{}",
         wrapped(&types, "  "),
         wrapped(&presets, "  ").trim_end()
     )
+}
+
+/// One line per loss under `--loss`: its key and which trainer uses it.
+fn losses() -> String {
+    LossKind::ALL
+        .iter()
+        .map(|l| {
+            let indent = " ".repeat(OPTION_COLUMN);
+            format!("{indent}{:<18}{}\n", l.key(), l.label())
+        })
+        .collect()
 }
 
 struct Options {
@@ -114,13 +131,16 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 26] = [
+const FIELD_FLAGS: [(&str, Field); 29] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
     ("--optimizer", Field::Optimizer),
     ("--attention", Field::Attention),
     ("--checkpointing", Field::Checkpointing),
+    ("--loss", Field::Loss),
+    ("--packing", Field::Packing),
+    ("--padding", Field::Padding),
     ("--generate", Field::NewTokens),
     ("--weight-format", Field::WeightFormat),
     ("--kv-dtype", Field::KvDtype),

@@ -68,6 +68,9 @@ fn main() {
         optimizer: estimator_core::Optimizer::AdamW,
         attention: estimator_core::AttentionKernel::Sdpa,
         checkpointing: estimator_core::Checkpointing::None,
+        loss: estimator_core::LossKind::Hf,
+        packing: false,
+        padding: false,
     };
     report(
         "architecture: one peak estimate (Llama-3-8B)",

@@ -35,6 +35,9 @@ fn main() {
             optimizer: Optimizer::AdamW,
             attention: AttentionKernel::from_key(i["attn"].as_str().unwrap()).unwrap(),
             checkpointing: Checkpointing::None,
+            loss: estimator_core::LossKind::Hf,
+            packing: false,
+            padding: false,
         };
         let meas = i["saved_act_bytes"].as_u64().unwrap() as i64;
         match estimate_peak(&arch, &step) {

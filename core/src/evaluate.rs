@@ -7,9 +7,9 @@ use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::{
     estimate_peak_with, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
     simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, AttentionKernel,
-    CategoryBytes, Checkpointing, FitVerdict, KvDtype, MaxBatch, Optimizer, PeakEstimate, Phase,
-    Precision, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow, TrainingStep,
-    WeightFormat, MAX_BATCH,
+    CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind, MaxBatch, Optimizer, PeakEstimate,
+    Phase, Precision, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow,
+    TrainingStep, WeightFormat, MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -300,6 +300,12 @@ pub(crate) struct Knobs {
     pub attention: AttentionKernel,
     /// Activation checkpointing (architecture mode).
     pub checkpointing: Checkpointing,
+    /// The trainer's loss (architecture mode).
+    pub loss: LossKind,
+    /// Packed documents per row (architecture mode).
+    pub packing: bool,
+    /// Padded rows (architecture mode).
+    pub padding: bool,
     /// Weight format (architecture mode, inference).
     pub weight_format: WeightFormat,
     /// KV-cache dtype (architecture mode, inference).
@@ -353,6 +359,9 @@ pub(crate) fn parse_model(
         recipe: state.recipe,
         attention: state.attention,
         checkpointing: state.checkpointing,
+        loss: state.loss,
+        packing: state.packing,
+        padding: state.padding,
         weight_format: state.weight_format,
         kv_dtype: state.kv_dtype,
         peft: None,
@@ -429,6 +438,9 @@ impl Parsed {
                     optimizer: knobs.optimizer,
                     attention: knobs.attention,
                     checkpointing: knobs.checkpointing,
+                    loss: knobs.loss,
+                    packing: knobs.packing,
+                    padding: knobs.padding,
                 },
                 format_weight_bytes: if knobs.optimizer.trains() {
                     None

@@ -48,8 +48,8 @@ mod arch;
 
 pub use arch::{
     estimate_peak, estimate_peak_with, parse_hf_config, Architecture, AttentionKernel,
-    CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets, Method, ModelFamily,
-    PeakEstimate, Peft, Phase, PrecisionRecipe, Preset, Quant4, SavedPart, TargetsError,
-    TrainingStep,
+    CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets, LossKind, Method,
+    ModelFamily, PeakEstimate, Peft, Phase, PrecisionRecipe, Preset, Quant4, SavedPart,
+    TargetsError, TrainingStep,
 };
 // arch-end

@@ -3,8 +3,8 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, Method, Optimizer, ParamUnit, Peft,
-    Precision, PrecisionRecipe, Preset, Quant4, Sharding, WeightFormat,
+    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Optimizer, ParamUnit,
+    Peft, Precision, PrecisionRecipe, Preset, Quant4, Sharding, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -105,6 +105,12 @@ pub struct PageState {
     pub attention: AttentionKernel,
     /// Architecture mode: activation checkpointing.
     pub checkpointing: Checkpointing,
+    /// Architecture mode: how the head and its loss run (the trainer's loss).
+    pub loss: LossKind,
+    /// Architecture mode: documents packed into each row (position ids restart per document).
+    pub packing: bool,
+    /// Architecture mode: rows padded to the longest (an attention mask with zeros).
+    pub padding: bool,
     /// Architecture mode: full fine-tuning, LoRA or QLoRA.
     pub method: Method,
     /// LoRA rank `r`, as typed.
@@ -189,6 +195,9 @@ impl Default for PageState {
             recipe: PrecisionRecipe::AmpBf16,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
+            loss: LossKind::Hf,
+            packing: false,
+            padding: false,
             method: Method::Full,
             lora_rank: "16".to_owned(),
             lora_alpha: "32".to_owned(),
@@ -247,6 +256,12 @@ pub enum Field {
     Attention,
     /// [`PageState::checkpointing`].
     Checkpointing,
+    /// [`PageState::loss`].
+    Loss,
+    /// [`PageState::packing`].
+    Packing,
+    /// [`PageState::padding`].
+    Padding,
     /// [`PageState::method`].
     Method,
     /// [`PageState::lora_rank`].
@@ -300,7 +315,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 37] = [
+    pub const ALL: [Field; 40] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -314,6 +329,9 @@ impl Field {
         Field::Recipe,
         Field::Attention,
         Field::Checkpointing,
+        Field::Loss,
+        Field::Packing,
+        Field::Padding,
         Field::Method,
         Field::LoraRank,
         Field::LoraAlpha,
@@ -358,6 +376,9 @@ impl Field {
             Field::Recipe => "r",
             Field::Attention => "attn",
             Field::Checkpointing => "gc",
+            Field::Loss => "loss",
+            Field::Packing => "pack",
+            Field::Padding => "pad",
             Field::Method => "method",
             Field::LoraRank => "lr",
             Field::LoraAlpha => "la",
@@ -402,6 +423,9 @@ impl Field {
             Field::Recipe => "precision recipe",
             Field::Attention => "attention kernel",
             Field::Checkpointing => "activation checkpointing",
+            Field::Loss => "loss",
+            Field::Packing => "sequence packing",
+            Field::Padding => "padded rows",
             Field::Method => "training method",
             Field::LoraRank => "LoRA rank",
             Field::LoraAlpha => "LoRA alpha",
@@ -506,6 +530,9 @@ impl PageState {
             Field::Recipe => self.recipe.key().to_owned(),
             Field::Attention => self.attention.key().to_owned(),
             Field::Checkpointing => self.checkpointing.key().to_owned(),
+            Field::Loss => self.loss.key().to_owned(),
+            Field::Packing => on_off(self.packing).to_owned(),
+            Field::Padding => on_off(self.padding).to_owned(),
             Field::Method => self.method.key().to_owned(),
             Field::LoraRank => self.lora_rank.clone(),
             Field::LoraAlpha => self.lora_alpha.clone(),
@@ -580,6 +607,9 @@ impl PageState {
             Field::Checkpointing => {
                 self.checkpointing = choice(value, &Checkpointing::ALL, Checkpointing::key)?;
             }
+            Field::Loss => self.loss = choice(value, &LossKind::ALL, LossKind::key)?,
+            Field::Packing => self.packing = choice(value, &[true, false], on_off)?,
+            Field::Padding => self.padding = choice(value, &[true, false], on_off)?,
             Field::Method => {
                 self.method = choice(value, &Method::ALL, Method::key)?;
             }

@@ -102,6 +102,9 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             optimizer,
             attention,
             checkpointing,
+            loss: estimator_core::LossKind::Hf,
+            packing: false,
+            padding: false,
         };
         let est = match estimate_peak_with(&arch, &step, peft.as_ref()) {
             Ok(e) => e,
@@ -335,6 +338,9 @@ proptest! {
             optimizer: Optimizer::ALL[o],
             attention: if eager { AttentionKernel::Eager } else { AttentionKernel::Sdpa },
             checkpointing: if gc { Checkpointing::Full } else { Checkpointing::None },
+            loss: estimator_core::LossKind::Hf,
+            packing: false,
+            padding: false,
         };
         if let Ok(e) = estimate_peak(&arch, &step) {
             prop_assert!(e.peak_bytes >= e.at_peak.parameters);

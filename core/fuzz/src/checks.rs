@@ -220,6 +220,9 @@ pub fn check_config(data: &[u8]) {
             optimizer: Optimizer::ALL[(p / 7) % Optimizer::ALL.len()],
             attention: AttentionKernel::ALL[(p / 31) % AttentionKernel::ALL.len()],
             checkpointing: Checkpointing::ALL[(p / 61) % Checkpointing::ALL.len()],
+            loss: estimator_core::LossKind::ALL[(p / 7) % estimator_core::LossKind::ALL.len()],
+            packing: p % 5 == 1,
+            padding: p % 3 == 1,
         };
         if let Ok(estimate) = estimate_peak(&arch, &step) {
             assert_eq!(estimate.n_params, arch.parameter_count());

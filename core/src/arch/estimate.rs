@@ -5,7 +5,7 @@ use super::model::Layer;
 use super::model::{Kernel, StepShape};
 use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
-use super::recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};
+use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
 use crate::Optimizer;
 use std::fmt;
 
@@ -24,6 +24,12 @@ pub struct TrainingStep {
     pub attention: AttentionKernel,
     /// Activation checkpointing.
     pub checkpointing: Checkpointing,
+    /// How the head and its loss run (causal language models; others use their own loss).
+    pub loss: LossKind,
+    /// Documents packed into each row, position ids restarting per document.
+    pub packing: bool,
+    /// Rows padded to the longest (an attention mask with zeros).
+    pub padding: bool,
 }
 
 /// A phase of the step.
@@ -133,6 +139,9 @@ pub enum EstimateError {
         /// The configured image side in pixels.
         expected: u64,
     },
+    /// flash-attn 2 runs only in 16 bits (fp32 weights need autocast) and for head sizes up
+    /// to 256.
+    Flash2Unsupported,
     /// A byte count does not fit in 64 bits.
     TooLarge,
 }
@@ -154,6 +163,10 @@ impl fmt::Display for EstimateError {
             EstimateError::ImageSizeMismatch { expected } => {
                 write!(f, "this ViT takes {expected} x {expected} images only (learned position embeddings)")
             }
+            EstimateError::Flash2Unsupported => write!(
+                f,
+                "flash_attention_2 runs in fp16/bf16 only (pick an AMP or 16-bit recipe) and for head sizes up to 256"
+            ),
             EstimateError::TooLarge => write!(f, "the memory figure does not fit in 64 bits"),
         }
     }
@@ -232,10 +245,30 @@ pub fn estimate_peak_with(
     // Gemma 2's soft-capped attention runs eager whatever is asked (transformers refuses SDPA)
     let eager =
         step.attention == AttentionKernel::Eager || spec.layers.iter().any(|l| l.attention.softcap);
+    let flash2 = step.attention == AttentionKernel::Flash2 && !eager;
+    if flash2
+        && (p == PrecisionRecipe::Fp32
+            || spec
+                .layers
+                .iter()
+                .any(|l| l.attention.head_dim > 256 || l.attention.v_head_dim > 256))
+    {
+        return Err(EstimateError::Flash2Unsupported);
+    }
     let shape = StepShape {
         batch: step.batch,
         seq,
         eager,
+        flash2,
+        // transformers drops an all-ones mask; padded rows, or packed documents under SDPA
+        // or eager, get a 4-D mask in every layer
+        mask: !flash2 && (step.padding || step.packing),
+        loss: step.loss,
+        head_grad_bytes: if peft.is_some() {
+            0
+        } else {
+            p.gradient_bytes()
+        },
         d,
         peft: peft.map(|f| TapePeft {
             rank: f.rank,
@@ -408,7 +441,11 @@ pub fn estimate_peak_with(
         .iter()
         .zip(&group_casts)
         .try_fold(0, |acc, ((_, count), c)| add(acc, mul(*c, *count)?))?;
-    let head_cast = cast(&spec.head_linears(!trains))?;
+    let head_cast = if acts.keeps_head_cast || !trains {
+        cast(&spec.head_linears(!trains))?
+    } else {
+        0
+    };
 
     let base = CategoryBytes {
         parameters: params,
@@ -762,6 +799,9 @@ mod tests {
             optimizer,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
+            loss: LossKind::Hf,
+            packing: false,
+            padding: false,
         }
     }
 
@@ -856,6 +896,9 @@ mod tests {
                 for attention in AttentionKernel::ALL {
                     let s = TrainingStep {
                         checkpointing: gc,
+                        loss: LossKind::Hf,
+                        packing: false,
+                        padding: false,
                         attention,
                         ..step(2, seq, PrecisionRecipe::AmpBf16, Optimizer::AdamW)
                     };
@@ -925,6 +968,9 @@ mod tests {
             P("gpt2-medium"),
             TrainingStep {
                 checkpointing: Checkpointing::Full,
+                loss: LossKind::Hf,
+                packing: false,
+                padding: false,
                 ..base
             },
         );

@@ -46,6 +46,7 @@
 mod config;
 mod estimate;
 mod families;
+mod loss;
 mod model;
 mod ops;
 mod peft;
@@ -60,4 +61,4 @@ pub use estimate::{
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
-pub use recipe::{AttentionKernel, Checkpointing, PrecisionRecipe};
+pub use recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};

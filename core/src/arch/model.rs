@@ -2,11 +2,13 @@
 //! built from the op kinds of [`super::ops`]. Family readers (`families.rs`) produce a
 //! [`ModelSpec`]; the estimator (`estimate.rs`) runs it on a [`Tape`].
 
+use super::loss::CausalHead;
 use super::ops::{
     add, dropout, mul, residual, storage, Activation, Dtypes, FeedForward, Linear, Norm, NormKind,
     PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::{Role, TapePeft};
+use super::recipe::LossKind;
 
 /// Where a layer's norms sit around its two sub-blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +46,16 @@ pub(crate) struct StepShape {
     pub batch: u64,
     pub seq: u64,
     pub eager: bool,
+    /// transformers' `flash_attention_2`: the flash kernel whatever the mask (varlen for
+    /// packed or padded rows, its own sliding window), plus its RNG state.
+    pub flash2: bool,
+    /// Every layer gets a 4-D mask: padded rows, or packed documents (a block-causal mask
+    /// built from the restarting position ids) under SDPA or eager.
+    pub mask: bool,
+    /// The trainer's loss (causal language models).
+    pub loss: LossKind,
+    /// Bytes per element of the head weight's gradient (0 when it is frozen).
+    pub head_grad_bytes: u64,
     pub d: Dtypes,
     /// LoRA / QLoRA on a frozen base.
     pub peft: Option<TapePeft>,
@@ -222,8 +234,8 @@ impl Attention {
     }
     /// Whether HF passes a mask (it skips it, for `is_causal`, unless a sliding window is
     /// shorter than the keys).
-    pub fn masked(&self, seq: u64) -> bool {
-        self.window.is_some_and(|w| seq >= w)
+    pub fn masked(&self, s: &StepShape) -> bool {
+        !s.flash2 && (s.mask || self.window.is_some_and(|w| s.seq >= w))
     }
     /// The kernel PyTorch's CUDA dispatch picks on sm80+: flash for 16-bit inputs without a
     /// mask and with equal q/k and v head sizes (GQA allowed), memory-efficient otherwise
@@ -234,11 +246,8 @@ impl Attention {
         let align = if s.d.act == 2 { 8 } else { 4 };
         if s.eager || self.softcap || self.sinks {
             Kernel::Eager
-        } else if s.d.act == 2
-            && hd == vd
-            && hd.is_multiple_of(8)
-            && hd <= 256
-            && !self.masked(s.seq)
+        } else if s.flash2
+            || s.d.act == 2 && hd == vd && hd.is_multiple_of(8) && hd <= 256 && !self.masked(s)
         {
             Kernel::Flash
         } else if hd.is_multiple_of(align) && vd.is_multiple_of(align) {
@@ -318,7 +327,7 @@ impl Attention {
         let kernel = self.kernel(s);
         let w = d.act;
         let gqa = self.heads != self.kv_heads;
-        let masked = self.masked(s.seq);
+        let masked = self.masked(s);
         // k/v for every query head: the math kernel repeats them itself; HF's repeat_kv does
         // on the paths where it does not pass enable_gqa (eager, or SDPA with a mask); flash
         // and memory-efficient take grouped heads as they are. repeat_kv's expand stays a
@@ -349,6 +358,10 @@ impl Attention {
             Kernel::Flash => {
                 tape.raw(mul(heads_rows, s.seq)?, 4)
                     .and_then(|t| tape.save(t))?; // logsumexp
+                if s.flash2 {
+                    // flash-attn's rng_state: two int64
+                    tape.raw(2, 8).and_then(|t| tape.save(t))?;
+                }
             }
             Kernel::Efficient => {
                 if masked {
@@ -624,6 +637,8 @@ pub(crate) struct ForwardTape {
     pub loss_forward: u64,
     /// Largest set of live tensors in a no-grad forward, beyond weights and input.
     pub inference: u64,
+    /// Whether autocast's 16-bit copy of the head weight is kept for backward.
+    pub keeps_head_cast: bool,
     /// What the layers' saved bytes are for, summed over the layers.
     pub layer_parts: PartBytes,
     /// What the saved bytes outside the layers are for.
@@ -801,23 +816,22 @@ impl ModelSpec {
         let head_start = tape.total();
         tape.part = SavedPart::HeadAndLoss;
         let hidden_r = storage(tokens, mul(h, r)?)?;
+        let mut keeps_head_cast = true;
         let (loss_buffers, loss_forward, inference) = match self.head {
             Head::CausalLm { softcap, scaled } => {
                 let x = match self.final_norm {
                     Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
                     None => x,
                 };
-                let logits = Linear::new(h, v, false).run(Role::Head, &mut tape, x, d)?;
-                if softcap {
-                    tape.part = SavedPart::SoftCapping;
-                    let t = tape.like(logits, w)?; // tanh(logits / cap)
-                    tape.save(t)?;
-                    tape.part = SavedPart::HeadAndLoss;
-                }
-                tape.raw(tv, 4).and_then(|t| tape.save(t))?; // log_softmax of fp32 logits
-                tape.saved(1, 8)?; // shifted labels
+                let head = CausalHead {
+                    hidden: h,
+                    vocab: v,
+                    softcap,
+                    weight_grad_bytes: s.head_grad_bytes,
+                };
+                let costs = head.loss(s.loss, &mut tape, x, s)?;
+                keeps_head_cast = costs.keeps_head_cast;
                 let logits_w = storage(tv, w)?;
-                let logits_32 = storage(tv, 4)?;
                 let inner = storage(tokens, mul(self.max_inner(), w)?)?;
                 let k = self
                     .layers
@@ -847,9 +861,15 @@ impl ModelSpec {
                 };
                 // with a sliding-window mask, HF's bool mask lives through the forward and each
                 // layer converts it to the query's dtype
-                let masks = if self.layers.iter().any(|l| l.attention.masked(s.seq)) {
+                let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
                     let area = mul(s.seq, s.seq)?;
-                    add(storage(area, 1)?, storage(mul(s.batch, area)?, w)?)?
+                    // a padded or packed batch's bool mask is per sample; a sliding window's
+                    // is broadcast over the batch
+                    let rows = if s.mask { s.batch } else { 1 };
+                    add(
+                        storage(mul(rows, area)?, 1)?,
+                        storage(mul(s.batch, area)?, w)?,
+                    )?
                 } else {
                     0
                 };
@@ -860,11 +880,7 @@ impl ModelSpec {
                 } else {
                     mlp_live
                 };
-                (
-                    mul(logits_32, 2)?,
-                    add(logits_w, if w == 4 { 0 } else { logits_32 })?,
-                    head_live.max(mlp_live),
-                )
+                (costs.backward, costs.forward, head_live.max(mlp_live))
             }
             Head::MaskedLm => {
                 let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
@@ -923,6 +939,7 @@ impl ModelSpec {
             loss_buffers,
             loss_forward,
             inference,
+            keeps_head_cast,
             first_layer_discount,
         })
     }

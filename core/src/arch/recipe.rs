@@ -126,11 +126,19 @@ pub enum AttentionKernel {
     Sdpa,
     /// Explicit `softmax(QK^T)V`: keeps seq x seq probabilities (and dropout masks).
     Eager,
+    /// transformers' `flash_attention_2` (flash-attn 2 or the kernels-hub build): saves q, k,
+    /// v, its output, the log-sum-exp and its RNG state; packed or padded rows go through
+    /// the varlen kernel with no mask.
+    Flash2,
 }
 
 impl AttentionKernel {
     /// Both kernels.
-    pub const ALL: [AttentionKernel; 2] = [AttentionKernel::Sdpa, AttentionKernel::Eager];
+    pub const ALL: [AttentionKernel; 3] = [
+        AttentionKernel::Sdpa,
+        AttentionKernel::Eager,
+        AttentionKernel::Flash2,
+    ];
 
     /// Short stable key.
     #[must_use]
@@ -138,6 +146,7 @@ impl AttentionKernel {
         match self {
             AttentionKernel::Sdpa => "sdpa",
             AttentionKernel::Eager => "eager",
+            AttentionKernel::Flash2 => "flash2",
         }
     }
 
@@ -147,6 +156,7 @@ impl AttentionKernel {
         match self {
             AttentionKernel::Sdpa => "SDPA (fused, flash / memory-efficient)",
             AttentionKernel::Eager => "Eager (explicit softmax)",
+            AttentionKernel::Flash2 => "flash_attention_2 (varlen, no mask)",
         }
     }
 
@@ -212,6 +222,80 @@ impl Checkpointing {
     }
 }
 
+/// How the language-model head and its cross-entropy run: the trainers differ in what they
+/// keep of the vocabulary-sized logits (see `validation/LOSSES.md` for each one's source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum LossKind {
+    /// transformers' own loss (the model computes it from `labels`, as HF Trainer runs it):
+    /// the logits in the model's dtype, upcast to fp32, cross-entropy.
+    #[default]
+    Hf,
+    /// TRL's `loss_type="nll"` up to v1.13: [`Hf`](Self::Hf) plus SFTTrainer's no-gradient
+    /// entropy and token-accuracy metrics on the full logits.
+    TrlNll,
+    /// TRL's `chunked_nll` (its default from v1.7 to v1.13): head and loss per 256 valid
+    /// tokens under non-reentrant checkpointing, no vocabulary-sized tensor kept.
+    TrlChunked,
+    /// TRL from v1.15: the fused head (`ChunkedLogProbFunction`, Triton), whose backward
+    /// builds fp32 gradients of the hidden states and of the whole head weight.
+    TrlFused,
+    /// torchtune's `CEWithChunkedOutputLoss`: the decoder returns 8 chunks of logits, each
+    /// upcast to fp32 on its own.
+    TorchtuneChunked,
+    /// Liger-Kernel's fused linear cross-entropy: chunked head and loss, the gradients
+    /// computed in the forward.
+    Liger,
+    /// Apple's Cut Cross-Entropy: blockwise log-sum-exp, no logits at all.
+    Cce,
+}
+
+impl LossKind {
+    /// Every loss, in the order the page lists them.
+    pub const ALL: [LossKind; 7] = [
+        LossKind::Hf,
+        LossKind::TrlNll,
+        LossKind::TrlChunked,
+        LossKind::TrlFused,
+        LossKind::TorchtuneChunked,
+        LossKind::Liger,
+        LossKind::Cce,
+    ];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            LossKind::Hf => "hf",
+            LossKind::TrlNll => "trl-nll",
+            LossKind::TrlChunked => "trl-chunked",
+            LossKind::TrlFused => "trl-fused",
+            LossKind::TorchtuneChunked => "torchtune-chunked",
+            LossKind::Liger => "liger",
+            LossKind::Cce => "cce",
+        }
+    }
+
+    /// Name shown to a person, with which trainer uses it by default.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            LossKind::Hf => "transformers' loss (HF Trainer)",
+            LossKind::TrlNll => "TRL nll + metrics on full logits (TRL SFT before 1.7)",
+            LossKind::TrlChunked => "TRL chunked_nll, 256-token chunks (TRL SFT 1.7-1.14)",
+            LossKind::TrlFused => "TRL fused head, Triton (TRL SFT from 1.15)",
+            LossKind::TorchtuneChunked => "torchtune chunked output, 8 chunks (torchtune)",
+            LossKind::Liger => "Liger fused linear cross-entropy (use_liger_kernel)",
+            LossKind::Cce => "Cut Cross-Entropy (Axolotl's cut_cross_entropy)",
+        }
+    }
+
+    /// The loss whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.key() == key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +310,9 @@ mod tests {
         }
         for c in Checkpointing::ALL {
             assert_eq!(Checkpointing::from_key(c.key()), Some(c));
+        }
+        for l in LossKind::ALL {
+            assert_eq!(LossKind::from_key(l.key()), Some(l));
         }
         assert_eq!(PrecisionRecipe::from_key("fp64"), None);
     }
