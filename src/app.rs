@@ -4,8 +4,8 @@ use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
     AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, FitPlan, Gpu, KvDtype,
     LossKind, Method, Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision,
-    PrecisionRecipe, Preset, Quant4, Scenario, Sharding, SweepRow, WeightFormat, CUSTOM_MODEL_KEY,
-    SIMPLE_OPTIMIZERS,
+    PrecisionRecipe, Preset, Quant4, Scenario, Sharding, SweepRow, Trainer, WeightFormat,
+    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
@@ -46,6 +46,13 @@ fn options<T: Copy>(
     label: fn(T) -> &'static str,
 ) -> Vec<(&'static str, &'static str)> {
     all.iter().map(|&v| (key(v), label(v))).collect()
+}
+
+/// The trainers, then "Custom" for settings that are no trainer's defaults.
+fn trainer_options() -> Vec<(&'static str, &'static str)> {
+    let mut all = options(&Trainer::ALL, Trainer::key, Trainer::label);
+    all.push(("custom", "Custom (defaults changed below)"));
+    all
 }
 
 /// The presets under one heading per family, in the order of [`Preset::ALL`].
@@ -235,6 +242,20 @@ pub fn App() -> impl IntoView {
             });
         })
     };
+    // the trainer is not an input of its own: it names the defaults the inputs have
+    let trainer_value: Signal<String> = Memo::new(move |_| {
+        state.with(|s| {
+            Trainer::matching(s)
+                .map_or("custom", Trainer::key)
+                .to_owned()
+        })
+    })
+    .into();
+    let set_trainer = Callback::new(move |key: String| {
+        if let Some(t) = Trainer::from_key(&key) {
+            state.update(|s| t.apply(s));
+        }
+    });
     let error_of = move |field: Field| -> Signal<Option<String>> {
         Memo::new(move |_| {
             field_errors.with(|errors| {
@@ -443,6 +464,9 @@ pub fn App() -> impl IntoView {
                         options=options(&Checkpointing::ALL, Checkpointing::key, Checkpointing::label)
                         value=value_of(Field::Checkpointing) on_change=setter(Field::Checkpointing) />
                     <div class="when" hidden=is_inference>
+                        <SelectField label="Trainer (sets the four below)" testid="trainer"
+                            options=trainer_options()
+                            value=trainer_value on_change=set_trainer />
                         <SelectField label="Loss (trainer)" testid="loss"
                             options=options(&LossKind::ALL, LossKind::key, LossKind::label)
                             value=value_of(Field::Loss) on_change=setter(Field::Loss) />

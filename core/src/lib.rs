@@ -19,6 +19,7 @@ mod scenario;
 mod simple;
 mod state;
 mod sweep;
+mod trainer;
 
 pub use advisor::{fit_advice, Change, FitPlan, RankKey, Tier, MAX_GPU_MULTIPLIER, PLANS_PER_TIER};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
@@ -42,6 +43,7 @@ pub use state::{Field, Mode, PageState, PlanInputs, CUSTOM_MODEL_KEY, MAX_CONFIG
 pub use sweep::{
     sweep, sweep_batches, sweep_cells, sweep_header, sweep_markdown, sweep_tsv, SweepRow,
 };
+pub use trainer::{Trainer, TrainerDefaults};
 
 // arch-begin (architecture mode: owned by core/src/arch/)
 mod arch;

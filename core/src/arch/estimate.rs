@@ -269,6 +269,8 @@ pub fn estimate_peak_with(
         } else {
             p.gradient_bytes()
         },
+        // prepare_model_for_kbit_training leaves every unquantized weight in fp32
+        head_weight_bytes: if kbit { 4 } else { p.weight_bytes() },
         d,
         peft: peft.map(|f| TapePeft {
             rank: f.rank,

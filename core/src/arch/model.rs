@@ -56,6 +56,8 @@ pub(crate) struct StepShape {
     pub loss: LossKind,
     /// Bytes per element of the head weight's gradient (0 when it is frozen).
     pub head_grad_bytes: u64,
+    /// Bytes per element of the head weight.
+    pub head_weight_bytes: u64,
     pub d: Dtypes,
     /// LoRA / QLoRA on a frozen base.
     pub peft: Option<TapePeft>,
@@ -828,6 +830,7 @@ impl ModelSpec {
                     vocab: v,
                     softcap,
                     weight_grad_bytes: s.head_grad_bytes,
+                    weight_bytes: s.head_weight_bytes,
                 };
                 let costs = head.loss(s.loss, &mut tape, x, s)?;
                 keeps_head_cast = costs.keeps_head_cast;

@@ -1,0 +1,162 @@
+//! The trainers people run, as the settings they choose by default: picking one on the page
+//! sets the loss, packing, checkpointing and attention below it, each still changeable.
+
+use crate::{AttentionKernel, Checkpointing, LossKind, PageState};
+
+/// A training framework at the version whose defaults it stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Trainer {
+    /// transformers' `Trainer` (5.x): the model's own loss, no checkpointing, SDPA.
+    HfTrainer,
+    /// TRL's `SFTTrainer` 1.7 to 1.14: `chunked_nll`, `gradient_checkpointing=True`.
+    TrlSft113,
+    /// TRL's `SFTTrainer` from 1.15: the fused head, `gradient_checkpointing=True`.
+    TrlSft115,
+    /// torchtune's full fine-tuning recipes (0.6): chunked output loss, activation
+    /// checkpointing on, no packing.
+    Torchtune,
+    /// Axolotl set up for memory: sample packing, flash attention, checkpointing and its
+    /// `cut_cross_entropy` plugin (its own defaults leave all four off).
+    Axolotl,
+}
+
+/// What a trainer sets by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrainerDefaults {
+    /// The loss.
+    pub loss: LossKind,
+    /// Sequence packing.
+    pub packing: bool,
+    /// Activation checkpointing.
+    pub checkpointing: Checkpointing,
+    /// The attention implementation.
+    pub attention: AttentionKernel,
+}
+
+impl Trainer {
+    /// Every trainer, in the order the page lists them.
+    pub const ALL: [Trainer; 5] = [
+        Trainer::HfTrainer,
+        Trainer::TrlSft113,
+        Trainer::TrlSft115,
+        Trainer::Torchtune,
+        Trainer::Axolotl,
+    ];
+
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Trainer::HfTrainer => "hf-trainer",
+            Trainer::TrlSft113 => "trl-sft-1.13",
+            Trainer::TrlSft115 => "trl-sft-1.15",
+            Trainer::Torchtune => "torchtune",
+            Trainer::Axolotl => "axolotl",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Trainer::HfTrainer => "HF Trainer (transformers)",
+            Trainer::TrlSft113 => "TRL SFTTrainer 1.7-1.14",
+            Trainer::TrlSft115 => "TRL SFTTrainer 1.15+",
+            Trainer::Torchtune => "torchtune 0.6 full fine-tune",
+            Trainer::Axolotl => "Axolotl: packing, flash attention, Cut Cross-Entropy",
+        }
+    }
+
+    /// The trainer whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.key() == key)
+    }
+
+    /// Its defaults.
+    #[must_use]
+    pub const fn defaults(self) -> TrainerDefaults {
+        let (loss, packing, checkpointing, attention) = match self {
+            Trainer::HfTrainer => (
+                LossKind::Hf,
+                false,
+                Checkpointing::None,
+                AttentionKernel::Sdpa,
+            ),
+            Trainer::TrlSft113 => (
+                LossKind::TrlChunked,
+                false,
+                Checkpointing::Full,
+                AttentionKernel::Sdpa,
+            ),
+            Trainer::TrlSft115 => (
+                LossKind::TrlFused,
+                false,
+                Checkpointing::Full,
+                AttentionKernel::Sdpa,
+            ),
+            Trainer::Torchtune => (
+                LossKind::TorchtuneChunked,
+                false,
+                Checkpointing::Full,
+                AttentionKernel::Sdpa,
+            ),
+            Trainer::Axolotl => (
+                LossKind::Cce,
+                true,
+                Checkpointing::Full,
+                AttentionKernel::Flash2,
+            ),
+        };
+        TrainerDefaults {
+            loss,
+            packing,
+            checkpointing,
+            attention,
+        }
+    }
+
+    /// `state` with this trainer's defaults.
+    pub fn apply(self, state: &mut PageState) {
+        let d = self.defaults();
+        state.loss = d.loss;
+        state.packing = d.packing;
+        state.checkpointing = d.checkpointing;
+        state.attention = d.attention;
+    }
+
+    /// The trainer whose defaults `state` has, if any.
+    #[must_use]
+    pub fn matching(state: &PageState) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| {
+            let d = t.defaults();
+            d.loss == state.loss
+                && d.packing == state.packing
+                && d.checkpointing == state.checkpointing
+                && d.attention == state.attention
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_trainer_is_recognised_from_its_defaults() {
+        for t in Trainer::ALL {
+            assert_eq!(Trainer::from_key(t.key()), Some(t));
+            let mut state = PageState::default();
+            t.apply(&mut state);
+            assert_eq!(Trainer::matching(&state), Some(t), "{t:?}");
+        }
+        let mut state = PageState::default();
+        Trainer::TrlSft113.apply(&mut state);
+        state.loss = LossKind::Liger;
+        assert_eq!(
+            Trainer::matching(&state),
+            None,
+            "a changed default is custom"
+        );
+    }
+}
