@@ -578,3 +578,56 @@ fn help_lists_every_device_and_format() {
         "a line of --help is too long:\n{stdout}"
     );
 }
+
+/// The Qwen3 fine-tune: TRL's chunked loss against transformers' own, and the
+/// options of the trainers refused when mistyped.
+#[test]
+fn the_trainers_loss_changes_the_peak() {
+    let base = [
+        "--preset",
+        "qwen3-0.6b",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--precision",
+        "bf16",
+        "--checkpointing",
+        "full",
+        "--json",
+    ];
+    let peak = |loss: &str| {
+        let (code, stdout, stderr) = memest(&with(&base, &["--loss", loss]));
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert!(v["query"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("loss={loss}")));
+        v["peak_bytes"].as_u64().unwrap()
+    };
+    let (hf, trl) = (peak("hf"), peak("trl-chunked"));
+    // measured with TRL 1.13's own code under fake tensors: 5.55 GiB
+    let gib = trl as f64 / f64::from(1 << 30);
+    assert!((gib - 5.55).abs() < 0.01, "{gib} GiB");
+    assert!(hf > 3 * trl, "hf {hf} against TRL {trl}");
+    for loss in ["liger", "cce", "trl-fused", "torchtune-chunked", "trl-nll"] {
+        assert!(peak(loss) < hf || loss == "trl-nll", "{loss}");
+    }
+    let (code, _, stderr) = memest(&with(&base, &["--loss", "chunked"]));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("hf, trl-nll, trl-chunked"), "{stderr}");
+    let (code, _, stderr) = memest(&with(&base, &["--packing", "yes"]));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("on, off"), "{stderr}");
+    // flash-attn runs in 16 bits only
+    let (code, _, stderr) = memest(&with(
+        &base,
+        &["--attention", "flash2", "--precision", "fp32"],
+    ));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("lash_attention_2 runs in fp16/bf16"),
+        "{stderr}"
+    );
+}

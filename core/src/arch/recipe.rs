@@ -280,11 +280,11 @@ impl LossKind {
     pub const fn label(self) -> &'static str {
         match self {
             LossKind::Hf => "transformers' loss (HF Trainer)",
-            LossKind::TrlNll => "TRL nll + metrics on full logits (TRL SFT before 1.7)",
-            LossKind::TrlChunked => "TRL chunked_nll, 256-token chunks (TRL SFT 1.7-1.14)",
-            LossKind::TrlFused => "TRL fused head, Triton (TRL SFT from 1.15)",
+            LossKind::TrlNll => "TRL nll + metrics on the logits (SFT before 1.7)",
+            LossKind::TrlChunked => "TRL chunked_nll, 256-token chunks (SFT 1.7-1.14)",
+            LossKind::TrlFused => "TRL fused head, Triton (SFT from 1.15)",
             LossKind::TorchtuneChunked => "torchtune chunked output, 8 chunks (torchtune)",
-            LossKind::Liger => "Liger fused linear cross-entropy (use_liger_kernel)",
+            LossKind::Liger => "Liger fused linear CE (use_liger_kernel)",
             LossKind::Cce => "Cut Cross-Entropy (Axolotl's cut_cross_entropy)",
         }
     }
