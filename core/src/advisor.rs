@@ -56,7 +56,7 @@ use crate::evaluate::{shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
     fit_verdict, max_batch_that_fits, plan_accumulation, AccumulationPlan, Checkpointing,
-    EvaluationError, FitVerdict, KvDtype, MaxBatch, Method, Optimizer, Peft, Precision,
+    EvaluationError, FitVerdict, KvDtype, LossKind, MaxBatch, Method, Optimizer, Peft, Precision,
     PrecisionRecipe, Sharding, StepMemory, WeightFormat, BYTES_PER_MIB, MAX_BATCH,
 };
 
@@ -109,6 +109,8 @@ pub enum Change {
     /// Turn on activation checkpointing (every layer; offloaded: the layer inputs in CPU
     /// memory).
     Checkpointing(Checkpointing),
+    /// A loss that never holds the whole vocabulary-sized logits (the same loss value).
+    Loss(LossKind),
     /// Smaller micro-batches with gradient accumulation keeping the global batch (in
     /// inference: the sequences in several passes).
     MicroBatch {
@@ -169,6 +171,7 @@ impl Change {
                 ..
             } => Tier::GlobalBatch,
             Change::Checkpointing(_)
+            | Change::Loss(_)
             | Change::MicroBatch { .. }
             | Change::Sharding(_)
             | Change::Gpus { .. }
@@ -203,6 +206,7 @@ impl Change {
                     .to_owned()
             }
             Change::Checkpointing(_) => "Turn on activation checkpointing (every layer)".to_owned(),
+            Change::Loss(l) => format!("Loss: {}", l.label()),
             Change::MicroBatch {
                 micro_batch,
                 accumulation_steps,
@@ -260,6 +264,11 @@ impl Change {
             }
             Change::Checkpointing(_) => {
                 "About a third more compute: each layer's forward runs again in backward."
+                    .to_owned()
+            }
+            Change::Loss(_) => {
+                "The same loss and gradients; the head runs in chunks (TRL's SFTTrainer does so \
+                 by default), a few percent more compute."
                     .to_owned()
             }
             Change::MicroBatch {
@@ -368,7 +377,7 @@ impl fmt::Display for Change {
 }
 
 /// Knobs, in the order of [`RankKey::levels`].
-const KNOBS: usize = 12;
+const KNOBS: usize = 13;
 const MICRO: usize = 0;
 const CKPT: usize = 1;
 const SHARD: usize = 2;
@@ -381,6 +390,7 @@ const KV: usize = 8;
 const OPTIMIZER: usize = 9;
 const METHOD: usize = 10;
 const SEQ: usize = 11;
+const LOSS: usize = 12;
 /// The knobs that give something up (with checkpointing, the ones tried one by one).
 const GIVE_UPS: [usize; 7] = [RECIPE, PRECISION, FORMAT, KV, OPTIMIZER, METHOD, SEQ];
 /// The give-ups along which the peak shrinks (all but the recipe).
@@ -408,7 +418,7 @@ pub struct RankKey {
     pub compute_overhead_percent: u64,
     /// Tie-breaker: the option of each knob (micro-batch, checkpointing, sharding, GPUs,
     /// expert parallelism, recipe, precision, weight format, KV dtype, optimizer, training
-    /// method, sequence).
+    /// method, sequence, loss).
     pub levels: [u8; KNOBS],
 }
 
@@ -448,6 +458,7 @@ struct Options {
     optimizer: Vec<Optimizer>,
     method: Vec<Option<Peft>>,
     seq: Vec<u64>,
+    loss: Vec<LossKind>,
 }
 
 impl Options {
@@ -465,6 +476,7 @@ impl Options {
             self.optimizer.len(),
             self.method.len(),
             self.seq.len(),
+            self.loss.len(),
         ]
     }
 }
@@ -645,6 +657,20 @@ impl<'a> Search<'a> {
                 .collect(),
             None => vec![knobs.seq_len],
         };
+        // a loss that keeps the logits whole gives way to TRL's chunked one (causal LMs)
+        o.loss = match text_arch {
+            Some(a)
+                if training
+                    && a.is_causal_lm()
+                    && matches!(
+                        knobs.loss,
+                        LossKind::Hf | LossKind::TrlNll | LossKind::TorchtuneChunked
+                    ) =>
+            {
+                vec![knobs.loss, LossKind::TrlChunked]
+            }
+            _ => vec![knobs.loss],
+        };
         Self {
             parsed,
             knobs,
@@ -719,7 +745,7 @@ impl<'a> Search<'a> {
             peft: pick(&o.method, l, METHOD, k.peft),
             recipe: pick(&o.recipe, l, RECIPE, k.recipe),
             attention: k.attention,
-            loss: k.loss,
+            loss: pick(&o.loss, l, LOSS, k.loss),
             packing: k.packing,
             padding: k.padding,
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),
@@ -928,7 +954,7 @@ impl<'a> Search<'a> {
     /// Every combination of give-ups and checkpointing, as levels (the rest at 0).
     fn give_up_combinations(&self) -> Vec<Levels> {
         let counts = self.options.counts();
-        let mut knobs = vec![CKPT];
+        let mut knobs = vec![CKPT, LOSS];
         knobs.extend(GIVE_UPS);
         odometer(&knobs, &counts)
     }
@@ -1067,6 +1093,9 @@ impl<'a> Search<'a> {
         if l[CKPT] > 0 {
             changes.push(Change::Checkpointing(knobs.checkpointing));
         }
+        if l[LOSS] > 0 {
+            changes.push(Change::Loss(knobs.loss));
+        }
         if l[SHARD] > 0 {
             changes.push(Change::Sharding(plan.sharding));
         }
@@ -1127,6 +1156,7 @@ impl<'a> Search<'a> {
         next.sharding = plan.sharding;
         next.optimizer = knobs.optimizer;
         next.checkpointing = knobs.checkpointing;
+        next.loss = knobs.loss;
         next.precision = knobs.precision;
         next.recipe = knobs.recipe;
         next.weight_format = knobs.weight_format;
@@ -1338,6 +1368,23 @@ mod tests {
         assert_ne!(plans[0].rank.tier, Tier::GlobalBatch);
         assert!(plans[0].state.num_gpus.parse::<u64>().unwrap() <= 8);
         assert!(plans.windows(2).all(|w| w[0].rank.tier <= w[1].rank.tier));
+    }
+
+    /// A small model with a large vocabulary: the logits are what does not fit, and TRL's
+    /// chunked loss (the same math) is the first plan; BERT's masked-LM head is offered none.
+    #[test]
+    fn a_chunked_loss_comes_first_when_the_logits_do_not_fit() {
+        let query = "m=arch&model=qwen3-0.6b&gpu=rtx4090&b=3&s=2048&r=bf16";
+        let plans = advice(query, 6);
+        every_plan_fits(query, &plans);
+        assert_eq!(plans[0].changes, [Change::Loss(LossKind::TrlChunked)]);
+        assert_eq!(plans[0].rank.tier, Tier::SameMath);
+        assert_eq!(plans[0].state.loss, LossKind::TrlChunked);
+        assert!(encode_query(&plans[0].state).contains("loss=trl-chunked"));
+        let bert = advice("m=arch&model=bert-base&gpu=t4&b=256&s=512", 12);
+        assert!(bert
+            .iter()
+            .all(|p| !p.changes.iter().any(|c| matches!(c, Change::Loss(_)))));
     }
 
     /// The issue's example: a QLoRA plan fits where full fine-tuning does not, with the

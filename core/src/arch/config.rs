@@ -282,6 +282,11 @@ impl Architecture {
     pub fn is_vision(&self) -> bool {
         self.spec.head == Head::ImageClassifier
     }
+    /// Whether the model predicts the next token (where the trainers' losses apply).
+    #[must_use]
+    pub fn is_causal_lm(&self) -> bool {
+        matches!(self.spec.head, Head::CausalLm { .. })
+    }
     /// Longest sequence the model accepts (learned position embeddings), if limited.
     #[must_use]
     pub fn max_positions(&self) -> Option<u64> {
