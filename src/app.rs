@@ -473,6 +473,9 @@ pub fn App() -> impl IntoView {
                         <SelectField label="Sequence packing" testid="packing"
                             options=vec![("off", "Off: one sample per row"), ("on", "On: documents packed, position ids restart")]
                             value=value_of(Field::Packing) on_change=setter(Field::Packing) />
+                        <SelectField label="Optimizer step" testid="optimizer-in-backward"
+                            options=vec![("off", "After backward (all gradients kept)"), ("on", "In backward (torchtune's optimizer_in_bwd)")]
+                            value=value_of(Field::OptimizerInBackward) on_change=setter(Field::OptimizerInBackward) />
                         <SelectField label="Padded rows" testid="padding"
                             options=vec![("off", "Off: every token real (the mask is dropped)"), ("on", "On: padding in the attention mask")]
                             value=value_of(Field::Padding) on_change=setter(Field::Padding) />

@@ -34,6 +34,9 @@ step:
                         mask under sdpa and eager; default off)
   --padding on|off      rows padded to the longest: a 4-D mask, SDPA's memory-efficient
                         kernel (default off: every token real, the mask dropped)
+  --optimizer-in-backward on|off
+                        torchtune's optimizer_in_bwd: each parameter stepped as its
+                        gradient arrives, no optimizer-step phase (default off)
   --generate N          tokens generated after the prompt (KV cache; optimizer none)
 
 inference (--optimizer none):
@@ -131,7 +134,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 29] = [
+const FIELD_FLAGS: [(&str, Field); 30] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -141,6 +144,7 @@ const FIELD_FLAGS: [(&str, Field); 29] = [
     ("--loss", Field::Loss),
     ("--packing", Field::Packing),
     ("--padding", Field::Padding),
+    ("--optimizer-in-backward", Field::OptimizerInBackward),
     ("--generate", Field::NewTokens),
     ("--weight-format", Field::WeightFormat),
     ("--kv-dtype", Field::KvDtype),

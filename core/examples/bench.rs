@@ -71,6 +71,7 @@ fn main() {
         loss: estimator_core::LossKind::Hf,
         packing: false,
         padding: false,
+        optimizer_in_backward: false,
     };
     report(
         "architecture: one peak estimate (Llama-3-8B)",

@@ -38,6 +38,7 @@ fn main() {
             loss: estimator_core::LossKind::Hf,
             packing: false,
             padding: false,
+            optimizer_in_backward: false,
         };
         let meas = i["saved_act_bytes"].as_u64().unwrap() as i64;
         match estimate_peak(&arch, &step) {

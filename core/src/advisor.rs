@@ -525,8 +525,13 @@ impl<'a> Search<'a> {
         let arch = model.map(|m| &m.arch);
         let text_arch = arch.filter(|a| !a.is_vision());
         let inference_model = model.filter(|_| !training);
+        // torchtune steps in backward only without gradient accumulation
         let mut o = Options {
-            micro: 2,
+            micro: if training && knobs.optimizer_in_backward {
+                1
+            } else {
+                2
+            },
             ..Options::default()
         };
         o.checkpointing = if arch.is_some() && training {
@@ -748,6 +753,7 @@ impl<'a> Search<'a> {
             loss: pick(&o.loss, l, LOSS, k.loss),
             packing: k.packing,
             padding: k.padding,
+            optimizer_in_backward: k.optimizer_in_backward,
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),

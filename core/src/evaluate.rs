@@ -306,6 +306,8 @@ pub(crate) struct Knobs {
     pub packing: bool,
     /// Padded rows (architecture mode).
     pub padding: bool,
+    /// torchtune's optimizer in backward (architecture mode).
+    pub optimizer_in_backward: bool,
     /// Weight format (architecture mode, inference).
     pub weight_format: WeightFormat,
     /// KV-cache dtype (architecture mode, inference).
@@ -362,6 +364,7 @@ pub(crate) fn parse_model(
         loss: state.loss,
         packing: state.packing,
         padding: state.padding,
+        optimizer_in_backward: state.optimizer_in_backward,
         weight_format: state.weight_format,
         kv_dtype: state.kv_dtype,
         peft: None,
@@ -441,6 +444,7 @@ impl Parsed {
                     loss: knobs.loss,
                     packing: knobs.packing,
                     padding: knobs.padding,
+                    optimizer_in_backward: knobs.optimizer_in_backward,
                 },
                 format_weight_bytes: if knobs.optimizer.trains() {
                     None

@@ -111,6 +111,9 @@ pub struct PageState {
     pub packing: bool,
     /// Architecture mode: rows padded to the longest (an attention mask with zeros).
     pub padding: bool,
+    /// Architecture mode: torchtune's `optimizer_in_bwd` (each parameter stepped in its
+    /// gradient hook).
+    pub optimizer_in_backward: bool,
     /// Architecture mode: full fine-tuning, LoRA or QLoRA.
     pub method: Method,
     /// LoRA rank `r`, as typed.
@@ -198,6 +201,7 @@ impl Default for PageState {
             loss: LossKind::Hf,
             packing: false,
             padding: false,
+            optimizer_in_backward: false,
             method: Method::Full,
             lora_rank: "16".to_owned(),
             lora_alpha: "32".to_owned(),
@@ -262,6 +266,8 @@ pub enum Field {
     Packing,
     /// [`PageState::padding`].
     Padding,
+    /// [`PageState::optimizer_in_backward`].
+    OptimizerInBackward,
     /// [`PageState::method`].
     Method,
     /// [`PageState::lora_rank`].
@@ -315,7 +321,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 40] = [
+    pub const ALL: [Field; 41] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -332,6 +338,7 @@ impl Field {
         Field::Loss,
         Field::Packing,
         Field::Padding,
+        Field::OptimizerInBackward,
         Field::Method,
         Field::LoraRank,
         Field::LoraAlpha,
@@ -379,6 +386,7 @@ impl Field {
             Field::Loss => "loss",
             Field::Packing => "pack",
             Field::Padding => "pad",
+            Field::OptimizerInBackward => "oib",
             Field::Method => "method",
             Field::LoraRank => "lr",
             Field::LoraAlpha => "la",
@@ -426,6 +434,7 @@ impl Field {
             Field::Loss => "loss",
             Field::Packing => "sequence packing",
             Field::Padding => "padded rows",
+            Field::OptimizerInBackward => "optimizer in backward",
             Field::Method => "training method",
             Field::LoraRank => "LoRA rank",
             Field::LoraAlpha => "LoRA alpha",
@@ -533,6 +542,7 @@ impl PageState {
             Field::Loss => self.loss.key().to_owned(),
             Field::Packing => on_off(self.packing).to_owned(),
             Field::Padding => on_off(self.padding).to_owned(),
+            Field::OptimizerInBackward => on_off(self.optimizer_in_backward).to_owned(),
             Field::Method => self.method.key().to_owned(),
             Field::LoraRank => self.lora_rank.clone(),
             Field::LoraAlpha => self.lora_alpha.clone(),
@@ -610,6 +620,9 @@ impl PageState {
             Field::Loss => self.loss = choice(value, &LossKind::ALL, LossKind::key)?,
             Field::Packing => self.packing = choice(value, &[true, false], on_off)?,
             Field::Padding => self.padding = choice(value, &[true, false], on_off)?,
+            Field::OptimizerInBackward => {
+                self.optimizer_in_backward = choice(value, &[true, false], on_off)?;
+            }
             Field::Method => {
                 self.method = choice(value, &Method::ALL, Method::key)?;
             }

@@ -105,6 +105,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             loss: estimator_core::LossKind::Hf,
             packing: false,
             padding: false,
+            optimizer_in_backward: false,
         };
         let est = match estimate_peak_with(&arch, &step, peft.as_ref()) {
             Ok(e) => e,
@@ -341,6 +342,7 @@ proptest! {
             loss: estimator_core::LossKind::Hf,
             packing: false,
             padding: false,
+            optimizer_in_backward: false,
         };
         if let Ok(e) = estimate_peak(&arch, &step) {
             prop_assert!(e.peak_bytes >= e.at_peak.parameters);

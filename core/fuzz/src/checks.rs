@@ -223,6 +223,7 @@ pub fn check_config(data: &[u8]) {
             loss: estimator_core::LossKind::ALL[(p / 7) % estimator_core::LossKind::ALL.len()],
             packing: p % 5 == 1,
             padding: p % 3 == 1,
+            optimizer_in_backward: p % 4 == 1,
         };
         if let Ok(estimate) = estimate_peak(&arch, &step) {
             assert_eq!(estimate.n_params, arch.parameter_count());
