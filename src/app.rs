@@ -476,6 +476,9 @@ pub fn App() -> impl IntoView {
                         <SelectField label="Optimizer step" testid="optimizer-in-backward"
                             options=vec![("off", "After backward (all gradients kept)"), ("on", "In backward (torchtune's optimizer_in_bwd)")]
                             value=value_of(Field::OptimizerInBackward) on_change=setter(Field::OptimizerInBackward) />
+                        <SelectField label="Activation offloading" testid="activation-offload"
+                            options=vec![("off", "Off"), ("on", "On: saved tensors in CPU memory (torchtune)")]
+                            value=value_of(Field::ActivationOffload) on_change=setter(Field::ActivationOffload) />
                         <SelectField label="Padded rows" testid="padding"
                             options=vec![("off", "Off: every token real (the mask is dropped)"), ("on", "On: padding in the attention mask")]
                             value=value_of(Field::Padding) on_change=setter(Field::Padding) />

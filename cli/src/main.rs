@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
     EvaluationError, Field, FitPlan, Gpu, KvDtype, LossKind, MaxBatch, Method, Mode, ModelFamily,
-    PageState, PartKind, Preset, Scenario, WeightFormat,
+    PageState, PartKind, Preset, Scenario, Trainer, WeightFormat,
 };
 
 const USAGE: &str = "\
@@ -29,7 +29,8 @@ step:
                         (transformers), none
   --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
   --checkpointing C     none, full, offload (layer inputs in CPU memory)
-  --loss L              the trainer's loss (causal LMs; default hf):
+  --trainer T           a trainer's defaults for the four below, before any of them:
+{trainers}  --loss L              the trainer's loss (causal LMs; default hf):
 {losses}  --packing on|off      documents packed per row, position ids restarting (a block-causal
                         mask under sdpa and eager; default off)
   --padding on|off      rows padded to the longest: a 4-D mask, SDPA's memory-efficient
@@ -37,6 +38,9 @@ step:
   --optimizer-in-backward on|off
                         torchtune's optimizer_in_bwd: each parameter stepped as its
                         gradient arrives, no optimizer-step phase (default off)
+  --activation-offload on|off
+                        torchtune's enable_activation_offloading: saved tensors to pinned
+                        CPU memory, the last 5 on the GPU until copied (default off)
   --generate N          tokens generated after the prompt (KV cache; optimizer none)
 
 inference (--optimizer none):
@@ -107,12 +111,24 @@ fn usage() -> String {
             &wrapped(&formats, &" ".repeat(OPTION_COLUMN)),
         )
         .replace("{kv_dtypes}", &kv.join(", "))
-        .replace("{losses}", &losses());
+        .replace("{losses}", &losses())
+        .replace("{trainers}", &trainers());
     format!(
         "{options}\n\nconfig.json model_type values (--config, --query):\n{}\npreset keys (--preset):\n{}",
         wrapped(&types, "  "),
         wrapped(&presets, "  ").trim_end()
     )
+}
+
+/// One line per trainer under `--trainer`: its key and what it stands for.
+fn trainers() -> String {
+    Trainer::ALL
+        .iter()
+        .map(|t| {
+            let indent = " ".repeat(OPTION_COLUMN);
+            format!("{indent}{:<10}{}\n", t.key(), t.label())
+        })
+        .collect()
 }
 
 /// One line per loss under `--loss`: its key and which trainer uses it.
@@ -134,7 +150,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 30] = [
+const FIELD_FLAGS: [(&str, Field); 31] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -145,6 +161,7 @@ const FIELD_FLAGS: [(&str, Field); 30] = [
     ("--packing", Field::Packing),
     ("--padding", Field::Padding),
     ("--optimizer-in-backward", Field::OptimizerInBackward),
+    ("--activation-offload", Field::ActivationOffload),
     ("--generate", Field::NewTokens),
     ("--weight-format", Field::WeightFormat),
     ("--kv-dtype", Field::KvDtype),
@@ -194,12 +211,21 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     let mut json = false;
     let mut advise = false;
     let mut i = 0;
-    // The query is applied first so that flags refine a shared link.
+    // The query is applied first so that flags refine a shared link, then the trainer's
+    // defaults so that flags refine those.
     if let Some(at) = args.iter().position(|a| a == "--query") {
         let query = args.get(at + 1).ok_or("--query needs a value")?;
         let decoded = decode_query(query);
         state = decoded.state;
         notices = decoded.notices;
+    }
+    if let Some(at) = args.iter().position(|a| a == "--trainer") {
+        let key = args.get(at + 1).ok_or("--trainer needs a value")?;
+        let trainer = Trainer::from_key(key).ok_or_else(|| {
+            let keys: Vec<&str> = Trainer::ALL.iter().map(|t| t.key()).collect();
+            format!("--trainer: expected one of {}.", keys.join(", "))
+        })?;
+        trainer.apply(&mut state);
     }
     while i < args.len() {
         let flag = args[i].as_str();
@@ -214,7 +240,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             "--json" => json = true,
             "--advise" => advise = true,
             "--gib" => state.byte_unit = ByteUnit::Gib,
-            "--query" => {
+            "--query" | "--trainer" => {
                 value()?;
             }
             "--config" => {

@@ -72,6 +72,7 @@ fn main() {
         packing: false,
         padding: false,
         optimizer_in_backward: false,
+        activation_offload: false,
     };
     report(
         "architecture: one peak estimate (Llama-3-8B)",

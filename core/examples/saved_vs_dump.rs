@@ -39,6 +39,7 @@ fn main() {
             packing: false,
             padding: false,
             optimizer_in_backward: false,
+            activation_offload: false,
         };
         let meas = i["saved_act_bytes"].as_u64().unwrap() as i64;
         match estimate_peak(&arch, &step) {

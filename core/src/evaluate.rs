@@ -308,6 +308,8 @@ pub(crate) struct Knobs {
     pub padding: bool,
     /// torchtune's optimizer in backward (architecture mode).
     pub optimizer_in_backward: bool,
+    /// torchtune's activation offloading (architecture mode).
+    pub activation_offload: bool,
     /// Weight format (architecture mode, inference).
     pub weight_format: WeightFormat,
     /// KV-cache dtype (architecture mode, inference).
@@ -365,6 +367,7 @@ pub(crate) fn parse_model(
         packing: state.packing,
         padding: state.padding,
         optimizer_in_backward: state.optimizer_in_backward,
+        activation_offload: state.activation_offload,
         weight_format: state.weight_format,
         kv_dtype: state.kv_dtype,
         peft: None,
@@ -445,6 +448,7 @@ impl Parsed {
                     packing: knobs.packing,
                     padding: knobs.padding,
                     optimizer_in_backward: knobs.optimizer_in_backward,
+                    activation_offload: knobs.activation_offload,
                 },
                 format_weight_bytes: if knobs.optimizer.trains() {
                     None

@@ -114,6 +114,8 @@ pub struct PageState {
     /// Architecture mode: torchtune's `optimizer_in_bwd` (each parameter stepped in its
     /// gradient hook).
     pub optimizer_in_backward: bool,
+    /// Architecture mode: torchtune's `enable_activation_offloading`.
+    pub activation_offload: bool,
     /// Architecture mode: full fine-tuning, LoRA or QLoRA.
     pub method: Method,
     /// LoRA rank `r`, as typed.
@@ -202,6 +204,7 @@ impl Default for PageState {
             packing: false,
             padding: false,
             optimizer_in_backward: false,
+            activation_offload: false,
             method: Method::Full,
             lora_rank: "16".to_owned(),
             lora_alpha: "32".to_owned(),
@@ -268,6 +271,8 @@ pub enum Field {
     Padding,
     /// [`PageState::optimizer_in_backward`].
     OptimizerInBackward,
+    /// [`PageState::activation_offload`].
+    ActivationOffload,
     /// [`PageState::method`].
     Method,
     /// [`PageState::lora_rank`].
@@ -321,7 +326,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 41] = [
+    pub const ALL: [Field; 42] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -339,6 +344,7 @@ impl Field {
         Field::Packing,
         Field::Padding,
         Field::OptimizerInBackward,
+        Field::ActivationOffload,
         Field::Method,
         Field::LoraRank,
         Field::LoraAlpha,
@@ -387,6 +393,7 @@ impl Field {
             Field::Packing => "pack",
             Field::Padding => "pad",
             Field::OptimizerInBackward => "oib",
+            Field::ActivationOffload => "ao",
             Field::Method => "method",
             Field::LoraRank => "lr",
             Field::LoraAlpha => "la",
@@ -435,6 +442,7 @@ impl Field {
             Field::Packing => "sequence packing",
             Field::Padding => "padded rows",
             Field::OptimizerInBackward => "optimizer in backward",
+            Field::ActivationOffload => "activation offloading",
             Field::Method => "training method",
             Field::LoraRank => "LoRA rank",
             Field::LoraAlpha => "LoRA alpha",
@@ -543,6 +551,7 @@ impl PageState {
             Field::Packing => on_off(self.packing).to_owned(),
             Field::Padding => on_off(self.padding).to_owned(),
             Field::OptimizerInBackward => on_off(self.optimizer_in_backward).to_owned(),
+            Field::ActivationOffload => on_off(self.activation_offload).to_owned(),
             Field::Method => self.method.key().to_owned(),
             Field::LoraRank => self.lora_rank.clone(),
             Field::LoraAlpha => self.lora_alpha.clone(),
@@ -622,6 +631,9 @@ impl PageState {
             Field::Padding => self.padding = choice(value, &[true, false], on_off)?,
             Field::OptimizerInBackward => {
                 self.optimizer_in_backward = choice(value, &[true, false], on_off)?;
+            }
+            Field::ActivationOffload => {
+                self.activation_offload = choice(value, &[true, false], on_off)?;
             }
             Field::Method => {
                 self.method = choice(value, &Method::ALL, Method::key)?;

@@ -47,9 +47,9 @@ impl Trainer {
     #[must_use]
     pub const fn key(self) -> &'static str {
         match self {
-            Trainer::HfTrainer => "hf-trainer",
-            Trainer::TrlSft113 => "trl-sft-1.13",
-            Trainer::TrlSft115 => "trl-sft-1.15",
+            Trainer::HfTrainer => "hf",
+            Trainer::TrlSft113 => "trl-1.13",
+            Trainer::TrlSft115 => "trl",
             Trainer::Torchtune => "torchtune",
             Trainer::Axolotl => "axolotl",
         }

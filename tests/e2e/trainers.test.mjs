@@ -19,10 +19,10 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   await page.getByTestId('checkpointing').selectOption('full');
   assert.equal(await page.getByTestId('trainer').inputValue(), 'custom');
   await page.getByTestId('checkpointing').selectOption('none');
-  assert.equal(await page.getByTestId('trainer').inputValue(), 'hf-trainer');
+  assert.equal(await page.getByTestId('trainer').inputValue(), 'hf');
   const plain = Number(await bytesOf(page, 'total'));
 
-  await page.getByTestId('trainer').selectOption('trl-sft-1.13');
+  await page.getByTestId('trainer').selectOption('trl-1.13');
   assert.equal(await page.getByTestId('loss').inputValue(), 'trl-chunked');
   assert.equal(await page.getByTestId('checkpointing').inputValue(), 'full');
   await page.waitForFunction((before) => {
@@ -40,7 +40,7 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   assert.equal(url.searchParams.get('gc'), 'full');
   await page.reload();
   await page.getByTestId('total').waitFor();
-  assert.equal(await page.getByTestId('trainer').inputValue(), 'trl-sft-1.13');
+  assert.equal(await page.getByTestId('trainer').inputValue(), 'trl-1.13');
   assert.equal(Number(await bytesOf(page, 'total')), trl);
 
   // a changed default is no trainer's: the select says so, the figure follows the loss

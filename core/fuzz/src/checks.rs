@@ -224,6 +224,7 @@ pub fn check_config(data: &[u8]) {
             packing: p % 5 == 1,
             padding: p % 3 == 1,
             optimizer_in_backward: p % 4 == 1,
+            activation_offload: p % 6 == 1,
         };
         if let Ok(estimate) = estimate_peak(&arch, &step) {
             assert_eq!(estimate.n_params, arch.parameter_count());

@@ -34,7 +34,16 @@ pub struct TrainingStep {
     /// gradient freed at once, so gradients never all live together and there is no
     /// separate optimizer step.
     pub optimizer_in_backward: bool,
+    /// torchtune's `enable_activation_offloading` (`OffloadActivations`, read from 0.6.1's
+    /// source: CUDA streams do not run here): every saved tensor of the model of 1 KiB or
+    /// more goes to pinned CPU memory, the last [`OFFLOAD_STASH`] stay on the GPU until
+    /// their copy is done; backward brings back one layer's while the next is prefetched.
+    /// The output layer and the loss are not offloaded.
+    pub activation_offload: bool,
 }
+
+/// torchtune's `max_fwd_stash_size`: offloaded tensors kept on the GPU until their copy ends.
+pub const OFFLOAD_STASH: u64 = 5;
 
 /// A phase of the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -571,7 +580,22 @@ pub fn estimate_peak_with(
     let layer_transient = add(layer_transient, dequantized)?;
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(tokens, mul(spec.hidden(), d.resid())?)?;
+    let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
+    let in_flight = match step.checkpointing {
+        // the last few tensors of the last layer: at most what it saves
+        Checkpointing::None => largest_layer,
+        _ => mul(layer_input, OFFLOAD_STASH.min(arch.num_layers()))?,
+    };
     let (saved, bwd_inner) = match step.checkpointing {
+        Checkpointing::None if offload => (
+            add(add(in_flight, acts.outside)?, head_cast)?,
+            // one layer's tensors back on the GPU while the next one's are prefetched
+            add(layer_backward, mul(largest_layer, 2)?)?,
+        ),
+        Checkpointing::Full if offload => (
+            add(add(in_flight, acts.outside)?, head_cast)?,
+            add(add(largest_layer, layer_backward)?, mul(layer_input, 2)?)?,
+        ),
         Checkpointing::None => (
             add(add(all_layers, acts.outside)?, head_cast)?,
             layer_backward,
@@ -700,6 +724,11 @@ pub fn estimate_peak_with(
     }
     let mut parts = acts.outside_parts;
     match step.checkpointing {
+        // the layers' weight copies are saved tensors like any other: offloaded
+        _ if offload => {
+            parts.add(SavedPart::InFlight, in_flight)?;
+            parts.add(SavedPart::WeightCopies, head_cast)?;
+        }
         Checkpointing::None => {
             parts.merge(&acts.layer_parts)?;
             parts.add(SavedPart::WeightCopies, add(all_layer_casts, head_cast)?)?;
@@ -835,6 +864,7 @@ mod tests {
             packing: false,
             padding: false,
             optimizer_in_backward: false,
+            activation_offload: false,
         }
     }
 
@@ -933,6 +963,7 @@ mod tests {
                         packing: false,
                         padding: false,
                         optimizer_in_backward: false,
+                        activation_offload: false,
                         attention,
                         ..step(2, seq, PrecisionRecipe::AmpBf16, Optimizer::AdamW)
                     };
@@ -1037,6 +1068,41 @@ mod tests {
             .all(|(_, c)| c.gradients <= embedding));
     }
 
+    /// torchtune's activation offloading: with checkpointing only the last five layer inputs
+    /// stay on the GPU; without, the last layer's tensors at most.
+    #[test]
+    fn activation_offload_keeps_the_stash_only() {
+        let arch = Preset::from_key("llama3.2-1b")
+            .unwrap()
+            .architecture()
+            .unwrap();
+        let layer_input = storage(2 * 4096 * 2048, 2).unwrap();
+        for gc in [Checkpointing::Full, Checkpointing::None] {
+            let base = TrainingStep {
+                checkpointing: gc,
+                ..step(2, 4096, PrecisionRecipe::Bf16, Optimizer::AdamW)
+            };
+            let kept = estimate_peak(&arch, &base).unwrap();
+            let offloaded = estimate_peak(
+                &arch,
+                &TrainingStep {
+                    activation_offload: true,
+                    ..base
+                },
+            )
+            .unwrap();
+            let less = kept.saved_activation_bytes - offloaded.saved_activation_bytes;
+            if gc == Checkpointing::Full {
+                assert_eq!(less, 11 * layer_input, "16 layers, 5 stashed");
+            } else {
+                assert!(less > 10 * layer_input, "{less}");
+            }
+            let listed: u64 = offloaded.saved_parts.iter().map(|(_, b)| b).sum();
+            assert_eq!(listed, offloaded.saved_activation_bytes, "{gc:?}");
+            assert!(offloaded.peak_bytes < kept.peak_bytes);
+        }
+    }
+
     #[test]
     fn checkpointing_and_sdpa_save_less() {
         let base = step(4, 1024, PrecisionRecipe::AmpBf16, Optimizer::AdamW);
@@ -1049,6 +1115,7 @@ mod tests {
                 packing: false,
                 padding: false,
                 optimizer_in_backward: false,
+                activation_offload: false,
                 ..base
             },
         );

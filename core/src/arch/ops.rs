@@ -100,13 +100,15 @@ pub enum SavedPart {
     WeightCopies,
     /// The layer inputs that checkpointing keeps.
     LayerInputs,
+    /// Offloaded tensors whose copy to CPU memory is still in flight (torchtune's stash).
+    InFlight,
     /// The largest set of tensors alive at once in a no-grad forward.
     WorkingSet,
 }
 
 impl SavedPart {
     /// Every part, in the order the breakdown lists them.
-    pub const ALL: [SavedPart; 15] = [
+    pub const ALL: [SavedPart; 16] = [
         SavedPart::Embeddings,
         SavedPart::Norms,
         SavedPart::PostNorms,
@@ -121,6 +123,7 @@ impl SavedPart {
         SavedPart::HeadAndLoss,
         SavedPart::WeightCopies,
         SavedPart::LayerInputs,
+        SavedPart::InFlight,
         SavedPart::WorkingSet,
     ];
 
@@ -142,6 +145,7 @@ impl SavedPart {
             SavedPart::HeadAndLoss => "head-loss",
             SavedPart::WeightCopies => "weight-copies",
             SavedPart::LayerInputs => "layer-inputs",
+            SavedPart::InFlight => "in-flight",
             SavedPart::WorkingSet => "working-set",
         }
     }
@@ -156,7 +160,7 @@ impl SavedPart {
             SavedPart::QkNorms => "Q/K norms",
             SavedPart::Attention => "Attention (q, k, v, output)",
             SavedPart::AttentionScores => "Attention scores (seq × seq)",
-            SavedPart::Masks => "Sliding-window masks",
+            SavedPart::Masks => "Attention masks (window, padding, packing)",
             SavedPart::SoftCapping => "Soft-capping buffers",
             SavedPart::Mlp => "MLP",
             SavedPart::Dropout => "Dropout masks",
@@ -164,6 +168,7 @@ impl SavedPart {
             SavedPart::HeadAndLoss => "Logits and loss",
             SavedPart::WeightCopies => "Autocast weight copies",
             SavedPart::LayerInputs => "Checkpointed layer inputs",
+            SavedPart::InFlight => "Offloaded, still on the GPU (copies in flight)",
             SavedPart::WorkingSet => "Forward working set (no-grad)",
         }
     }
@@ -175,7 +180,7 @@ impl SavedPart {
 
 /// Bytes saved per [`SavedPart`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PartBytes(pub [u64; 15]);
+pub(crate) struct PartBytes(pub [u64; SavedPart::ALL.len()]);
 
 impl PartBytes {
     pub fn add(&mut self, part: SavedPart, bytes: u64) -> Res<()> {
