@@ -102,10 +102,12 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             optimizer,
             attention,
             checkpointing,
-            loss: estimator_core::LossKind::Hf,
-            packing: false,
-            padding: false,
-            optimizer_in_backward: false,
+            loss: estimator_core::LossKind::from_key(c["loss"].as_str().unwrap_or("hf"))
+                .expect("loss"),
+            packing: c["packing"].as_bool().unwrap_or(false),
+            padding: c["padding"].as_bool().unwrap_or(false),
+            optimizer_in_backward: c["optimizer_in_bwd"].as_bool().unwrap_or(false),
+            activation_offload: c["activation_offload"].as_bool().unwrap_or(false),
         };
         let est = match estimate_peak_with(&arch, &step, peft.as_ref()) {
             Ok(e) => e,
@@ -121,8 +123,9 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
         out.push(Row {
             family: arch.family().label(),
             name: format!(
-                "{model} b{} s{seq} {} {} {}{}{}",
+                "{model} b{} s{seq}{} {} {} {}{}{}",
                 step.batch,
+                trainer_settings(&step),
                 precision.key(),
                 optimizer.key(),
                 attention.key(),
@@ -207,6 +210,26 @@ const FIXTURE_FILES: [&str; 5] = [
     "moe-measured.jsonl",
     "peft-measured.jsonl",
 ];
+
+/// The trainers' settings of a step that are not at transformers' defaults, for the table.
+fn trainer_settings(step: &TrainingStep) -> String {
+    let mut out = String::new();
+    if step.loss != estimator_core::LossKind::Hf {
+        out += " ";
+        out += step.loss.key();
+    }
+    for (on, name) in [
+        (step.packing, " packed"),
+        (step.padding, " padded"),
+        (step.optimizer_in_backward, " optimizer-in-bwd"),
+        (step.activation_offload, " offloaded"),
+    ] {
+        if on {
+            out += name;
+        }
+    }
+    out
+}
 
 /// Rows, max and mean |error| per family.
 fn family_table(rows: &[Row]) {
@@ -343,6 +366,7 @@ proptest! {
             packing: false,
             padding: false,
             optimizer_in_backward: false,
+            activation_offload: false,
         };
         if let Ok(e) = estimate_peak(&arch, &step) {
             prop_assert!(e.peak_bytes >= e.at_peak.parameters);
