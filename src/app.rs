@@ -457,6 +457,11 @@ pub fn App() -> impl IntoView {
                             options=options(&Optimizer::ALL, Optimizer::key, Optimizer::label)
                             value=value_of(Field::Optimizer) on_change=setter(Field::Optimizer) />
                     </Show>
+                    <div class="when" hidden=is_inference>
+                        <SelectField label="Trainer (sets attention, checkpointing, loss, packing)" testid="trainer"
+                            options=trainer_options()
+                            value=trainer_value on_change=set_trainer />
+                    </div>
                     <SelectField label="Attention kernel" testid="attention"
                         options=options(&AttentionKernel::ALL, AttentionKernel::key, AttentionKernel::label)
                         value=value_of(Field::Attention) on_change=setter(Field::Attention) />
@@ -464,9 +469,6 @@ pub fn App() -> impl IntoView {
                         options=options(&Checkpointing::ALL, Checkpointing::key, Checkpointing::label)
                         value=value_of(Field::Checkpointing) on_change=setter(Field::Checkpointing) />
                     <div class="when" hidden=is_inference>
-                        <SelectField label="Trainer (sets the four below)" testid="trainer"
-                            options=trainer_options()
-                            value=trainer_value on_change=set_trainer />
                         <SelectField label="Loss (trainer)" testid="loss"
                             options=options(&LossKind::ALL, LossKind::key, LossKind::label)
                             value=value_of(Field::Loss) on_change=setter(Field::Loss) />

@@ -50,6 +50,29 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   await context.close();
 });
 
+test("TRL's SFTTrainer on Qwen3-8B: the trainer's defaults give a smaller peak than HF Trainer's", async () => {
+  const { page, errors, context } = await openArchitecturePage(env, '?gpu=h100-80');
+  await page.getByTestId('model').selectOption('qwen3-8b');
+  await typeInto(page, 'seq', '4096');
+  // at 8 x 4096 tokens the fp32 logits of HF's loss outweigh the optimizer step
+  await typeInto(page, 'batch', '8');
+  await page.getByTestId('recipe').selectOption('bf16');
+  await page.getByTestId('trainer').selectOption('hf');
+  await page.getByTestId('checkpointing').selectOption('full');
+  const hf = Number(await bytesOf(page, 'total'));
+  for (const trainer of ['trl-1.13', 'trl']) {
+    await page.getByTestId('trainer').selectOption(trainer);
+    await page.waitForFunction((before) => {
+      const el = document.querySelector('[data-testid="total"]');
+      return el && Number(el.dataset.bytes) < before;
+    }, hf);
+    assert.equal(await page.getByTestId('checkpointing').inputValue(), 'full');
+  }
+  assert.equal(await page.getByTestId('loss').inputValue(), 'trl-fused');
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
 test('packing, padding and flash_attention_2 travel in the URL and change the attention path', async () => {
   const query = '?m=arch&model=llama3.2-1b&s=4096&b=2&r=bf16&gpu=none&pack=on&pad=on&attn=flash2&loss=liger';
   const { page, errors, context } = await openArchitecturePage(env, query);
