@@ -48,6 +48,18 @@ pub fn Explanations(
                     "configuration. For inference the weights can be stored quantized (fp8, int8, int4, nf4, GGUF) and the "
                     "KV cache in a smaller dtype; the device can be a GPU, an Apple Mac's unified memory or the CPU's RAM."
                 </p>
+                <p>
+                    "The trainer matters as much as the model: a plain loop (and HF Trainer) computes the logits of every "
+                    "token, upcasts them to fp32 and keeps their log-softmax, which for a small model with a large "
+                    "vocabulary is most of the step. TRL's SFTTrainer (chunked_nll from 1.7 to 1.14, a fused head from "
+                    "1.15), Liger, Cut Cross-Entropy and torchtune's chunked output each keep less; pick the trainer or "
+                    "the loss you run. Packed or padded batches give SDPA a mask in every layer (and its memory-efficient "
+                    "kernel); flash_attention_2 never takes a mask. torchtune's optimizer in backward and activation "
+                    "offloading are there too. The losses that run on the CPU were measured with the trainers' own code; "
+                    "Liger, Cut Cross-Entropy, TRL's fused head, flash-attn and the offloading streams (GPU-only code) are "
+                    "derived from their pinned sources and checked against their projects' published figures where "
+                    "there are any."
+                </p>
             </div>
             <h3>"Use cases"</h3>
             <ul>
