@@ -115,7 +115,15 @@ pub fn parse_page(state: &PageState) -> Page {
         scenario,
         field_errors,
         config_error,
-        notes: model.map(|a| a.notes().to_vec()).unwrap_or_default(),
+        notes: model
+            .map(|a| {
+                let mut notes = a.notes().to_vec();
+                if !a.is_causal_lm() && state.loss != crate::LossKind::Hf {
+                    notes.push(NOT_A_CAUSAL_LM_LOSS);
+                }
+                notes
+            })
+            .unwrap_or_default(),
         is_moe: model.is_some_and(crate::Architecture::is_moe),
         is_vision: model.is_some_and(crate::Architecture::is_vision),
         active_params: model
@@ -124,10 +132,26 @@ pub fn parse_page(state: &PageState) -> Page {
     }
 }
 
+/// Said when a trainer's loss is chosen for a model that does not predict the next token.
+const NOT_A_CAUSAL_LM_LOSS: &str = "The trainers' losses are for next-token prediction: this model keeps its own loss (masked-LM or classification), whatever the Loss field says.";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{decode_query, evaluate, fit_advice};
+
+    #[test]
+    fn a_trainers_loss_on_bert_is_noted() {
+        let page = |q: &str| parse_page(&decode_query(q).state);
+        let bert = page("m=arch&model=bert-base&loss=liger");
+        assert!(bert.notes.contains(&NOT_A_CAUSAL_LM_LOSS));
+        assert!(!page("m=arch&model=bert-base")
+            .notes
+            .contains(&NOT_A_CAUSAL_LM_LOSS));
+        assert!(!page("m=arch&model=qwen3-0.6b&loss=liger")
+            .notes
+            .contains(&NOT_A_CAUSAL_LM_LOSS));
+    }
 
     /// The parsed page gives what the text-reading functions give, for both modes, valid
     /// and not.
