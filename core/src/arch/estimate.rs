@@ -623,7 +623,8 @@ pub fn estimate_peak_with(
     };
     let fwd = CategoryBytes {
         activations: saved,
-        temporaries: add(acts.loss_forward, cached)?,
+        // after the model's forward (autocast's cache gone) the trainer may hold more
+        temporaries: add(acts.loss_forward, cached)?.max(acts.after_forward),
         ..base
     };
     let bwd_start = CategoryBytes {

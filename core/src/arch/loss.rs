@@ -40,6 +40,9 @@ pub(crate) struct CausalHead {
 pub(crate) struct LossCosts {
     /// Alive for a moment at the forward's loss, beyond the saved tensors.
     pub forward: u64,
+    /// Alive for a moment after the model's forward has returned (its autocast context and
+    /// cast cache gone), beyond the saved tensors: TRL's metrics on the output logits.
+    pub after_forward: u64,
     /// Alive at the start of backward, beyond the saved tensors: the loss's gradient buffers,
     /// or the chunked losses' recomputed chunk with its gradients.
     pub backward: u64,
@@ -88,19 +91,21 @@ impl CausalHead {
         let logits_32 = storage(tv, 4)?;
         let at_loss = add(logits_w, if w == 4 { 0 } else { logits_32 })?;
         let forward = if kind == LossKind::TrlNll {
-            // SFTTrainer's metrics under no_grad, the model's logits still held by its output:
-            // `entropy_from_logits` flattens the shifted logits (a copy when the batch has
-            // more than one row) and runs log_softmax, exp and their product per 128 rows
+            // SFTTrainer's metrics under no_grad on the model's output logits, which
+            // accelerate's `convert_outputs_to_fp32` (Trainer with bf16=True, SFTConfig's
+            // default) made an fp32 copy of: `entropy_from_logits` flattens the shifted logits
+            // (a copy when the batch has more than one row) and runs log_softmax, exp and
+            // their product per 128 rows, in fp32
             let shifted = mul(mul(s.batch, s.seq.saturating_sub(1))?, v)?;
-            let copy = if s.batch > 1 { storage(shifted, w)? } else { 0 };
-            let rows = mul(mul(TRL_ENTROPY_ROWS, v)?, w)?;
-            let metrics = add(add(logits_w, copy)?, mul(storage(rows, 1)?, 3)?)?;
-            at_loss.max(metrics)
+            let copy = if s.batch > 1 { storage(shifted, 4)? } else { 0 };
+            let rows = mul(TRL_ENTROPY_ROWS, v)?;
+            add(add(logits_32, copy)?, mul(storage(rows, 4)?, 3)?)?
         } else {
-            at_loss
+            0
         };
         Ok(LossCosts {
-            forward,
+            forward: at_loss,
+            after_forward: forward,
             backward: mul(logits_32, 2)?,
             keeps_head_cast: true,
         })
@@ -148,6 +153,7 @@ impl CausalHead {
         let backward = add(add(mul(cv4, chunk_tensors)?, weight_cast)?, grads)?;
         Ok(LossCosts {
             forward,
+            after_forward: 0,
             backward,
             keeps_head_cast: false,
         })
@@ -174,6 +180,7 @@ impl CausalHead {
         let logits_w = storage(mul(tokens, v)?, w)?;
         Ok(LossCosts {
             forward: add(logits_w, if w == 4 { 0 } else { chunk_bytes })?,
+            after_forward: 0,
             backward: mul(chunk_bytes, 2)?,
             keeps_head_cast: true,
         })
@@ -210,6 +217,7 @@ impl CausalHead {
         };
         Ok(LossCosts {
             forward: add(chunk_logits, extra)?,
+            after_forward: 0,
             backward: 0,
             keeps_head_cast: false,
         })
@@ -248,6 +256,7 @@ impl CausalHead {
         )?;
         Ok(LossCosts {
             forward: add(storage(tokens, 8)?, storage(tokens, 1)?)?,
+            after_forward: 0,
             backward,
             keeps_head_cast: false,
         })
@@ -295,6 +304,7 @@ impl CausalHead {
         }
         Ok(LossCosts {
             forward,
+            after_forward: 0,
             backward,
             keeps_head_cast: false,
         })

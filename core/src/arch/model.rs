@@ -637,6 +637,8 @@ pub(crate) struct ForwardTape {
     pub loss_buffers: u64,
     /// Extra forward transient at the loss (logits and their fp32 copy).
     pub loss_forward: u64,
+    /// Extra transient after the model's forward returned (outside autocast).
+    pub after_forward: u64,
     /// Largest set of live tensors in a no-grad forward, beyond weights and input.
     pub inference: u64,
     /// Whether autocast's 16-bit copy of the head weight is kept for backward.
@@ -819,6 +821,7 @@ impl ModelSpec {
         tape.part = SavedPart::HeadAndLoss;
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let mut keeps_head_cast = true;
+        let mut after_forward = 0;
         let (loss_buffers, loss_forward, inference) = match self.head {
             Head::CausalLm { softcap, scaled } => {
                 let x = match self.final_norm {
@@ -834,6 +837,7 @@ impl ModelSpec {
                 };
                 let costs = head.loss(s.loss, &mut tape, x, s)?;
                 keeps_head_cast = costs.keeps_head_cast;
+                after_forward = costs.after_forward;
                 let logits_w = storage(tv, w)?;
                 let inner = storage(tokens, mul(self.max_inner(), w)?)?;
                 let k = self
@@ -941,6 +945,7 @@ impl ModelSpec {
             head_saved: total - head_start,
             loss_buffers,
             loss_forward,
+            after_forward,
             inference,
             keeps_head_cast,
             first_layer_discount,
