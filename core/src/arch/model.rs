@@ -466,22 +466,18 @@ impl Layer {
         }
         v
     }
-    /// Element counts of the weights and biases of the matmuls (what autocast casts).
     /// Element counts of the matmul weights that autocast's cast cache keeps: the weight
     /// matrices, and under `no_grad` the biases too (measured: with autograd on, the biases'
-    /// 16-bit copies are not alive at the end of the forward).
+    /// 16-bit copies are not alive at the end of the forward). A mixture's grouped experts are
+    /// not among them: `grouped_mm` is on no autocast list and transformers casts the rows to
+    /// the experts' dtype instead, so only the router and the shared expert are cast.
     pub fn linear_params(&self, with_biases: bool) -> Vec<u64> {
         let mut v = Vec::new();
-        for l in self.attention.linears() {
+        for (_, l) in self.roled_linears() {
             v.push(l.n_in * l.n_out);
             if with_biases && l.bias {
                 v.push(l.n_out);
             }
-        }
-        if with_biases {
-            self.mlp.params(&mut v);
-        } else {
-            self.mlp.weights(&mut v);
         }
         v
     }
