@@ -321,6 +321,83 @@ impl Attention {
         }
         Ok((q, k, v))
     }
+    /// Bytes alive inside eager attention at its peak in a no-grad forward, beyond the layer's
+    /// input and normed input (0 for the fused kernels, whose working set is the MLP's at
+    /// most): q and k after the rotary embedding, v, HF's `repeat_kv` copies for grouped heads,
+    /// and the largest set of score tensors. Read from transformers' `eager_attention_forward`
+    /// and checked with `validation/peak_live.py`:
+    /// `matmul(q, k^T) * scale + mask` (the mask is in the model's dtype, fp32 under
+    /// autocast, which promotes the logits) stays referenced until the end; the softmax
+    /// (fp32 where HF asks for it, or under autocast) converts its input first, and the
+    /// result is cast back to the value's dtype while both live. With sinks (gpt-oss) the
+    /// logits are concatenated with the sink column, the row max subtracted (the
+    /// concatenation and the difference alive together), the softmax is one column wider and
+    /// the slice without the sink is cast back.
+    pub fn inference_live(&self, s: &StepShape) -> Res<u64> {
+        if self.kernel(s) != Kernel::Eager {
+            return Ok(0);
+        }
+        let d = s.d;
+        let (w, r) = (d.act, d.resid());
+        let tokens = mul(s.batch, s.seq)?;
+        let (qw, kvw) = (self.q_width(), self.kv_width());
+        let vw = self.kv_heads * self.v_head_dim;
+        let rope = if self.rope_keeps_dtype { w } else { w.max(r) };
+        let (qb, kb) = if self.rotary_dim.is_some() {
+            (rope, rope)
+        } else {
+            (w, w)
+        };
+        let t = |width: u64, bytes: u64| storage(tokens, mul(width, bytes)?);
+        let mut live = if self.fused_qkv {
+            // q, k and v are views of the fused projection, which the rotary ones replace
+            let qkv = t(qw + 2 * kvw, w)?;
+            if self.rotary_dim.is_some() {
+                add(qkv, add(t(qw, qb)?, t(kvw, kb)?)?)?
+            } else {
+                qkv
+            }
+        } else {
+            add(add(t(qw, qb)?, t(kvw, kb)?)?, t(vw, w)?)?
+        };
+        // repeat_kv: an expand, copied by its reshape unless one kv head serves one sample
+        if self.heads != self.kv_heads && !(self.kv_heads == 1 && s.batch == 1) {
+            live = add(
+                live,
+                add(t(self.heads * self.head_dim, kb)?, t(self.out_width(), w)?)?,
+            )?;
+        }
+        let rows = mul(mul(s.batch, self.heads)?, s.seq)?;
+        let square = mul(rows, s.seq)?;
+        // the masked logits: the mask's dtype promotes them
+        let logits = w.max(r);
+        let sm = if self.softmax_fp32 || d.amp {
+            4
+        } else {
+            logits
+        };
+        let scores = if self.sinks {
+            let wide = mul(rows, add(s.seq, 1)?)?;
+            let a = storage(square, logits)?;
+            let c = storage(wide, logits)?;
+            // concatenation and difference, or difference and softmax (same dtype), then
+            // the cast of the slice back to the value's dtype
+            // (the softmax runs in the logits' dtype)
+            let cast = if logits == w { 0 } else { storage(square, w)? };
+            add(add(a, mul(c, 2)?)?, cast)?
+        } else {
+            let a = storage(square, logits)?;
+            let p = storage(square, sm)?;
+            let convert = if sm == logits { 0 } else { p };
+            let cast = if sm == w { 0 } else { storage(square, w)? };
+            add(add(a, p)?, convert.max(cast))?
+        };
+        add(live, scores)
+    }
+    /// Bytes of one eager attention mask: `(batch, 1, seq, seq)` in the model's dtype.
+    pub fn eager_mask(s: &StepShape) -> Res<u64> {
+        storage(mul(s.batch, mul(s.seq, s.seq)?)?, s.d.resid())
+    }
     pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
         let d = s.d;
         tape.part = SavedPart::Attention;
@@ -473,9 +550,14 @@ impl Layer {
     /// the experts' dtype instead, so only the router and the shared expert are cast.
     pub fn linear_params(&self, with_biases: bool) -> Vec<u64> {
         let mut v = Vec::new();
+        if !with_biases {
+            v.extend(self.attention.linears().iter().map(|l| l.n_in * l.n_out));
+            self.mlp.weights(&mut v);
+            return v;
+        }
         for (_, l) in self.roled_linears() {
             v.push(l.n_in * l.n_out);
-            if with_biases && l.bias {
+            if l.bias {
                 v.push(l.n_out);
             }
         }
@@ -872,6 +954,33 @@ impl ModelSpec {
                 } else {
                     0
                 };
+                // eager attention gets a float mask per attention type (full, sliding)
+                // instead, alive through the forward
+                let masks = if s.eager
+                    || self
+                        .layers
+                        .iter()
+                        .any(|l| l.attention.kernel(s) == Kernel::Eager)
+                {
+                    let mut windows: Vec<Option<u64>> =
+                        self.layers.iter().map(|l| l.attention.window).collect();
+                    windows.sort_unstable();
+                    windows.dedup();
+                    mul(Attention::eager_mask(s)?, windows.len() as u64)?
+                } else {
+                    masks
+                };
+                // inside eager attention: the embeddings' output (still referenced by the
+                // model's forward), the layer's input and its normed copy, with the
+                // attention's own tensors
+                let attn_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                    Ok::<u64, _>(acc.max(l.attention.inference_live(s)?))
+                })?;
+                let attn_live = if attn_live > 0 {
+                    add(add(mul(hidden_r, 3)?, attn_live)?, masks)?
+                } else {
+                    0
+                };
                 let head_live = add(head_live, masks)?;
                 let mlp_live = add(mlp_live, masks)?;
                 let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
@@ -879,7 +988,11 @@ impl ModelSpec {
                 } else {
                     mlp_live
                 };
-                (costs.backward, costs.forward, head_live.max(mlp_live))
+                (
+                    costs.backward,
+                    costs.forward,
+                    head_live.max(mlp_live).max(attn_live),
+                )
             }
             Head::MaskedLm => {
                 let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
