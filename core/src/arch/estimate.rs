@@ -461,8 +461,10 @@ pub fn estimate_peak_with(
     };
     let tokens = mul(step.batch, seq)?;
     if !trains {
+        // the head's 16-bit weight copy is made at the head, after the layers' peak
+        let working = add(head_cast, acts.inference)?.max(acts.inference_layers);
         let fwd = CategoryBytes {
-            activations: add(add(all_layer_casts, head_cast)?, acts.inference)?,
+            activations: add(all_layer_casts, working)?,
             ..base
         };
         let total = fwd.total().ok_or(EstimateError::TooLarge)?;
@@ -472,8 +474,19 @@ pub fn estimate_peak_with(
             mul(tokens, arch.vocab_size())?
         };
         let mut parts = PartBytes::default();
-        parts.add(SavedPart::WeightCopies, add(all_layer_casts, head_cast)?)?;
-        parts.add(SavedPart::WorkingSet, acts.inference)?;
+        let at_head = working != acts.inference_layers;
+        parts.add(
+            SavedPart::WeightCopies,
+            add(all_layer_casts, if at_head { head_cast } else { 0 })?,
+        )?;
+        parts.add(
+            SavedPart::WorkingSet,
+            if at_head {
+                acts.inference
+            } else {
+                acts.inference_layers
+            },
+        )?;
         return Ok(PeakEstimate {
             saved_parts: parts.listed(),
             n_params: add(arch.parameter_count(), adapter_params)?,

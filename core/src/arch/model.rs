@@ -715,8 +715,12 @@ pub(crate) struct ForwardTape {
     pub loss_buffers: u64,
     /// Extra forward transient at the loss (logits and their fp32 copy).
     pub loss_forward: u64,
-    /// Largest set of live tensors in a no-grad forward, beyond weights and input.
+    /// Largest set of live tensors in a no-grad forward at the head (with autocast's copy of
+    /// the head weight there), beyond weights and input.
     pub inference: u64,
+    /// Largest set of live tensors inside the layers of a no-grad forward (before the head's
+    /// weight copy exists).
+    pub inference_layers: u64,
     /// Whether autocast's 16-bit copy of the head weight is kept for backward.
     pub keeps_head_cast: bool,
     /// What the layers' saved bytes are for, summed over the layers.
@@ -897,7 +901,7 @@ impl ModelSpec {
         tape.part = SavedPart::HeadAndLoss;
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let mut keeps_head_cast = true;
-        let (loss_buffers, loss_forward, inference) = match self.head {
+        let (loss_buffers, loss_forward, (inference, inference_layers)) = match self.head {
             Head::CausalLm { softcap, scaled } => {
                 let x = match self.final_norm {
                     Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
@@ -991,7 +995,7 @@ impl ModelSpec {
                 (
                     costs.backward,
                     costs.forward,
-                    head_live.max(mlp_live).max(attn_live),
+                    (head_live, mlp_live.max(attn_live)),
                 )
             }
             Head::MaskedLm => {
@@ -1019,7 +1023,7 @@ impl ModelSpec {
                         0
                     },
                 )?;
-                (buffers, storage(tv, w)?, live)
+                (buffers, storage(tv, w)?, (live, 0))
             }
             Head::ImageClassifier => {
                 let b = s.batch;
@@ -1037,7 +1041,7 @@ impl ModelSpec {
                     .and_then(|t| tape.save(t))?;
                 let inner = storage(tokens, mul(self.max_inner(), w)?)?;
                 let live = add(mul(hidden_r, 5)?, mul(inner, 2)?)?;
-                (storage(mul(b, v)?, 4)?, 0, live)
+                (storage(mul(b, v)?, 4)?, 0, (live, 0))
             }
         };
         let total = tape.total();
@@ -1051,6 +1055,7 @@ impl ModelSpec {
             loss_buffers,
             loss_forward,
             inference,
+            inference_layers,
             keeps_head_cast,
             first_layer_discount,
         })
