@@ -959,13 +959,14 @@ impl ModelSpec {
                     0
                 };
                 // eager attention gets a float mask per attention type (full, sliding)
-                // instead, alive through the forward
-                let masks = if s.eager
-                    || self
-                        .layers
-                        .iter()
-                        .any(|l| l.attention.kernel(s) == Kernel::Eager)
-                {
+                // instead, alive through the layers (freed when the model's forward returns,
+                // before the head)
+                let eager = self
+                    .layers
+                    .iter()
+                    .any(|l| l.attention.kernel(s) == Kernel::Eager);
+                let head_masks = if eager { 0 } else { masks };
+                let masks = if eager {
                     let mut windows: Vec<Option<u64>> =
                         self.layers.iter().map(|l| l.attention.window).collect();
                     windows.sort_unstable();
@@ -985,7 +986,7 @@ impl ModelSpec {
                 } else {
                     0
                 };
-                let head_live = add(head_live, masks)?;
+                let head_live = add(head_live, head_masks)?;
                 let mlp_live = add(mlp_live, masks)?;
                 let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
                     0
