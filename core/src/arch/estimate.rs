@@ -630,10 +630,13 @@ pub fn estimate_peak_with(
             ..base
         }
     } else {
-        let embedding = storage(mul(arch.vocab_size(), spec.hidden())?, p.gradient_bytes())?;
-        let incoming = storage(tokens, mul(spec.hidden(), d.resid())?)?;
+        let embedding = storage(
+            mul(arch.vocab_size(), spec.token_width())?,
+            p.gradient_bytes(),
+        )?;
+        let incoming = storage(tokens, mul(spec.token_width(), d.resid())?)?;
         let stepping = if in_backward {
-            let e = mul(arch.vocab_size(), spec.hidden())?;
+            let e = mul(arch.vocab_size(), spec.token_width())?;
             optimizer_memory(step.optimizer, &[(e, 1)], state_bytes, grad_bytes)?.temporary
         } else {
             0

@@ -651,6 +651,10 @@ pub(crate) struct Embedding {
     pub norm: bool,
     pub dropout: bool,
     pub scale: EmbedScale,
+    /// Width of the token embeddings when it differs from the layers' (OPT's
+    /// `word_embed_proj_dim`): `project_in` widens them to the layers' width and
+    /// `project_out` narrows the last hidden state back for the (tied) head; 0 for none.
+    pub proj: u64,
 }
 
 /// ViT's patch embedding.
@@ -741,6 +745,15 @@ impl ModelSpec {
     fn vocab(&self) -> u64 {
         self.embedding.vocab
     }
+    /// Width of the token embeddings and of the head's input (the layers' width unless the
+    /// model projects in and out).
+    pub fn token_width(&self) -> u64 {
+        if self.embedding.proj > 0 {
+            self.embedding.proj
+        } else {
+            self.hidden()
+        }
+    }
     /// The distinct layers, each with how many times it occurs, in order of first occurrence.
     pub fn layer_groups(&self) -> Vec<(&Layer, u64)> {
         let mut groups: Vec<(&Layer, u64)> = Vec::new();
@@ -773,6 +786,10 @@ impl ModelSpec {
             if let Some(vis) = self.vision {
                 let p = vis.patch;
                 t.extend([h * 3 * p * p, h, h, vis.tokens() * h]);
+            } else if e.proj > 0 {
+                // embed_tokens, embed_positions, project_out, project_in (PyTorch's order)
+                t.push(v * e.proj);
+                t.extend([e.positions * h, h * e.proj, e.proj * h]);
             } else {
                 t.push(v * h);
                 if e.positions > 0 {
@@ -799,7 +816,7 @@ impl ModelSpec {
         match self.head {
             Head::CausalLm { .. } => {
                 if !self.tied {
-                    t.push(v * h);
+                    t.push(v * self.token_width());
                 }
             }
             Head::MaskedLm => t.extend([h * h, h, h, h, v]),
@@ -818,6 +835,11 @@ impl ModelSpec {
                 let p = self.vision.map_or(0, |vis| vis.patch);
                 vec![v * h, v, h * 3 * p * p, h]
             }
+            // with project_in / project_out, their weights are cast too
+            Head::CausalLm { .. } if self.embedding.proj > 0 => {
+                let p = self.embedding.proj;
+                vec![v * p, h * p, p * h]
+            }
             Head::CausalLm { .. } => vec![v * h],
         }
     }
@@ -827,7 +849,7 @@ impl ModelSpec {
         let (h, v) = (self.hidden(), self.vocab());
         let mut t = self.head_params();
         if self.tied && matches!(self.head, Head::CausalLm { .. }) {
-            t.push(v * h);
+            t.push(v * self.token_width());
         }
         if self.head == Head::MaskedLm {
             t.push(v * h); // the tied decoder
@@ -907,8 +929,13 @@ impl ModelSpec {
                     Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
                     None => x,
                 };
+                let x = if self.embedding.proj > 0 {
+                    Linear::new(h, self.embedding.proj, false).forward(&mut tape, x, d)?
+                } else {
+                    x
+                };
                 let head = CausalHead {
-                    hidden: h,
+                    hidden: self.token_width(),
                     vocab: v,
                     softcap,
                     weight_grad_bytes: s.head_grad_bytes,
@@ -925,7 +952,10 @@ impl ModelSpec {
                 let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
                 // the final norm's output (and its 16-bit cast for a LayerNorm under
                 // autocast) next to the logits
-                let head_live = if self.final_norm == Some(NormKind::LayerNorm) {
+                let head_live = if self.embedding.proj > 0 {
+                    // project_out's output replaces the final norm's
+                    add(logits_w, storage(tokens, mul(self.token_width(), w)?)?)?
+                } else if self.final_norm == Some(NormKind::LayerNorm) {
                     add(
                         add(logits_w, hidden_r)?,
                         if d.amp {
@@ -1108,7 +1138,14 @@ impl ModelSpec {
         for _ in 0..e.index_tensors {
             tape.saved(1, 8)?;
         }
-        let mut x = tape.tensor(h, r)?;
+        let mut x = if e.proj > 0 {
+            // project_in reads the token embeddings; the positions are added to its output
+            let tokens = tape.tensor(e.proj, r)?;
+            let x = Linear::new(e.proj, h, false).forward(tape, tokens, d)?;
+            tape.like(x, x.bytes.max(r))?
+        } else {
+            tape.tensor(h, r)?
+        };
         match e.scale {
             EmbedScale::Tensor => {
                 tape.raw(1, r).and_then(|t| tape.save(t))?; // the 0-dim normalizer

@@ -458,6 +458,9 @@ pub(crate) enum Activation {
     Kernel,
     /// GPT-2's `gelu_new` written out in Python: `0.5 * x * (1 + tanh(c * (x + 0.044715 x^3)))`.
     PythonGeluTanh,
+    /// ReLU (OPT): its backward reads its output, which the next linear keeps anyway; its
+    /// input is not kept.
+    Relu,
 }
 
 impl Activation {
@@ -466,6 +469,11 @@ impl Activation {
             Activation::Kernel => {
                 tape.save(x)?;
                 tape.like(x, x.bytes)
+            }
+            Activation::Relu => {
+                let y = tape.like(x, x.bytes)?;
+                tape.save(y)?;
+                Ok(y)
             }
             Activation::PythonGeluTanh => {
                 // pow runs in fp32 under autocast (its cast input is kept); tanh, 0.5 x and
