@@ -4,8 +4,8 @@
 
 use super::loss::CausalHead;
 use super::ops::{
-    add, dropout, mul, residual, storage, Activation, Dtypes, FeedForward, Linear, Norm, NormKind,
-    PartBytes, Res, RmsStyle, SavedPart, Tape, T,
+    add, dropout, mul, residual, storage, Activation, Dtypes, ExpertAct, FeedForward, Linear, Norm,
+    NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::{Role, TapePeft};
 use super::recipe::LossKind;
@@ -950,6 +950,30 @@ impl ModelSpec {
                     .last()
                     .map_or(3, |l| l.mlp.inference_inner_tensors());
                 let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
+                // grouped experts (GLU) in their weights' dtype (fp32 under autocast): the
+                // gathered rows, the fused gate/up output, the activation and the product,
+                // next to the embeddings' output, the layer's input, its middle residual and
+                // the normed input (checked with validation/peak_live.py on Mixtral)
+                let moe_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                    let FeedForward::Moe(m) = l.mlp else {
+                        return Ok(acc);
+                    };
+                    if m.act != ExpertAct::Glu {
+                        return Ok(acc);
+                    }
+                    let (rows, wd) = (mul(tokens, m.top_k)?, d.weight);
+                    let experts = add(
+                        add(
+                            storage(rows, mul(m.hidden, wd)?)?,
+                            storage(rows, mul(2 * m.inner, wd)?)?,
+                        )?,
+                        mul(storage(rows, mul(m.inner, wd)?)?, 2)?,
+                    )?;
+                    Ok::<u64, super::estimate::EstimateError>(
+                        acc.max(add(mul(hidden_r, 4)?, experts)?),
+                    )
+                })?;
+                let mlp_live = mlp_live.max(moe_live);
                 // the final norm's output (and its 16-bit cast for a LayerNorm under
                 // autocast) next to the logits
                 let head_live = if self.embedding.proj > 0 {
