@@ -1,8 +1,8 @@
 //! Peak memory of one training step, tensor by tensor (see the module docs in `mod.rs`).
 
 use super::config::Architecture;
-use super::model::Layer;
 use super::model::{Kernel, StepShape};
+use super::model::{Layer, Placement};
 use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
@@ -589,10 +589,11 @@ pub fn estimate_peak_with(
             add(add(all_layers, acts.outside)?, head_cast)?,
             layer_backward,
         ),
+        // checkpoint keeps each layer's arguments, eager attention's masks among them
         Checkpointing::Full => (
             add(
                 add(mul(layer_input, arch.num_layers())?, acts.outside)?,
-                head_cast,
+                add(head_cast, spec.eager_masks(&shape)?)?,
             )?,
             add(largest_layer, layer_backward)?,
         ),
@@ -688,12 +689,99 @@ pub fn estimate_peak_with(
         }
         _ => None,
     };
+    // Inside the first layer's eager attention backward, the last layer backward reaches: every
+    // gradient exists but the embeddings' and this attention's (a tied matrix's head share
+    // waits in autograd's input buffer until the embedding's backward adds its own), the
+    // first layer's saved tensors (recomputed under checkpointing) without its MLP's, the
+    // probabilities with their gradient and the scores' gradient (fp32), and the gradients of
+    // the layer's output and of its attention output.
+    let bwd_first_attention = match (spec.layers.first(), acts.per_group.first()) {
+        (Some(first), Some(_))
+            if peft.is_none()
+                && !in_backward
+                && matches!(first.attention.kernel(&shape), Kernel::Eager | Kernel::Math) =>
+        {
+            let hs2 = mul(mul(step.batch, first.attention.heads)?, mul(seq, seq)?)?;
+            // the softmax's gradients in its dtype (fp32 where HF asks or under autocast;
+            // with sinks, the logits')
+            let a = first.attention;
+            let sm = if a.sinks {
+                d.act.max(d.resid())
+            } else if a.softmax_fp32 || d.amp {
+                4
+            } else {
+                d.act
+            };
+            // gradients still to come: the embeddings' (project_out's, if any, came with the
+            // head) and the q/k/v projections'
+            let mut early = spec.embedding_parameter_tensors();
+            if spec.embedding.proj > 0 {
+                let project_out = spec.hidden() * spec.embedding.proj;
+                if let Some(i) = early.iter().position(|&e| e == project_out) {
+                    early.remove(i);
+                }
+            }
+            for l in first.attention.linears().iter().rev().skip(1) {
+                l.params(&mut early);
+            }
+            let embedding = storage(
+                mul(arch.vocab_size(), spec.token_width())?,
+                p.gradient_bytes(),
+            )?;
+            // what the layer saved before the attention's output projection: its input norm
+            // (pre-norm layers), the projections' inputs, q, k, v and their norms, the
+            // probabilities, soft-capping and masks; and autocast's copies of the q/k/v
+            // weights (the checkpointed input is the input norm's own)
+            let fp = &acts.first_layer_parts;
+            let input_norm = match first.placement {
+                Placement::Pre | Placement::Sandwich => fp.get(SavedPart::Norms) / 2,
+                Placement::Post | Placement::PostResidual => 0,
+            };
+            let o_input = storage(
+                tokens,
+                mul(first.attention.heads * first.attention.v_head_dim, d.act)?,
+            )?;
+            let qkv_weights: Vec<u64> = first
+                .attention
+                .linears()
+                .iter()
+                .rev()
+                .skip(1)
+                .map(|l| l.n_in * l.n_out)
+                .collect();
+            let layer = [
+                SavedPart::QkNorms,
+                SavedPart::AttentionScores,
+                SavedPart::SoftCapping,
+                SavedPart::Masks,
+            ]
+            .into_iter()
+            .try_fold(
+                add(
+                    input_norm,
+                    fp.get(SavedPart::Attention).saturating_sub(o_input),
+                )?,
+                |acc, part| add(acc, fp.get(part)),
+            )?;
+            let layer = add(layer, cast(&qkv_weights)?)?;
+            Some(CategoryBytes {
+                activations: add(acts.outside.saturating_sub(acts.head_saved), layer)?,
+                gradients: grads.saturating_sub(sum_storages(&early, p.gradient_bytes())?),
+                temporaries: add(
+                    add(mul(storage(hs2, sm)?, 2)?, mul(layer_input, 2)?)?,
+                    if spec.tied { embedding } else { 0 },
+                )?,
+                ..base
+            })
+        }
+        _ => None,
+    };
     let mut bwd = if bwd_start.total() >= bwd_end.total() {
         bwd_start
     } else {
         bwd_end
     };
-    if let Some(inside) = bwd_attention {
+    for inside in [bwd_attention, bwd_first_attention].into_iter().flatten() {
         if inside.total() > bwd.total() {
             bwd = inside;
         }

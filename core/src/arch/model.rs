@@ -733,6 +733,8 @@ pub(crate) struct ForwardTape {
     pub outside_parts: PartBytes,
     /// What the last layer saves, by part (its MLP's share is freed first in backward).
     pub last_layer_parts: PartBytes,
+    /// What the first layer saves, by part (before any frozen-base discount).
+    pub first_layer_parts: PartBytes,
     /// What the first layer does not keep because its input needs no gradient (a frozen
     /// base without checkpointing), already taken out of `layer_parts`.
     pub first_layer_discount: u64,
@@ -768,6 +770,28 @@ impl ModelSpec {
     /// Element counts of the parameter tensors outside the layers.
     pub fn outside_parameter_tensors(&self) -> Vec<u64> {
         self.outside_params(true)
+    }
+    /// Bytes of eager attention's float masks: one per attention type (full, sliding), 0
+    /// when no layer runs eager.
+    pub fn eager_masks(&self, s: &StepShape) -> Res<u64> {
+        if !self
+            .layers
+            .iter()
+            .any(|l| l.attention.kernel(s) == Kernel::Eager)
+        {
+            return Ok(0);
+        }
+        let mut windows: Vec<Option<u64>> =
+            self.layers.iter().map(|l| l.attention.window).collect();
+        windows.sort_unstable();
+        windows.dedup();
+        mul(Attention::eager_mask(s)?, windows.len() as u64)
+    }
+    /// Element counts of the embeddings' parameter tensors (a tied head matrix among them).
+    pub fn embedding_parameter_tensors(&self) -> Vec<u64> {
+        let mut t = self.outside_params(true);
+        t.truncate(t.len().saturating_sub(self.head_params().len()));
+        t
     }
     /// Element counts of every parameter tensor (tied weights once).
     pub fn parameter_tensors(&self) -> Vec<u64> {
@@ -1020,15 +1044,7 @@ impl ModelSpec {
                     .iter()
                     .any(|l| l.attention.kernel(s) == Kernel::Eager);
                 let head_masks = if eager { 0 } else { masks };
-                let masks = if eager {
-                    let mut windows: Vec<Option<u64>> =
-                        self.layers.iter().map(|l| l.attention.window).collect();
-                    windows.sort_unstable();
-                    windows.dedup();
-                    mul(Attention::eager_mask(s)?, windows.len() as u64)?
-                } else {
-                    masks
-                };
+                let masks = if eager { self.eager_masks(s)? } else { masks };
                 // inside eager attention: the embeddings' output (still referenced by the
                 // model's forward), the layer's input and its normed copy, with the
                 // attention's own tensors
@@ -1102,6 +1118,7 @@ impl ModelSpec {
         let total = tape.total();
         Ok(ForwardTape {
             last_layer_parts,
+            first_layer_parts: first_layer.map(|(_, p)| p).unwrap_or_default(),
             layer_parts,
             outside_parts: tape.parts,
             per_group,
