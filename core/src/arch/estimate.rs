@@ -461,10 +461,40 @@ pub fn estimate_peak_with(
     };
     let tokens = mul(step.batch, seq)?;
     if !trains {
-        // the head's 16-bit weight copy is made at the head, after the layers' peak
-        let working = add(head_cast, acts.inference)?.max(acts.inference_layers);
+        // the head's 16-bit weight copy is made at the head, after the layers' peak; inside
+        // the last layer's eager attention, its output projection's and MLP's copies are not
+        // made yet
+        let not_yet = spec.layers.last().map_or(Ok(0), |l| {
+            // the output projection and the MLP's linears, with their biases (no_grad)
+            let skip = l.attention.linears().len().saturating_sub(1);
+            let mut v = Vec::new();
+            for (_, lin) in l.roled_linears().iter().skip(skip) {
+                lin.params(&mut v);
+            }
+            cast(&v)
+        })?;
+        let moments = [
+            (head_cast, acts.inference),
+            (0, acts.inference_layers),
+            (0, acts.inference_attention),
+        ];
+        let (copies, working) = moments
+            .iter()
+            .enumerate()
+            .map(|(i, &(extra, w))| {
+                let copies = if i == 2 {
+                    all_layer_casts.saturating_sub(not_yet)
+                } else {
+                    add(all_layer_casts, extra)?
+                };
+                Ok((copies, w))
+            })
+            .collect::<Res<Vec<(u64, u64)>>>()?
+            .into_iter()
+            .max_by_key(|&(c, w)| c.saturating_add(w))
+            .unwrap_or((all_layer_casts, 0));
         let fwd = CategoryBytes {
-            activations: add(all_layer_casts, working)?,
+            activations: add(copies, working)?,
             ..base
         };
         let total = fwd.total().ok_or(EstimateError::TooLarge)?;
@@ -474,19 +504,8 @@ pub fn estimate_peak_with(
             mul(tokens, arch.vocab_size())?
         };
         let mut parts = PartBytes::default();
-        let at_head = working != acts.inference_layers;
-        parts.add(
-            SavedPart::WeightCopies,
-            add(all_layer_casts, if at_head { head_cast } else { 0 })?,
-        )?;
-        parts.add(
-            SavedPart::WorkingSet,
-            if at_head {
-                acts.inference
-            } else {
-                acts.inference_layers
-            },
-        )?;
+        parts.add(SavedPart::WeightCopies, copies)?;
+        parts.add(SavedPart::WorkingSet, working)?;
         return Ok(PeakEstimate {
             saved_parts: parts.listed(),
             n_params: add(arch.parameter_count(), adapter_params)?,

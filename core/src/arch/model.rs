@@ -722,9 +722,12 @@ pub(crate) struct ForwardTape {
     /// Largest set of live tensors in a no-grad forward at the head (with autocast's copy of
     /// the head weight there), beyond weights and input.
     pub inference: u64,
-    /// Largest set of live tensors inside the layers of a no-grad forward (before the head's
-    /// weight copy exists).
+    /// Largest set of live tensors inside the layers' MLPs in a no-grad forward (before the
+    /// head's weight copy exists).
     pub inference_layers: u64,
+    /// Largest set of live tensors inside eager attention in a no-grad forward (the last
+    /// layer's output projection and MLP not cast yet).
+    pub inference_attention: u64,
     /// Whether autocast's 16-bit copy of the head weight is kept for backward.
     pub keeps_head_cast: bool,
     /// What the layers' saved bytes are for, summed over the layers.
@@ -947,174 +950,180 @@ impl ModelSpec {
         tape.part = SavedPart::HeadAndLoss;
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let mut keeps_head_cast = true;
-        let (loss_buffers, loss_forward, (inference, inference_layers)) = match self.head {
-            Head::CausalLm { softcap, scaled } => {
-                let x = match self.final_norm {
-                    Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
-                    None => x,
-                };
-                let x = if self.embedding.proj > 0 {
-                    Linear::new(h, self.embedding.proj, false).forward(&mut tape, x, d)?
-                } else {
-                    x
-                };
-                let head = CausalHead {
-                    hidden: self.token_width(),
-                    vocab: v,
-                    softcap,
-                    weight_grad_bytes: s.head_grad_bytes,
-                    weight_bytes: s.head_weight_bytes,
-                };
-                let costs = head.loss(s.loss, &mut tape, x, s)?;
-                keeps_head_cast = costs.keeps_head_cast;
-                let logits_w = storage(tv, w)?;
-                let inner = storage(tokens, mul(self.max_inner(), w)?)?;
-                let k = self
-                    .layers
-                    .last()
-                    .map_or(3, |l| l.mlp.inference_inner_tensors());
-                let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
-                // grouped experts (GLU) in their weights' dtype (fp32 under autocast): the
-                // gathered rows, the fused gate/up output, the activation and the product,
-                // next to the embeddings' output, the layer's input, its middle residual and
-                // the normed input (checked with validation/peak_live.py on Mixtral)
-                let moe_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
-                    let FeedForward::Moe(m) = l.mlp else {
-                        return Ok(acc);
+        let (loss_buffers, loss_forward, (inference, inference_layers, inference_attention)) =
+            match self.head {
+                Head::CausalLm { softcap, scaled } => {
+                    let x = match self.final_norm {
+                        Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
+                        None => x,
                     };
-                    if m.act != ExpertAct::Glu {
-                        return Ok(acc);
-                    }
-                    let (rows, wd) = (mul(tokens, m.top_k)?, d.weight);
-                    let experts = add(
+                    let x = if self.embedding.proj > 0 {
+                        Linear::new(h, self.embedding.proj, false).forward(&mut tape, x, d)?
+                    } else {
+                        x
+                    };
+                    let head = CausalHead {
+                        hidden: self.token_width(),
+                        vocab: v,
+                        softcap,
+                        weight_grad_bytes: s.head_grad_bytes,
+                        weight_bytes: s.head_weight_bytes,
+                    };
+                    let costs = head.loss(s.loss, &mut tape, x, s)?;
+                    keeps_head_cast = costs.keeps_head_cast;
+                    let logits_w = storage(tv, w)?;
+                    let inner = storage(tokens, mul(self.max_inner(), w)?)?;
+                    let k = self
+                        .layers
+                        .last()
+                        .map_or(3, |l| l.mlp.inference_inner_tensors());
+                    let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
+                    // grouped experts (GLU) in their weights' dtype (fp32 under autocast): the
+                    // gathered rows, the fused gate/up output, the activation and the product,
+                    // next to the embeddings' output, the layer's input, its middle residual and
+                    // the normed input (checked with validation/peak_live.py on Mixtral)
+                    let moe_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                        let FeedForward::Moe(m) = l.mlp else {
+                            return Ok(acc);
+                        };
+                        if m.act != ExpertAct::Glu {
+                            return Ok(acc);
+                        }
+                        let (rows, wd) = (mul(tokens, m.top_k)?, d.weight);
+                        let experts = add(
+                            add(
+                                storage(rows, mul(m.hidden, wd)?)?,
+                                storage(rows, mul(2 * m.inner, wd)?)?,
+                            )?,
+                            mul(storage(rows, mul(m.inner, wd)?)?, 2)?,
+                        )?;
+                        Ok::<u64, super::estimate::EstimateError>(
+                            acc.max(add(mul(hidden_r, 4)?, experts)?),
+                        )
+                    })?;
+                    let mlp_live = mlp_live.max(moe_live);
+                    // the final norm's output (and its 16-bit cast for a LayerNorm under
+                    // autocast) next to the logits
+                    let head_live = if self.embedding.proj > 0 {
+                        // project_out's output replaces the final norm's
+                        add(logits_w, storage(tokens, mul(self.token_width(), w)?)?)?
+                    } else if self.final_norm == Some(NormKind::LayerNorm) {
                         add(
-                            storage(rows, mul(m.hidden, wd)?)?,
-                            storage(rows, mul(2 * m.inner, wd)?)?,
-                        )?,
-                        mul(storage(rows, mul(m.inner, wd)?)?, 2)?,
-                    )?;
-                    Ok::<u64, super::estimate::EstimateError>(
-                        acc.max(add(mul(hidden_r, 4)?, experts)?),
+                            add(logits_w, hidden_r)?,
+                            if d.amp {
+                                storage(tokens, mul(h, 2)?)?
+                            } else {
+                                0
+                            },
+                        )?
+                    } else {
+                        add(logits_w, storage(tokens, mul(h, w)?)?)?
+                    };
+                    // soft-capping or scaling the logits makes a second logits-sized tensor
+                    // while the first is alive
+                    let head_live = if softcap || scaled {
+                        add(head_live, logits_w)?
+                    } else {
+                        head_live
+                    };
+                    // with a sliding-window mask, HF's bool mask lives through the forward and each
+                    // layer converts it to the query's dtype
+                    let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
+                        let area = mul(s.seq, s.seq)?;
+                        // a padded or packed batch's bool mask is per sample; a sliding window's
+                        // is broadcast over the batch
+                        let rows = if s.mask { s.batch } else { 1 };
+                        add(
+                            storage(mul(rows, area)?, 1)?,
+                            storage(mul(s.batch, area)?, w)?,
+                        )?
+                    } else {
+                        0
+                    };
+                    // eager attention gets a float mask per attention type (full, sliding)
+                    // instead, alive through the layers (freed when the model's forward returns,
+                    // before the head)
+                    let eager = self
+                        .layers
+                        .iter()
+                        .any(|l| l.attention.kernel(s) == Kernel::Eager);
+                    let head_masks = if eager { 0 } else { masks };
+                    let masks = if eager { self.eager_masks(s)? } else { masks };
+                    // inside eager attention: the embeddings' output and the learned positions'
+                    // (still referenced by the model's forward), the layer's input and, before
+                    // a pre-norm attention, its normed copy, with the attention's own tensors
+                    let attn_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                        let own = l.attention.inference_live(s)?;
+                        if own == 0 {
+                            return Ok::<u64, super::estimate::EstimateError>(acc);
+                        }
+                        let hiddens = 2
+                            + u64::from(self.embedding.positions > 0)
+                            + u64::from(matches!(
+                                l.placement,
+                                Placement::Pre | Placement::Sandwich
+                            ));
+                        Ok(acc.max(add(add(mul(hidden_r, hiddens)?, own)?, masks)?))
+                    })?;
+                    let head_live = add(head_live, head_masks)?;
+                    let mlp_live = add(mlp_live, masks)?;
+                    let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
+                        0
+                    } else {
+                        mlp_live
+                    };
+                    (
+                        costs.backward,
+                        costs.forward,
+                        (head_live, mlp_live, attn_live),
                     )
-                })?;
-                let mlp_live = mlp_live.max(moe_live);
-                // the final norm's output (and its 16-bit cast for a LayerNorm under
-                // autocast) next to the logits
-                let head_live = if self.embedding.proj > 0 {
-                    // project_out's output replaces the final norm's
-                    add(logits_w, storage(tokens, mul(self.token_width(), w)?)?)?
-                } else if self.final_norm == Some(NormKind::LayerNorm) {
-                    add(
-                        add(logits_w, hidden_r)?,
+                }
+                Head::MaskedLm => {
+                    let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
+                    let y = Activation::Kernel.forward(&mut tape, y, d)?;
+                    let y = Norm::new(NormKind::LayerNorm, h).forward(&mut tape, y, d)?;
+                    Linear::new(h, v, true).run(Role::Head, &mut tape, y, d)?;
+                    // cross_entropy: log_softmax (fp32 under autocast) kept; under autocast the
+                    // 16-bit logits stay referenced by the graph too
+                    tape.raw(tv, if d.amp { 4 } else { w })
+                        .and_then(|t| tape.save(t))?;
+                    if d.amp {
+                        tape.raw(tv, 2).and_then(|t| tape.save(t))?;
+                    }
+                    let buffers = if d.amp {
+                        storage(tv, 4)?
+                    } else {
+                        mul(storage(tv, w)?, 2)?
+                    };
+                    let live = add(
+                        add(storage(tv, w)?, mul(hidden_r, 2)?)?,
                         if d.amp {
                             storage(tokens, mul(h, 2)?)?
                         } else {
                             0
                         },
-                    )?
-                } else {
-                    add(logits_w, storage(tokens, mul(h, w)?)?)?
-                };
-                // soft-capping or scaling the logits makes a second logits-sized tensor
-                // while the first is alive
-                let head_live = if softcap || scaled {
-                    add(head_live, logits_w)?
-                } else {
-                    head_live
-                };
-                // with a sliding-window mask, HF's bool mask lives through the forward and each
-                // layer converts it to the query's dtype
-                let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
-                    let area = mul(s.seq, s.seq)?;
-                    // a padded or packed batch's bool mask is per sample; a sliding window's
-                    // is broadcast over the batch
-                    let rows = if s.mask { s.batch } else { 1 };
-                    add(
-                        storage(mul(rows, area)?, 1)?,
-                        storage(mul(s.batch, area)?, w)?,
-                    )?
-                } else {
-                    0
-                };
-                // eager attention gets a float mask per attention type (full, sliding)
-                // instead, alive through the layers (freed when the model's forward returns,
-                // before the head)
-                let eager = self
-                    .layers
-                    .iter()
-                    .any(|l| l.attention.kernel(s) == Kernel::Eager);
-                let head_masks = if eager { 0 } else { masks };
-                let masks = if eager { self.eager_masks(s)? } else { masks };
-                // inside eager attention: the embeddings' output (still referenced by the
-                // model's forward), the layer's input and its normed copy, with the
-                // attention's own tensors
-                let attn_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
-                    Ok::<u64, _>(acc.max(l.attention.inference_live(s)?))
-                })?;
-                let attn_live = if attn_live > 0 {
-                    add(add(mul(hidden_r, 3)?, attn_live)?, masks)?
-                } else {
-                    0
-                };
-                let head_live = add(head_live, head_masks)?;
-                let mlp_live = add(mlp_live, masks)?;
-                let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
-                    0
-                } else {
-                    mlp_live
-                };
-                (
-                    costs.backward,
-                    costs.forward,
-                    (head_live, mlp_live.max(attn_live)),
-                )
-            }
-            Head::MaskedLm => {
-                let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
-                let y = Activation::Kernel.forward(&mut tape, y, d)?;
-                let y = Norm::new(NormKind::LayerNorm, h).forward(&mut tape, y, d)?;
-                Linear::new(h, v, true).run(Role::Head, &mut tape, y, d)?;
-                // cross_entropy: log_softmax (fp32 under autocast) kept; under autocast the
-                // 16-bit logits stay referenced by the graph too
-                tape.raw(tv, if d.amp { 4 } else { w })
-                    .and_then(|t| tape.save(t))?;
-                if d.amp {
-                    tape.raw(tv, 2).and_then(|t| tape.save(t))?;
+                    )?;
+                    (buffers, storage(tv, w)?, (live, 0, 0))
                 }
-                let buffers = if d.amp {
-                    storage(tv, 4)?
-                } else {
-                    mul(storage(tv, w)?, 2)?
-                };
-                let live = add(
-                    add(storage(tv, w)?, mul(hidden_r, 2)?)?,
+                Head::ImageClassifier => {
+                    let b = s.batch;
+                    // the final LayerNorm runs over every token; the classifier reads the class token
+                    tape.save(x)?;
+                    tape.saved(1, 4)?;
+                    tape.saved(1, 4)?;
                     if d.amp {
-                        storage(tokens, mul(h, 2)?)?
+                        tape.raw(mul(b, h)?, 2).and_then(|t| tape.save(t))?;
+                        tape.raw(mul(b, v)?, 2).and_then(|t| tape.save(t))?;
                     } else {
-                        0
-                    },
-                )?;
-                (buffers, storage(tv, w)?, (live, 0))
-            }
-            Head::ImageClassifier => {
-                let b = s.batch;
-                // the final LayerNorm runs over every token; the classifier reads the class token
-                tape.save(x)?;
-                tape.saved(1, 4)?;
-                tape.saved(1, 4)?;
-                if d.amp {
-                    tape.raw(mul(b, h)?, 2).and_then(|t| tape.save(t))?;
-                    tape.raw(mul(b, v)?, 2).and_then(|t| tape.save(t))?;
-                } else {
-                    tape.saved(h, w)?;
+                        tape.saved(h, w)?;
+                    }
+                    tape.raw(mul(b, v)?, if w == 2 && !d.amp { 2 } else { 4 })
+                        .and_then(|t| tape.save(t))?;
+                    let inner = storage(tokens, mul(self.max_inner(), w)?)?;
+                    let live = add(mul(hidden_r, 5)?, mul(inner, 2)?)?;
+                    (storage(mul(b, v)?, 4)?, 0, (live, 0, 0))
                 }
-                tape.raw(mul(b, v)?, if w == 2 && !d.amp { 2 } else { 4 })
-                    .and_then(|t| tape.save(t))?;
-                let inner = storage(tokens, mul(self.max_inner(), w)?)?;
-                let live = add(mul(hidden_r, 5)?, mul(inner, 2)?)?;
-                (storage(mul(b, v)?, 4)?, 0, (live, 0))
-            }
-        };
+            };
         let total = tape.total();
         Ok(ForwardTape {
             last_layer_parts,
@@ -1128,6 +1137,7 @@ impl ModelSpec {
             loss_forward,
             inference,
             inference_layers,
+            inference_attention,
             keeps_head_cast,
             first_layer_discount,
         })
