@@ -830,6 +830,7 @@ pub fn estimate_peak_with(
         Checkpointing::Full => {
             parts.add(SavedPart::LayerInputs, mul(layer_input, arch.num_layers())?)?;
             parts.add(SavedPart::WeightCopies, head_cast)?;
+            parts.add(SavedPart::Masks, spec.eager_masks(&shape)?)?;
         }
         Checkpointing::Offload => {
             parts.add(SavedPart::LayerInputs, layer_input)?;

@@ -84,7 +84,8 @@ pub enum SavedPart {
     Attention,
     /// Eager attention's seq x seq probabilities.
     AttentionScores,
-    /// Sliding-window masks the kernel keeps.
+    /// Sliding-window masks the kernel keeps (and eager attention's masks, which
+    /// checkpointing keeps among the layers' arguments).
     Masks,
     /// Soft-capping's tanh outputs (Gemma 2).
     SoftCapping,
