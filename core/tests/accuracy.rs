@@ -203,12 +203,13 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
 /// for the first families, and the rows of the dense and mixture-of-experts families read
 /// since.
-const FIXTURE_FILES: [&str; 5] = [
+const FIXTURE_FILES: [&str; 6] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
     "moe-measured.jsonl",
     "peft-measured.jsonl",
+    "trainers-measured.jsonl",
 ];
 
 /// The trainers' settings of a step that are not at transformers' defaults, for the table.

@@ -11,6 +11,9 @@ use std::fmt;
 pub enum ModelFamily {
     /// GPT-2 (`GPT2LMHeadModel`).
     Gpt2,
+    /// OPT (`OPTForCausalLM`: learned positions, ReLU MLP, pre- or post-norm, optional
+    /// `project_in` / `project_out`).
+    Opt,
     /// Llama 2/3/3.1/3.2/3.3 (`LlamaForCausalLM`, any `rope_scaling`).
     Llama,
     /// Mistral (`MistralForCausalLM`, sliding window).
@@ -56,7 +59,7 @@ pub enum ModelFamily {
 
 impl ModelFamily {
     /// Every family, in the order the page groups them.
-    pub const ALL: [ModelFamily; 21] = [
+    pub const ALL: [ModelFamily; 22] = [
         ModelFamily::Llama,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2,
@@ -74,6 +77,7 @@ impl ModelFamily {
         ModelFamily::DeepseekV3,
         ModelFamily::GptOss,
         ModelFamily::Gpt2,
+        ModelFamily::Opt,
         ModelFamily::Bert,
         ModelFamily::Roberta,
         ModelFamily::XlmRoberta,
@@ -85,6 +89,7 @@ impl ModelFamily {
     pub const fn key(self) -> &'static str {
         match self {
             ModelFamily::Gpt2 => "gpt2",
+            ModelFamily::Opt => "opt",
             ModelFamily::Llama => "llama",
             ModelFamily::Mistral => "mistral",
             ModelFamily::Qwen2 => "qwen2",
@@ -113,6 +118,7 @@ impl ModelFamily {
     pub const fn label(self) -> &'static str {
         match self {
             ModelFamily::Gpt2 => "GPT-2",
+            ModelFamily::Opt => "OPT",
             ModelFamily::Llama => "Llama",
             ModelFamily::Mistral => "Mistral",
             ModelFamily::Qwen2 => "Qwen2",

@@ -1,8 +1,8 @@
 //! Peak memory of one training step, tensor by tensor (see the module docs in `mod.rs`).
 
 use super::config::Architecture;
-use super::model::Layer;
 use super::model::{Kernel, StepShape};
+use super::model::{Layer, Placement};
 use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
@@ -470,8 +470,40 @@ pub fn estimate_peak_with(
     };
     let tokens = mul(step.batch, seq)?;
     if !trains {
+        // the head's 16-bit weight copy is made at the head, after the layers' peak; inside
+        // the last layer's eager attention, its output projection's and MLP's copies are not
+        // made yet
+        let not_yet = spec.layers.last().map_or(Ok(0), |l| {
+            // the output projection and the MLP's linears, with their biases (no_grad)
+            let skip = l.attention.linears().len().saturating_sub(1);
+            let mut v = Vec::new();
+            for (_, lin) in l.roled_linears().iter().skip(skip) {
+                lin.params(&mut v);
+            }
+            cast(&v)
+        })?;
+        let moments = [
+            (head_cast, acts.inference),
+            (0, acts.inference_layers),
+            (0, acts.inference_attention),
+        ];
+        let (copies, working) = moments
+            .iter()
+            .enumerate()
+            .map(|(i, &(extra, w))| {
+                let copies = if i == 2 {
+                    all_layer_casts.saturating_sub(not_yet)
+                } else {
+                    add(all_layer_casts, extra)?
+                };
+                Ok((copies, w))
+            })
+            .collect::<Res<Vec<(u64, u64)>>>()?
+            .into_iter()
+            .max_by_key(|&(c, w)| c.saturating_add(w))
+            .unwrap_or((all_layer_casts, 0));
         let fwd = CategoryBytes {
-            activations: add(add(all_layer_casts, head_cast)?, acts.inference)?,
+            activations: add(copies, working)?,
             ..base
         };
         let total = fwd.total().ok_or(EstimateError::TooLarge)?;
@@ -481,8 +513,8 @@ pub fn estimate_peak_with(
             mul(tokens, arch.vocab_size())?
         };
         let mut parts = PartBytes::default();
-        parts.add(SavedPart::WeightCopies, add(all_layer_casts, head_cast)?)?;
-        parts.add(SavedPart::WorkingSet, acts.inference)?;
+        parts.add(SavedPart::WeightCopies, copies)?;
+        parts.add(SavedPart::WorkingSet, working)?;
         return Ok(PeakEstimate {
             saved_parts: parts.listed(),
             n_params: add(arch.parameter_count(), adapter_params)?,
@@ -556,8 +588,12 @@ pub fn estimate_peak_with(
         sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?
     };
     let inner = spec.layers.last().map_or(0, |l| l.mlp.inner_per_token());
+    let inner_tensors = spec
+        .layers
+        .last()
+        .map_or(1, |l| l.mlp.backward_inner_tensors());
     let layer_transient = add(
-        storage(tokens, mul(inner, d.act)?)?,
+        mul(storage(tokens, mul(inner, d.act)?)?, inner_tensors)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,
     )?;
     // a 4-bit linear's backward dequantizes its weight to 16 bits (and, under double
@@ -600,10 +636,14 @@ pub fn estimate_peak_with(
             add(add(all_layers, acts.outside)?, head_cast)?,
             layer_backward,
         ),
+        // checkpoint keeps each layer's arguments, eager attention's masks among them
         Checkpointing::Full => (
             add(
                 add(mul(layer_input, arch.num_layers())?, acts.outside)?,
-                head_cast,
+                add(
+                    head_cast,
+                    add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?,
+                )?,
             )?,
             add(largest_layer, layer_backward)?,
         ),
@@ -642,10 +682,13 @@ pub fn estimate_peak_with(
             ..base
         }
     } else {
-        let embedding = storage(mul(arch.vocab_size(), spec.hidden())?, p.gradient_bytes())?;
-        let incoming = storage(tokens, mul(spec.hidden(), d.resid())?)?;
+        let embedding = storage(
+            mul(arch.vocab_size(), spec.token_width())?,
+            p.gradient_bytes(),
+        )?;
+        let incoming = storage(tokens, mul(spec.token_width(), d.resid())?)?;
         let stepping = if in_backward {
-            let e = mul(arch.vocab_size(), spec.hidden())?;
+            let e = mul(arch.vocab_size(), spec.token_width())?;
             optimizer_memory(step.optimizer, &[(e, 1)], state_bytes, grad_bytes)?.temporary
         } else {
             0
@@ -697,12 +740,99 @@ pub fn estimate_peak_with(
         }
         _ => None,
     };
+    // Inside the first layer's eager attention backward, the last layer backward reaches: every
+    // gradient exists but the embeddings' and this attention's (a tied matrix's head share
+    // waits in autograd's input buffer until the embedding's backward adds its own), the
+    // first layer's saved tensors (recomputed under checkpointing) without its MLP's, the
+    // probabilities with their gradient and the scores' gradient (fp32), and the gradients of
+    // the layer's output and of its attention output.
+    let bwd_first_attention = match (spec.layers.first(), acts.per_group.first()) {
+        (Some(first), Some(_))
+            if peft.is_none()
+                && !in_backward
+                && matches!(first.attention.kernel(&shape), Kernel::Eager | Kernel::Math) =>
+        {
+            let hs2 = mul(mul(step.batch, first.attention.heads)?, mul(seq, seq)?)?;
+            // the softmax's gradients in its dtype (fp32 where HF asks or under autocast;
+            // with sinks, the logits')
+            let a = first.attention;
+            let sm = if a.sinks {
+                d.act.max(d.resid())
+            } else if a.softmax_fp32 || d.amp {
+                4
+            } else {
+                d.act
+            };
+            // gradients still to come: the embeddings' (project_out's, if any, came with the
+            // head) and the q/k/v projections'
+            let mut early = spec.embedding_parameter_tensors();
+            if spec.embedding.proj > 0 {
+                let project_out = spec.hidden() * spec.embedding.proj;
+                if let Some(i) = early.iter().position(|&e| e == project_out) {
+                    early.remove(i);
+                }
+            }
+            for l in first.attention.linears().iter().rev().skip(1) {
+                l.params(&mut early);
+            }
+            let embedding = storage(
+                mul(arch.vocab_size(), spec.token_width())?,
+                p.gradient_bytes(),
+            )?;
+            // what the layer saved before the attention's output projection: its input norm
+            // (pre-norm layers), the projections' inputs, q, k, v and their norms, the
+            // probabilities, soft-capping and masks; and autocast's copies of the q/k/v
+            // weights (the checkpointed input is the input norm's own)
+            let fp = &acts.first_layer_parts;
+            let input_norm = match first.placement {
+                Placement::Pre | Placement::Sandwich => fp.get(SavedPart::Norms) / 2,
+                Placement::Post | Placement::PostResidual => 0,
+            };
+            let o_input = storage(
+                tokens,
+                mul(first.attention.heads * first.attention.v_head_dim, d.act)?,
+            )?;
+            let qkv_weights: Vec<u64> = first
+                .attention
+                .linears()
+                .iter()
+                .rev()
+                .skip(1)
+                .map(|l| l.n_in * l.n_out)
+                .collect();
+            let layer = [
+                SavedPart::QkNorms,
+                SavedPart::AttentionScores,
+                SavedPart::SoftCapping,
+                SavedPart::Masks,
+            ]
+            .into_iter()
+            .try_fold(
+                add(
+                    input_norm,
+                    fp.get(SavedPart::Attention).saturating_sub(o_input),
+                )?,
+                |acc, part| add(acc, fp.get(part)),
+            )?;
+            let layer = add(layer, cast(&qkv_weights)?)?;
+            Some(CategoryBytes {
+                activations: add(acts.outside.saturating_sub(acts.head_saved), layer)?,
+                gradients: grads.saturating_sub(sum_storages(&early, p.gradient_bytes())?),
+                temporaries: add(
+                    add(mul(storage(hs2, sm)?, 2)?, mul(layer_input, 2)?)?,
+                    if spec.tied { embedding } else { 0 },
+                )?,
+                ..base
+            })
+        }
+        _ => None,
+    };
     let mut bwd = if bwd_start.total() >= bwd_end.total() {
         bwd_start
     } else {
         bwd_end
     };
-    if let Some(inside) = bwd_attention {
+    for inside in [bwd_attention, bwd_first_attention].into_iter().flatten() {
         if inside.total() > bwd.total() {
             bwd = inside;
         }
@@ -737,6 +867,10 @@ pub fn estimate_peak_with(
         Checkpointing::Full => {
             parts.add(SavedPart::LayerInputs, mul(layer_input, arch.num_layers())?)?;
             parts.add(SavedPart::WeightCopies, head_cast)?;
+            parts.add(
+                SavedPart::Masks,
+                add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?,
+            )?;
         }
         Checkpointing::Offload => {
             parts.add(SavedPart::LayerInputs, layer_input)?;

@@ -63,6 +63,7 @@ pub(crate) fn read(m: &Map) -> Result<Architecture, ConfigError> {
     r.record("model_type", model_type.into());
     let mut arch = match family {
         ModelFamily::Gpt2 => gpt2(&mut r)?,
+        ModelFamily::Opt => opt(&mut r)?,
         ModelFamily::Bert | ModelFamily::Roberta | ModelFamily::XlmRoberta => {
             encoder(family, &mut r)?
         }
@@ -486,6 +487,7 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             norm: false,
             dropout: false,
             scale: embed_scale,
+            proj: 0,
         },
         vision: None,
         layers,
@@ -666,6 +668,7 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
             norm: false,
             dropout: embd_dropout,
             scale: EmbedScale::None,
+            proj: 0,
         },
         vision: None,
         layers: vec![layer; layers as usize],
@@ -681,6 +684,93 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
         buffers: Vec::new(),
     };
     Ok(arch(ModelFamily::Gpt2, spec, Some(positions)))
+}
+
+/// OPT (`OPTForCausalLM`, transformers' `modeling_opt.py`): learned positions with two extra
+/// rows (`OPTLearnedPositionalEmbedding`'s offset), looked up by `batch x seq` int64 ids built
+/// per forward (kept by the lookup); q/k/v/out projections and `fc1`/`fc2` with biases
+/// (`enable_bias`); ReLU by default; dropout after each sub-block, none on the embeddings;
+/// LayerNorms before the sub-blocks with a final one (`do_layer_norm_before`), or after the
+/// residual adds without a final one (opt-350m); `project_in` / `project_out` when
+/// `word_embed_proj_dim` differs from `hidden_size`; the head tied to the token embeddings.
+fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
+    let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
+    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
+    let (heads, _, head_dim) = heads(
+        r,
+        hidden,
+        "hidden_size",
+        &["num_attention_heads"],
+        false,
+        None,
+    )?;
+    let ffn = r.req(&["ffn_dim"], 1, 1 << 22)?;
+    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
+    let max_positions = r.opt(&["max_position_embeddings"], 2048, 1, MAX_VOCAB)?;
+    let proj = r.opt(&["word_embed_proj_dim"], hidden, 1, MAX_DIM)?;
+    let pre_norm = r.bool("do_layer_norm_before", true)?;
+    let remove_final_norm = r.bool("_remove_final_layer_norm", false)?;
+    let bias = r.bool("enable_bias", true)?;
+    if !r.bool("layer_norm_elementwise_affine", true)? {
+        return Err(ConfigError::InvalidField {
+            field: "layer_norm_elementwise_affine".into(),
+            reason: "LayerNorms without weights are not modelled".into(),
+        });
+    }
+    let tied = r.bool("tie_word_embeddings", true)?;
+    let dropout = r.prob(&["dropout"], 0.1)?;
+    let attn_dropout = r.prob(&["attention_dropout"], 0.0)?;
+    let act = match r.string("activation_function")? {
+        None | Some("relu") => Activation::Relu,
+        Some(_) => Activation::Kernel,
+    };
+    let layer = Layer {
+        attention: Attention {
+            qkv_bias: bias,
+            o_bias: bias,
+            probs_dropout: attn_dropout,
+            // eager: softmax(..., dtype=float32).to(query.dtype)
+            softmax_fp32: true,
+            ..Attention::classic(hidden, heads, head_dim)
+        },
+        mlp: FeedForward::Dense(Mlp {
+            bias,
+            ..Mlp::plain(hidden, ffn, act)
+        }),
+        norm: NormKind::LayerNorm,
+        placement: if pre_norm {
+            Placement::Pre
+        } else {
+            Placement::PostResidual
+        },
+        hidden_dropout: dropout,
+    };
+    let spec = ModelSpec {
+        embedding: Embedding {
+            vocab,
+            hidden,
+            positions: max_positions + 2,
+            token_types: 0,
+            index_tensors: 1,
+            norm: false,
+            dropout: false,
+            scale: EmbedScale::None,
+            proj: if proj == hidden { 0 } else { proj },
+        },
+        vision: None,
+        layers: vec![layer; layers as usize],
+        final_norm: (pre_norm && !remove_final_norm).then_some(NormKind::LayerNorm),
+        head: Head::CausalLm {
+            softcap: false,
+            scaled: false,
+        },
+        tied,
+        rotary_width: 0,
+        rotary_per_attention_type: false,
+        rotary_fp32: false,
+        buffers: Vec::new(),
+    };
+    Ok(arch(ModelFamily::Opt, spec, Some(max_positions)))
 }
 
 /// Width, layers, heads and head width of a multi-head encoder (BERT family, ViT).
@@ -747,6 +837,7 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             norm: true,
             dropout: hidden_dropout,
             scale: EmbedScale::None,
+            proj: 0,
         },
         vision: None,
         layers: vec![layer; layers as usize],
@@ -795,6 +886,7 @@ fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
             norm: false,
             dropout: false,
             scale: EmbedScale::None,
+            proj: 0,
         },
         vision: Some(Vision { image, patch }),
         layers: vec![layer; layers as usize],

@@ -114,13 +114,14 @@ impl CausalHead {
     /// TRL's `chunked_nll` (`sft_trainer._chunked_cross_entropy_loss`, v1.7 to v1.13): the
     /// shifted hidden states gathered valid tokens first, then `lm_head` and the loss per
     /// 256 tokens under non-reentrant checkpointing: only the gathered hidden states, the
-    /// sort order and the labels outlive the forward.
+    /// sort order and the labels outlive the forward (measured with TRL's own code:
+    /// `validation/trainers.py`).
     fn trl_chunked(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<LossCosts> {
         let (h, v) = (self.hidden, self.vocab);
         let shifted = mul(s.batch, s.seq.saturating_sub(1))?;
         let r = x.bytes;
-        // `hidden[..., :-1, :].reshape(-1, H)` copies a batch of more than one row; the
-        // gather by the sort order copies again and outlives it (the chunks are its views)
+        // `hidden[..., :-1, :].reshape(-1, H)` copies a batch of more than one row, freed
+        // once gathered; the gather by the sort order outlives it (the chunks are its views)
         let flat = if s.batch > 1 {
             storage(mul(shifted, h)?, r)?
         } else {
@@ -132,25 +133,21 @@ impl CausalHead {
         tape.raw(shifted, 8).and_then(|t| tape.save(t))?; // the gathered labels
         let chunk = TRL_CHUNK_TOKENS.min(shifted.max(1));
         let cv4 = storage(mul(chunk, v)?, 4)?;
-        // soft-capping makes one more fp32 chunk (TRL does not read Granite's
-        // `logits_scaling`, so that model's chunks are not scaled)
+        // a chunk: its fp32 logits, log_softmax, and the entropy's exp and product
+        // (soft-capping one more); under autocast a fresh 16-bit copy of the weight's
+        // transpose (not a leaf: never cached)
         let chunk_tensors = if self.softcap { 5 } else { 4 };
-        // under autocast each chunk casts the head weight to 16 bits
         let weight_cast = if s.d.amp { storage(mul(v, h)?, 2)? } else { 0 };
-        // one chunk's forward: fp32 logits, log_softmax, and the entropy's exp and product;
-        // the final norm's output and the flattened copy are still referenced
-        let forward = add(
-            add(mul(cv4, chunk_tensors)?, weight_cast)?,
-            add(storage(mul(tokens_of(s)?, h)?, r)?, flat)?,
-        )?;
-        // backward, one chunk at a time: the recomputed log_softmax and exp, the gradients of
-        // log_p and of the logits (fp32), the head weight's gradient and the hidden states'
-        // gradient (the chunk's slice scattered into a full-size buffer, added to the sum)
-        let grads = add(
-            storage(mul(v, h)?, self.weight_grad_bytes)?,
-            mul(storage(mul(shifted, h)?, r)?, 2)?,
-        )?;
-        let backward = add(add(mul(cv4, chunk_tensors)?, weight_cast)?, grads)?;
+        let one_chunk = add(mul(cv4, chunk_tensors)?, weight_cast)?;
+        // the final norm's output stays referenced by the patched forward
+        let norm_out = storage(mul(tape.tokens, h)?, r)?;
+        let forward = add(norm_out, flat.max(one_chunk))?;
+        // backward, one chunk at a time: the running sums of the hidden states' gradient and
+        // of the head weight's (autograd adds each chunk's out of place: the old sum, the new
+        // gradient and the result at once), and the recomputed chunk with its gradients
+        let vh_grad = storage(mul(v, h)?, self.weight_grad_bytes)?;
+        let sums = add(storage(mul(shifted, h)?, r)?, vh_grad)?;
+        let backward = add(sums, one_chunk.max(mul(vh_grad, 2)?))?;
         Ok(LossCosts {
             forward,
             after_forward: 0,
@@ -309,10 +306,6 @@ impl CausalHead {
             keeps_head_cast: false,
         })
     }
-}
-
-fn tokens_of(s: &StepShape) -> Res<u64> {
-    mul(s.batch, s.seq)
 }
 
 #[cfg(test)]

@@ -26,8 +26,12 @@
 //! the start of backward (saved activations plus the loss's gradient buffers, or one
 //! recomputed layer under checkpointing), the end of backward (all gradients, the embedding's
 //! gradient being made: three embedding-sized buffers for a tied weight), and the optimizer
-//! step (weights, gradients, state and foreach AdamW's parameter-sized temporary). Inference
-//! (`Optimizer::None`) is weights plus the largest live forward tensors.
+//! step (weights, gradients, state and foreach AdamW's parameter-sized temporary); with eager
+//! attention also inside the last and the first layers' attention backward (score-sized
+//! gradients, with nearly every parameter gradient in the first). Inference
+//! (`Optimizer::None`) is weights plus the largest live forward tensors at one of three
+//! moments: inside the last layer's eager attention, inside its MLP, or at the head (with
+//! autocast's copies of the weights cast so far; `validation/peak_live.py` lists them).
 //!
 //! # Parameter-efficient fine-tuning
 //! LoRA and QLoRA (`peft.rs`) run on the same tape: the base is frozen, so a linear keeps no

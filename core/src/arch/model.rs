@@ -4,8 +4,8 @@
 
 use super::loss::CausalHead;
 use super::ops::{
-    add, dropout, mul, residual, storage, Activation, Dtypes, FeedForward, Linear, Norm, NormKind,
-    PartBytes, Res, RmsStyle, SavedPart, Tape, T,
+    add, dropout, mul, residual, storage, Activation, Dtypes, ExpertAct, FeedForward, Linear, Norm,
+    NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::{Role, TapePeft};
 use super::recipe::LossKind;
@@ -321,6 +321,83 @@ impl Attention {
         }
         Ok((q, k, v))
     }
+    /// Bytes alive inside eager attention at its peak in a no-grad forward, beyond the layer's
+    /// input and normed input (0 for the fused kernels, whose working set is the MLP's at
+    /// most): q and k after the rotary embedding, v, HF's `repeat_kv` copies for grouped heads,
+    /// and the largest set of score tensors. Read from transformers' `eager_attention_forward`
+    /// and checked with `validation/peak_live.py`:
+    /// `matmul(q, k^T) * scale + mask` (the mask is in the model's dtype, fp32 under
+    /// autocast, which promotes the logits) stays referenced until the end; the softmax
+    /// (fp32 where HF asks for it, or under autocast) converts its input first, and the
+    /// result is cast back to the value's dtype while both live. With sinks (gpt-oss) the
+    /// logits are concatenated with the sink column, the row max subtracted (the
+    /// concatenation and the difference alive together), the softmax is one column wider and
+    /// the slice without the sink is cast back.
+    pub fn inference_live(&self, s: &StepShape) -> Res<u64> {
+        if self.kernel(s) != Kernel::Eager {
+            return Ok(0);
+        }
+        let d = s.d;
+        let (w, r) = (d.act, d.resid());
+        let tokens = mul(s.batch, s.seq)?;
+        let (qw, kvw) = (self.q_width(), self.kv_width());
+        let vw = self.kv_heads * self.v_head_dim;
+        let rope = if self.rope_keeps_dtype { w } else { w.max(r) };
+        let (qb, kb) = if self.rotary_dim.is_some() {
+            (rope, rope)
+        } else {
+            (w, w)
+        };
+        let t = |width: u64, bytes: u64| storage(tokens, mul(width, bytes)?);
+        let mut live = if self.fused_qkv {
+            // q, k and v are views of the fused projection, which the rotary ones replace
+            let qkv = t(qw + 2 * kvw, w)?;
+            if self.rotary_dim.is_some() {
+                add(qkv, add(t(qw, qb)?, t(kvw, kb)?)?)?
+            } else {
+                qkv
+            }
+        } else {
+            add(add(t(qw, qb)?, t(kvw, kb)?)?, t(vw, w)?)?
+        };
+        // repeat_kv: an expand, copied by its reshape unless one kv head serves one sample
+        if self.heads != self.kv_heads && !(self.kv_heads == 1 && s.batch == 1) {
+            live = add(
+                live,
+                add(t(self.heads * self.head_dim, kb)?, t(self.out_width(), w)?)?,
+            )?;
+        }
+        let rows = mul(mul(s.batch, self.heads)?, s.seq)?;
+        let square = mul(rows, s.seq)?;
+        // the masked logits: the mask's dtype promotes them
+        let logits = w.max(r);
+        let sm = if self.softmax_fp32 || d.amp {
+            4
+        } else {
+            logits
+        };
+        let scores = if self.sinks {
+            let wide = mul(rows, add(s.seq, 1)?)?;
+            let a = storage(square, logits)?;
+            let c = storage(wide, logits)?;
+            // concatenation and difference, or difference and softmax (same dtype), then
+            // the cast of the slice back to the value's dtype
+            // (the softmax runs in the logits' dtype)
+            let cast = if logits == w { 0 } else { storage(square, w)? };
+            add(add(a, mul(c, 2)?)?, cast)?
+        } else {
+            let a = storage(square, logits)?;
+            let p = storage(square, sm)?;
+            let convert = if sm == logits { 0 } else { p };
+            let cast = if sm == w { 0 } else { storage(square, w)? };
+            add(add(a, p)?, convert.max(cast))?
+        };
+        add(live, scores)
+    }
+    /// Bytes of one eager attention mask: `(batch, 1, seq, seq)` in the model's dtype.
+    pub fn eager_mask(s: &StepShape) -> Res<u64> {
+        storage(mul(s.batch, mul(s.seq, s.seq)?)?, s.d.resid())
+    }
     pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
         let d = s.d;
         tape.part = SavedPart::Attention;
@@ -466,22 +543,23 @@ impl Layer {
         }
         v
     }
-    /// Element counts of the weights and biases of the matmuls (what autocast casts).
     /// Element counts of the matmul weights that autocast's cast cache keeps: the weight
     /// matrices, and under `no_grad` the biases too (measured: with autograd on, the biases'
-    /// 16-bit copies are not alive at the end of the forward).
+    /// 16-bit copies are not alive at the end of the forward). A mixture's grouped experts are
+    /// not among them: `grouped_mm` is on no autocast list and transformers casts the rows to
+    /// the experts' dtype instead, so only the router and the shared expert are cast.
     pub fn linear_params(&self, with_biases: bool) -> Vec<u64> {
         let mut v = Vec::new();
-        for l in self.attention.linears() {
+        if !with_biases {
+            v.extend(self.attention.linears().iter().map(|l| l.n_in * l.n_out));
+            self.mlp.weights(&mut v);
+            return v;
+        }
+        for (_, l) in self.roled_linears() {
             v.push(l.n_in * l.n_out);
-            if with_biases && l.bias {
+            if l.bias {
                 v.push(l.n_out);
             }
-        }
-        if with_biases {
-            self.mlp.params(&mut v);
-        } else {
-            self.mlp.weights(&mut v);
         }
         v
     }
@@ -573,6 +651,10 @@ pub(crate) struct Embedding {
     pub norm: bool,
     pub dropout: bool,
     pub scale: EmbedScale,
+    /// Width of the token embeddings when it differs from the layers' (OPT's
+    /// `word_embed_proj_dim`): `project_in` widens them to the layers' width and
+    /// `project_out` narrows the last hidden state back for the (tied) head; 0 for none.
+    pub proj: u64,
 }
 
 /// ViT's patch embedding.
@@ -639,8 +721,15 @@ pub(crate) struct ForwardTape {
     pub loss_forward: u64,
     /// Extra transient after the model's forward returned (outside autocast).
     pub after_forward: u64,
-    /// Largest set of live tensors in a no-grad forward, beyond weights and input.
+    /// Largest set of live tensors in a no-grad forward at the head (with autocast's copy of
+    /// the head weight there), beyond weights and input.
     pub inference: u64,
+    /// Largest set of live tensors inside the layers' MLPs in a no-grad forward (before the
+    /// head's weight copy exists).
+    pub inference_layers: u64,
+    /// Largest set of live tensors inside eager attention in a no-grad forward (the last
+    /// layer's output projection and MLP not cast yet).
+    pub inference_attention: u64,
     /// Whether autocast's 16-bit copy of the head weight is kept for backward.
     pub keeps_head_cast: bool,
     /// What the layers' saved bytes are for, summed over the layers.
@@ -649,6 +738,8 @@ pub(crate) struct ForwardTape {
     pub outside_parts: PartBytes,
     /// What the last layer saves, by part (its MLP's share is freed first in backward).
     pub last_layer_parts: PartBytes,
+    /// What the first layer saves, by part (before any frozen-base discount).
+    pub first_layer_parts: PartBytes,
     /// What the first layer does not keep because its input needs no gradient (a frozen
     /// base without checkpointing), already taken out of `layer_parts`.
     pub first_layer_discount: u64,
@@ -660,6 +751,15 @@ impl ModelSpec {
     }
     fn vocab(&self) -> u64 {
         self.embedding.vocab
+    }
+    /// Width of the token embeddings and of the head's input (the layers' width unless the
+    /// model projects in and out).
+    pub fn token_width(&self) -> u64 {
+        if self.embedding.proj > 0 {
+            self.embedding.proj
+        } else {
+            self.hidden()
+        }
     }
     /// The distinct layers, each with how many times it occurs, in order of first occurrence.
     pub fn layer_groups(&self) -> Vec<(&Layer, u64)> {
@@ -675,6 +775,45 @@ impl ModelSpec {
     /// Element counts of the parameter tensors outside the layers.
     pub fn outside_parameter_tensors(&self) -> Vec<u64> {
         self.outside_params(true)
+    }
+    /// Bytes of eager attention's float masks: one per attention type (full, sliding), 0
+    /// when no layer runs eager.
+    /// transformers' bool masks (batch, 1, seq, seq) for SDPA, one per attention type that
+    /// takes a mask (a sliding window the sequence reaches, or every type for padded or
+    /// packed rows): checkpointing keeps them as layer arguments until backward.
+    pub fn sdpa_masks(&self, s: &StepShape) -> Res<u64> {
+        let mut windows: Vec<Option<u64>> = self
+            .layers
+            .iter()
+            .filter(|l| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
+            .map(|l| l.attention.window)
+            .collect();
+        windows.sort_unstable();
+        windows.dedup();
+        mul(
+            storage(mul(s.batch, mul(s.seq, s.seq)?)?, 1)?,
+            windows.len() as u64,
+        )
+    }
+    pub fn eager_masks(&self, s: &StepShape) -> Res<u64> {
+        if !self
+            .layers
+            .iter()
+            .any(|l| l.attention.kernel(s) == Kernel::Eager)
+        {
+            return Ok(0);
+        }
+        let mut windows: Vec<Option<u64>> =
+            self.layers.iter().map(|l| l.attention.window).collect();
+        windows.sort_unstable();
+        windows.dedup();
+        mul(Attention::eager_mask(s)?, windows.len() as u64)
+    }
+    /// Element counts of the embeddings' parameter tensors (a tied head matrix among them).
+    pub fn embedding_parameter_tensors(&self) -> Vec<u64> {
+        let mut t = self.outside_params(true);
+        t.truncate(t.len().saturating_sub(self.head_params().len()));
+        t
     }
     /// Element counts of every parameter tensor (tied weights once).
     pub fn parameter_tensors(&self) -> Vec<u64> {
@@ -693,6 +832,10 @@ impl ModelSpec {
             if let Some(vis) = self.vision {
                 let p = vis.patch;
                 t.extend([h * 3 * p * p, h, h, vis.tokens() * h]);
+            } else if e.proj > 0 {
+                // embed_tokens, embed_positions, project_out, project_in (PyTorch's order)
+                t.push(v * e.proj);
+                t.extend([e.positions * h, h * e.proj, e.proj * h]);
             } else {
                 t.push(v * h);
                 if e.positions > 0 {
@@ -719,7 +862,7 @@ impl ModelSpec {
         match self.head {
             Head::CausalLm { .. } => {
                 if !self.tied {
-                    t.push(v * h);
+                    t.push(v * self.token_width());
                 }
             }
             Head::MaskedLm => t.extend([h * h, h, h, h, v]),
@@ -738,6 +881,11 @@ impl ModelSpec {
                 let p = self.vision.map_or(0, |vis| vis.patch);
                 vec![v * h, v, h * 3 * p * p, h]
             }
+            // with project_in / project_out, their weights are cast too
+            Head::CausalLm { .. } if self.embedding.proj > 0 => {
+                let p = self.embedding.proj;
+                vec![v * p, h * p, p * h]
+            }
             Head::CausalLm { .. } => vec![v * h],
         }
     }
@@ -747,7 +895,7 @@ impl ModelSpec {
         let (h, v) = (self.hidden(), self.vocab());
         let mut t = self.head_params();
         if self.tied && matches!(self.head, Head::CausalLm { .. }) {
-            t.push(v * h);
+            t.push(v * self.token_width());
         }
         if self.head == Head::MaskedLm {
             t.push(v * h); // the tied decoder
@@ -822,122 +970,185 @@ impl ModelSpec {
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let mut keeps_head_cast = true;
         let mut after_forward = 0;
-        let (loss_buffers, loss_forward, inference) = match self.head {
-            Head::CausalLm { softcap, scaled } => {
-                let x = match self.final_norm {
-                    Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
-                    None => x,
-                };
-                let head = CausalHead {
-                    hidden: h,
-                    vocab: v,
-                    softcap,
-                    weight_grad_bytes: s.head_grad_bytes,
-                    weight_bytes: s.head_weight_bytes,
-                };
-                let costs = head.loss(s.loss, &mut tape, x, s)?;
-                keeps_head_cast = costs.keeps_head_cast;
-                after_forward = costs.after_forward;
-                let logits_w = storage(tv, w)?;
-                let inner = storage(tokens, mul(self.max_inner(), w)?)?;
-                let k = self
-                    .layers
-                    .last()
-                    .map_or(3, |l| l.mlp.inference_inner_tensors());
-                let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
-                // the final norm's output (and its 16-bit cast for a LayerNorm under
-                // autocast) next to the logits
-                let head_live = if self.final_norm == Some(NormKind::LayerNorm) {
-                    add(
-                        add(logits_w, hidden_r)?,
+        let (loss_buffers, loss_forward, (inference, inference_layers, inference_attention)) =
+            match self.head {
+                Head::CausalLm { softcap, scaled } => {
+                    let x = match self.final_norm {
+                        Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
+                        None => x,
+                    };
+                    let x = if self.embedding.proj > 0 {
+                        Linear::new(h, self.embedding.proj, false).forward(&mut tape, x, d)?
+                    } else {
+                        x
+                    };
+                    let head = CausalHead {
+                        hidden: self.token_width(),
+                        vocab: v,
+                        softcap,
+                        weight_grad_bytes: s.head_grad_bytes,
+                        weight_bytes: s.head_weight_bytes,
+                    };
+                    let costs = head.loss(s.loss, &mut tape, x, s)?;
+                    keeps_head_cast = costs.keeps_head_cast;
+                    after_forward = costs.after_forward;
+                    let logits_w = storage(tv, w)?;
+                    let inner = storage(tokens, mul(self.max_inner(), w)?)?;
+                    let k = self
+                        .layers
+                        .last()
+                        .map_or(3, |l| l.mlp.inference_inner_tensors());
+                    let mlp_live = add(mul(hidden_r, 2)?, mul(inner, k)?)?;
+                    // grouped experts (GLU) in their weights' dtype (fp32 under autocast): the
+                    // gathered rows, the fused gate/up output, the activation and the product,
+                    // next to the embeddings' output, the layer's input, its middle residual and
+                    // the normed input (checked with validation/peak_live.py on Mixtral)
+                    let moe_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                        let FeedForward::Moe(m) = l.mlp else {
+                            return Ok(acc);
+                        };
+                        if m.act != ExpertAct::Glu {
+                            return Ok(acc);
+                        }
+                        let (rows, wd) = (mul(tokens, m.top_k)?, d.weight);
+                        let experts = add(
+                            add(
+                                storage(rows, mul(m.hidden, wd)?)?,
+                                storage(rows, mul(2 * m.inner, wd)?)?,
+                            )?,
+                            mul(storage(rows, mul(m.inner, wd)?)?, 2)?,
+                        )?;
+                        Ok::<u64, super::estimate::EstimateError>(
+                            acc.max(add(mul(hidden_r, 4)?, experts)?),
+                        )
+                    })?;
+                    let mlp_live = mlp_live.max(moe_live);
+                    // the final norm's output (and its 16-bit cast for a LayerNorm under
+                    // autocast) next to the logits
+                    let head_live = if self.embedding.proj > 0 {
+                        // project_out's output replaces the final norm's
+                        add(logits_w, storage(tokens, mul(self.token_width(), w)?)?)?
+                    } else if self.final_norm == Some(NormKind::LayerNorm) {
+                        add(
+                            add(logits_w, hidden_r)?,
+                            if d.amp {
+                                storage(tokens, mul(h, 2)?)?
+                            } else {
+                                0
+                            },
+                        )?
+                    } else {
+                        add(logits_w, storage(tokens, mul(h, w)?)?)?
+                    };
+                    // soft-capping or scaling the logits makes a second logits-sized tensor
+                    // while the first is alive
+                    let head_live = if softcap || scaled {
+                        add(head_live, logits_w)?
+                    } else {
+                        head_live
+                    };
+                    // with a sliding-window mask, HF's bool mask lives through the forward and each
+                    // layer converts it to the query's dtype
+                    let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
+                        let area = mul(s.seq, s.seq)?;
+                        // a padded or packed batch's bool mask is per sample; a sliding window's
+                        // is broadcast over the batch
+                        let rows = if s.mask { s.batch } else { 1 };
+                        add(
+                            storage(mul(rows, area)?, 1)?,
+                            storage(mul(s.batch, area)?, w)?,
+                        )?
+                    } else {
+                        0
+                    };
+                    // eager attention gets a float mask per attention type (full, sliding)
+                    // instead, alive through the layers (freed when the model's forward returns,
+                    // before the head)
+                    let eager = self
+                        .layers
+                        .iter()
+                        .any(|l| l.attention.kernel(s) == Kernel::Eager);
+                    let head_masks = if eager { 0 } else { masks };
+                    let masks = if eager { self.eager_masks(s)? } else { masks };
+                    // inside eager attention: the embeddings' output and the learned positions'
+                    // (still referenced by the model's forward), the layer's input and, before
+                    // a pre-norm attention, its normed copy, with the attention's own tensors
+                    let attn_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                        let own = l.attention.inference_live(s)?;
+                        if own == 0 {
+                            return Ok::<u64, super::estimate::EstimateError>(acc);
+                        }
+                        let hiddens = 2
+                            + u64::from(self.embedding.positions > 0)
+                            + u64::from(matches!(
+                                l.placement,
+                                Placement::Pre | Placement::Sandwich
+                            ));
+                        Ok(acc.max(add(add(mul(hidden_r, hiddens)?, own)?, masks)?))
+                    })?;
+                    let head_live = add(head_live, head_masks)?;
+                    let mlp_live = add(mlp_live, masks)?;
+                    let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
+                        0
+                    } else {
+                        mlp_live
+                    };
+                    (
+                        costs.backward,
+                        costs.forward,
+                        (head_live, mlp_live, attn_live),
+                    )
+                }
+                Head::MaskedLm => {
+                    let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
+                    let y = Activation::Kernel.forward(&mut tape, y, d)?;
+                    let y = Norm::new(NormKind::LayerNorm, h).forward(&mut tape, y, d)?;
+                    Linear::new(h, v, true).run(Role::Head, &mut tape, y, d)?;
+                    // cross_entropy: log_softmax (fp32 under autocast) kept; under autocast the
+                    // 16-bit logits stay referenced by the graph too
+                    tape.raw(tv, if d.amp { 4 } else { w })
+                        .and_then(|t| tape.save(t))?;
+                    if d.amp {
+                        tape.raw(tv, 2).and_then(|t| tape.save(t))?;
+                    }
+                    let buffers = if d.amp {
+                        storage(tv, 4)?
+                    } else {
+                        mul(storage(tv, w)?, 2)?
+                    };
+                    let live = add(
+                        add(storage(tv, w)?, mul(hidden_r, 2)?)?,
                         if d.amp {
                             storage(tokens, mul(h, 2)?)?
                         } else {
                             0
                         },
-                    )?
-                } else {
-                    add(logits_w, storage(tokens, mul(h, w)?)?)?
-                };
-                // soft-capping or scaling the logits makes a second logits-sized tensor
-                // while the first is alive
-                let head_live = if softcap || scaled {
-                    add(head_live, logits_w)?
-                } else {
-                    head_live
-                };
-                // with a sliding-window mask, HF's bool mask lives through the forward and each
-                // layer converts it to the query's dtype
-                let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
-                    let area = mul(s.seq, s.seq)?;
-                    // a padded or packed batch's bool mask is per sample; a sliding window's
-                    // is broadcast over the batch
-                    let rows = if s.mask { s.batch } else { 1 };
-                    add(
-                        storage(mul(rows, area)?, 1)?,
-                        storage(mul(s.batch, area)?, w)?,
-                    )?
-                } else {
-                    0
-                };
-                let head_live = add(head_live, masks)?;
-                let mlp_live = add(mlp_live, masks)?;
-                let mlp_live = if self.final_norm == Some(NormKind::LayerNorm) {
-                    0
-                } else {
-                    mlp_live
-                };
-                (costs.backward, costs.forward, head_live.max(mlp_live))
-            }
-            Head::MaskedLm => {
-                let y = Linear::new(h, h, true).forward(&mut tape, x, d)?;
-                let y = Activation::Kernel.forward(&mut tape, y, d)?;
-                let y = Norm::new(NormKind::LayerNorm, h).forward(&mut tape, y, d)?;
-                Linear::new(h, v, true).run(Role::Head, &mut tape, y, d)?;
-                // cross_entropy: log_softmax (fp32 under autocast) kept; under autocast the
-                // 16-bit logits stay referenced by the graph too
-                tape.raw(tv, if d.amp { 4 } else { w })
-                    .and_then(|t| tape.save(t))?;
-                if d.amp {
-                    tape.raw(tv, 2).and_then(|t| tape.save(t))?;
+                    )?;
+                    (buffers, storage(tv, w)?, (live, 0, 0))
                 }
-                let buffers = if d.amp {
-                    storage(tv, 4)?
-                } else {
-                    mul(storage(tv, w)?, 2)?
-                };
-                let live = add(
-                    add(storage(tv, w)?, mul(hidden_r, 2)?)?,
+                Head::ImageClassifier => {
+                    let b = s.batch;
+                    // the final LayerNorm runs over every token; the classifier reads the class token
+                    tape.save(x)?;
+                    tape.saved(1, 4)?;
+                    tape.saved(1, 4)?;
                     if d.amp {
-                        storage(tokens, mul(h, 2)?)?
+                        tape.raw(mul(b, h)?, 2).and_then(|t| tape.save(t))?;
+                        tape.raw(mul(b, v)?, 2).and_then(|t| tape.save(t))?;
                     } else {
-                        0
-                    },
-                )?;
-                (buffers, storage(tv, w)?, live)
-            }
-            Head::ImageClassifier => {
-                let b = s.batch;
-                // the final LayerNorm runs over every token; the classifier reads the class token
-                tape.save(x)?;
-                tape.saved(1, 4)?;
-                tape.saved(1, 4)?;
-                if d.amp {
-                    tape.raw(mul(b, h)?, 2).and_then(|t| tape.save(t))?;
-                    tape.raw(mul(b, v)?, 2).and_then(|t| tape.save(t))?;
-                } else {
-                    tape.saved(h, w)?;
+                        tape.saved(h, w)?;
+                    }
+                    tape.raw(mul(b, v)?, if w == 2 && !d.amp { 2 } else { 4 })
+                        .and_then(|t| tape.save(t))?;
+                    let inner = storage(tokens, mul(self.max_inner(), w)?)?;
+                    let live = add(mul(hidden_r, 5)?, mul(inner, 2)?)?;
+                    (storage(mul(b, v)?, 4)?, 0, (live, 0, 0))
                 }
-                tape.raw(mul(b, v)?, if w == 2 && !d.amp { 2 } else { 4 })
-                    .and_then(|t| tape.save(t))?;
-                let inner = storage(tokens, mul(self.max_inner(), w)?)?;
-                let live = add(mul(hidden_r, 5)?, mul(inner, 2)?)?;
-                (storage(mul(b, v)?, 4)?, 0, live)
-            }
-        };
+            };
         let total = tape.total();
         Ok(ForwardTape {
             last_layer_parts,
+            first_layer_parts: first_layer.map(|(_, p)| p).unwrap_or_default(),
             layer_parts,
             outside_parts: tape.parts,
             per_group,
@@ -947,6 +1158,8 @@ impl ModelSpec {
             loss_forward,
             after_forward,
             inference,
+            inference_layers,
+            inference_attention,
             keeps_head_cast,
             first_layer_discount,
         })
@@ -998,7 +1211,14 @@ impl ModelSpec {
         for _ in 0..e.index_tensors {
             tape.saved(1, 8)?;
         }
-        let mut x = tape.tensor(h, r)?;
+        let mut x = if e.proj > 0 {
+            // project_in reads the token embeddings; the positions are added to its output
+            let tokens = tape.tensor(e.proj, r)?;
+            let x = Linear::new(e.proj, h, false).forward(tape, tokens, d)?;
+            tape.like(x, x.bytes.max(r))?
+        } else {
+            tape.tensor(h, r)?
+        };
         match e.scale {
             EmbedScale::Tensor => {
                 tape.raw(1, r).and_then(|t| tape.save(t))?; // the 0-dim normalizer

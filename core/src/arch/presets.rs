@@ -69,6 +69,8 @@ presets![
     ("gpt2", "GPT-2 (124M)", Gpt2, 1024),
     ("gpt2-medium", "GPT-2 medium (355M)", Gpt2, 1024),
     ("gpt2-large", "GPT-2 large (774M)", Gpt2, 1024),
+    ("opt-125m", "OPT 125M", Opt, 2048),
+    ("opt-350m", "OPT 350M", Opt, 2048),
     ("bert-base", "BERT base (110M)", Bert, 512),
     ("roberta-base", "RoBERTa base (125M)", Roberta, 512),
     (
@@ -80,7 +82,7 @@ presets![
     ("vit-b16", "ViT-B/16 (224 px)", Vit, 224),
 ];
 
-const COUNT: usize = 44;
+const COUNT: usize = 46;
 
 impl Preset {
     /// Every preset, grouped by family in the order the page lists them.
@@ -222,6 +224,8 @@ mod tests {
             ("moonlight-16b-a3b", 15_960_108_544),
             ("gpt-oss-20b", 20_914_757_184),
             ("gpt-oss-120b", 116_829_156_672),
+            ("opt-125m", 125_239_296),
+            ("opt-350m", 331_196_416),
         ] {
             params(key, n);
         }
