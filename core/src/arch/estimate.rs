@@ -3,7 +3,9 @@
 use super::config::Architecture;
 use super::model::{Kernel, StepShape};
 use super::model::{Layer, Placement};
-use super::ops::{add, mul, storage, sum_storages, Dtypes, PartBytes, Res, SavedPart, BLOCK};
+use super::ops::{
+    add, mul, storage, sum_storages, Dtypes, NormKind, PartBytes, Res, SavedPart, BLOCK,
+};
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
 use crate::Optimizer;
@@ -800,6 +802,17 @@ pub fn estimate_peak_with(
                 .skip(1)
                 .map(|l| l.n_in * l.n_out)
                 .collect();
+            // the probabilities x V matmul's backward has run: the probabilities it kept (a
+            // cast or dropout's output, when not the softmax's own output) and the values (a
+            // repeat_kv copy for grouped heads) are gone (measured: validation/trainers.py)
+            let probs_cast = if sm != d.act || a.probs_dropout {
+                storage(hs2, d.act)?
+            } else {
+                0
+            };
+            let repeated = a.heads != a.kv_heads && !(a.kv_heads == 1 && step.batch == 1);
+            let v_heads = if repeated { a.heads } else { a.kv_heads };
+            let values = storage(tokens, mul(v_heads * a.v_head_dim, d.act)?)?;
             let layer = [
                 SavedPart::QkNorms,
                 SavedPart::AttentionScores,
@@ -810,16 +823,41 @@ pub fn estimate_peak_with(
             .try_fold(
                 add(
                     input_norm,
-                    fp.get(SavedPart::Attention).saturating_sub(o_input),
+                    fp.get(SavedPart::Attention)
+                        .saturating_sub(add(o_input, values)?),
                 )?,
                 |acc, part| add(acc, fp.get(part)),
-            )?;
+            )?
+            .saturating_sub(probs_cast);
             let layer = add(layer, cast(&qkv_weights)?)?;
+            // checkpointing keeps the layer's arguments until its backward ends: the eager
+            // masks, and the layer's input where its norm saved a cast instead (a 16-bit
+            // RMSNorm keeps an fp32 copy)
+            let kept_arguments = if step.checkpointing.recomputes() {
+                let input = match (first.placement, first.norm) {
+                    (Placement::Pre | Placement::Sandwich, NormKind::Rms(_)) if d.resid() != 4 => {
+                        layer_input
+                    }
+                    _ => 0,
+                };
+                add(spec.eager_masks(&shape)?, input)?
+            } else {
+                0
+            };
+            let layer = add(layer, kept_arguments)?;
             Some(CategoryBytes {
                 activations: add(acts.outside.saturating_sub(acts.head_saved), layer)?,
                 gradients: grads.saturating_sub(sum_storages(&early, p.gradient_bytes())?),
+                // the softmax's gradients, the layer output's gradient and the gradient of the
+                // (repeated) values
                 temporaries: add(
-                    add(mul(storage(hs2, sm)?, 2)?, mul(layer_input, 2)?)?,
+                    add(
+                        mul(storage(hs2, sm)?, 2)?,
+                        add(
+                            layer_input,
+                            storage(tokens, mul(a.heads * a.v_head_dim, d.act)?)?,
+                        )?,
+                    )?,
                     if spec.tied { embedding } else { 0 },
                 )?,
                 ..base
