@@ -219,6 +219,8 @@ pub fn App() -> impl IntoView {
         query.with(|q| browser::store(q));
         url_sync.run(move || query.with_untracked(|q| browser::replace_query(q)));
     });
+    // The tab's title too: setting it costs about a twentieth of a keystroke.
+    let title_sync = Debounced::new(URL_SYNC_DELAY);
     Effect::new(move |_| {
         let title = match total.get() {
             Some(bytes) => format!(
@@ -227,7 +229,7 @@ pub fn App() -> impl IntoView {
             ),
             None => "Batch Size Memory Estimator".to_owned(),
         };
-        browser::set_title(&title);
+        title_sync.run(move || browser::set_title(&title));
     });
 
     // Memos, so that a keystroke notifies (and re-renders) only the field whose text changed.
