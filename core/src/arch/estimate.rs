@@ -1,15 +1,16 @@
 //! Peak memory of one training step, tensor by tensor (see the module docs in `mod.rs`).
 
 use super::config::Architecture;
-use super::model::{Kernel, StepShape};
+use super::error::EstimateError;
+use super::model::Kernel;
 use super::model::{Layer, Placement};
 use super::ops::{
     add, mul, storage, sum_storages, Dtypes, NormKind, PartBytes, Res, SavedPart, BLOCK,
 };
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
+use super::shape::StepShape;
 use crate::Optimizer;
-use std::fmt;
 
 /// One training (or inference) step to estimate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,58 +137,6 @@ pub struct PeakEstimate {
     /// PyTorch's caching allocator, so not in `peak_bytes`.
     pub paged_bytes: u64,
 }
-
-/// Why a step cannot be estimated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EstimateError {
-    /// Batch size 0.
-    ZeroBatch,
-    /// Sequence length (or image side) 0.
-    ZeroSeqLen,
-    /// The model has learned position embeddings and cannot take longer sequences.
-    SeqLenTooLong {
-        /// The longest sequence the model accepts.
-        max: u64,
-    },
-    /// A ViT takes images of exactly its configured side (its position embeddings are learned).
-    ImageSizeMismatch {
-        /// The configured image side in pixels.
-        expected: u64,
-    },
-    /// flash-attn 2 runs only in 16 bits (fp32 weights need autocast) and for head sizes up
-    /// to 256.
-    Flash2Unsupported,
-    /// A byte count does not fit in 64 bits.
-    TooLarge,
-}
-
-impl fmt::Display for EstimateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EstimateError::ZeroBatch => write!(f, "batch size must be at least 1"),
-            EstimateError::ZeroSeqLen => write!(
-                f,
-                "sequence length (image side for vision models) must be at least 1"
-            ),
-            EstimateError::SeqLenTooLong { max } => {
-                write!(
-                    f,
-                    "this model has learned position embeddings for at most {max} tokens"
-                )
-            }
-            EstimateError::ImageSizeMismatch { expected } => {
-                write!(f, "this ViT takes {expected} x {expected} images only (learned position embeddings)")
-            }
-            EstimateError::Flash2Unsupported => write!(
-                f,
-                "flash_attention_2 runs in fp16/bf16 only (pick an AMP or 16-bit recipe) and for head sizes up to 256"
-            ),
-            EstimateError::TooLarge => write!(f, "the memory figure does not fit in 64 bits"),
-        }
-    }
-}
-
-impl std::error::Error for EstimateError {}
 
 /// Estimates the peak memory of one step of `arch` as configured by `step`.
 ///

@@ -1,9 +1,9 @@
 //! Family readers: each turns its `config.json` into a [`ModelSpec`]. Adding a family is a
 //! reader here, presets and measured rows; the op kinds and the estimator stay as they are.
 
-use super::config::{
-    check_range, Architecture, ConfigError, ModelFamily, Reader, MAX_DIM, MAX_LAYERS, MAX_VOCAB,
-};
+use super::config::{check_range, Architecture, Reader, MAX_DIM, MAX_LAYERS, MAX_VOCAB};
+use super::error::ConfigError;
+use super::family::ModelFamily;
 use super::model::{
     Attention, EmbedScale, Embedding, Head, Latent, Layer, ModelSpec, Placement, QkNorm, Vision,
 };
@@ -899,4 +899,16 @@ fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
         buffers: Vec::new(),
     };
     Ok(arch(ModelFamily::Vit, spec, None))
+}
+
+/// Parses a Hugging Face `config.json` (or the compact form of [`Architecture::to_config_json`]).
+///
+/// # Errors
+/// [`ConfigError`] naming the offending field or `model_type`.
+pub fn parse_hf_config(json: &str) -> Result<Architecture, ConfigError> {
+    let value = crate::json::parse(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
+    let m = value
+        .as_object()
+        .ok_or_else(|| ConfigError::InvalidJson("top level is not an object".into()))?;
+    read(m)
 }

@@ -7,10 +7,10 @@
 //! on the CPU, checked against the harness (`validation/trainers.py`,
 //! `tests/fixtures/trainers-measured.jsonl`).
 
-use super::model::StepShape;
 use super::ops::{add, mul, storage, Linear, Res, SavedPart, Tape, T};
 use super::peft::Role;
 use super::recipe::LossKind;
+use super::shape::StepShape;
 
 /// TRL's `_CHUNKED_LM_HEAD_CHUNK_SIZE`: valid tokens per chunk of `chunked_nll`.
 pub(crate) const TRL_CHUNK_TOKENS: u64 = 256;

@@ -12,6 +12,16 @@
 //! precision recipe. What varies per layer is per layer (sliding or full attention, rotary or
 //! not, dense MLP or experts).
 //!
+//! # Modules, bottom up
+//! `arith` (overflow-checked byte arithmetic, the allocator's 512-byte rounding) and `error`
+//! (why a config or a step fails) import nothing above them; then `family` (the `model_type`s),
+//! `peft` (adapters' rules), `ops` (the op kinds), `recipe` (the step's choices), `shape` (one
+//! step as the op kinds see it), `loss` (the trainers' heads and losses), `model` (a model as
+//! data and its forward tape), `config` (a validated `Architecture`), `families` (the readers
+//! and `parse_hf_config`, the dispatch above them), `presets`, and `estimate` (the step's
+//! moments). No module imports one above it, so a new input of the op kinds (a device mesh)
+//! is one more field of `shape`.
+//!
 //! # How the estimate works
 //! The forward is emulated on a tape: each op creates tensors and marks the ones its backward
 //! keeps; a tensor kept by several ops (a norm's output read by three projections) counts
@@ -47,21 +57,27 @@
 //! Vision convention: for ViT, `TrainingStep::seq_len` holds the image side in pixels (224);
 //! tokens are `(side / patch)^2 + 1` (the class token).
 
+mod arith;
 mod config;
+mod error;
 mod estimate;
 mod families;
+mod family;
 mod loss;
 mod model;
 mod ops;
 mod peft;
 mod presets;
 mod recipe;
+mod shape;
 
-pub use config::{parse_hf_config, Architecture, ConfigError, ModelFamily};
+pub use config::Architecture;
+pub use error::{ConfigError, EstimateError};
 pub use estimate::{
-    estimate_peak, estimate_peak_with, CategoryBytes, EstimateError, PeakEstimate, Phase,
-    TrainingStep,
+    estimate_peak, estimate_peak_with, CategoryBytes, PeakEstimate, Phase, TrainingStep,
 };
+pub use families::parse_hf_config;
+pub use family::ModelFamily;
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;

@@ -4,11 +4,11 @@
 
 use super::loss::CausalHead;
 use super::ops::{
-    add, dropout, mul, residual, storage, Activation, Dtypes, ExpertAct, FeedForward, Linear, Norm,
+    add, dropout, mul, residual, storage, Activation, ExpertAct, FeedForward, Linear, Norm,
     NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
-use super::peft::{Role, TapePeft};
-use super::recipe::LossKind;
+use super::peft::Role;
+use super::shape::StepShape;
 
 /// Where a layer's norms sit around its two sub-blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,29 +38,6 @@ pub(crate) enum Kernel {
     Flash,
     Efficient,
     Math,
-}
-
-/// What the attention of one step sees.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StepShape {
-    pub batch: u64,
-    pub seq: u64,
-    pub eager: bool,
-    /// transformers' `flash_attention_2`: the flash kernel whatever the mask (varlen for
-    /// packed or padded rows, its own sliding window), plus its RNG state.
-    pub flash2: bool,
-    /// Every layer gets a 4-D mask: padded rows, or packed documents (a block-causal mask
-    /// built from the restarting position ids) under SDPA or eager.
-    pub mask: bool,
-    /// The trainer's loss (causal language models).
-    pub loss: LossKind,
-    /// Bytes per element of the head weight's gradient (0 when it is frozen).
-    pub head_grad_bytes: u64,
-    /// Bytes per element of the head weight.
-    pub head_weight_bytes: u64,
-    pub d: Dtypes,
-    /// LoRA / QLoRA on a frozen base.
-    pub peft: Option<TapePeft>,
 }
 
 /// Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank
@@ -456,7 +433,7 @@ impl Attention {
                 }
                 // the memory-efficient kernel pads its logsumexp to a multiple of 32
                 let padded = s.seq.div_ceil(32).checked_mul(32);
-                let padded = padded.ok_or(super::estimate::EstimateError::TooLarge)?;
+                let padded = padded.ok_or(super::error::EstimateError::TooLarge)?;
                 tape.raw(mul(heads_rows, padded)?, 4)
                     .and_then(|t| tape.save(t))?;
             }
@@ -1018,7 +995,7 @@ impl ModelSpec {
                             )?,
                             mul(storage(rows, mul(m.inner, wd)?)?, 2)?,
                         )?;
-                        Ok::<u64, super::estimate::EstimateError>(
+                        Ok::<u64, super::error::EstimateError>(
                             acc.max(add(mul(hidden_r, 4)?, experts)?),
                         )
                     })?;
@@ -1076,7 +1053,7 @@ impl ModelSpec {
                     let attn_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
                         let own = l.attention.inference_live(s)?;
                         if own == 0 {
-                            return Ok::<u64, super::estimate::EstimateError>(acc);
+                            return Ok::<u64, super::error::EstimateError>(acc);
                         }
                         let hiddens = 2
                             + u64::from(self.embedding.positions > 0)

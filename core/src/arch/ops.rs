@@ -6,32 +6,9 @@
 //! output read by three projections) counts once, as PyTorch keeps one storage; a view
 //! (a slice of a fused projection) is the same tensor as its base.
 
-use super::estimate::EstimateError;
 use super::peft::{Role, TapePeft};
 
-pub(crate) type Res<T> = Result<T, EstimateError>;
-
-/// The CUDA caching allocator's block: every storage is rounded up to it.
-pub(crate) const BLOCK: u64 = 512;
-
-pub(crate) fn mul(a: u64, b: u64) -> Res<u64> {
-    a.checked_mul(b).ok_or(EstimateError::TooLarge)
-}
-pub(crate) fn add(a: u64, b: u64) -> Res<u64> {
-    a.checked_add(b).ok_or(EstimateError::TooLarge)
-}
-/// Bytes of one storage of `elems` elements of `bytes` each, rounded to the allocator block.
-pub(crate) fn storage(elems: u64, bytes: u64) -> Res<u64> {
-    mul(elems, bytes)?
-        .div_ceil(BLOCK)
-        .checked_mul(BLOCK)
-        .ok_or(EstimateError::TooLarge)
-}
-pub(crate) fn sum_storages(elems: &[u64], bytes: u64) -> Res<u64> {
-    elems
-        .iter()
-        .try_fold(0, |acc, &e| add(acc, storage(e, bytes)?))
-}
+pub(crate) use super::arith::{add, mul, storage, sum_storages, Res, BLOCK};
 
 /// The dtypes of one step, in bytes per element.
 #[derive(Clone, Copy, Debug)]

@@ -304,7 +304,7 @@ pub(crate) struct TapePeft {
 /// and its quantization state (buffers): absmax per block of 64 (fp32, or uint8 with a
 /// second-level fp32 absmax per 256 blocks and an fp32 offset) and the 16-entry code.
 pub(crate) fn four_bit_bytes(elems: u64, double_quant: bool) -> (u64, u64) {
-    use super::ops::storage;
+    use super::arith::storage;
     let packed = storage(elems.div_ceil(2), 1).unwrap_or(u64::MAX);
     let blocks = elems.div_ceil(64);
     let state = if double_quant {

@@ -1,7 +1,10 @@
 //! Published models, usable without a `config.json`: each preset is a config read by the same
 //! family reader as a pasted one (the files in `presets/` hold the fields the readers use).
 
-use super::config::{parse_hf_config, Architecture, ConfigError, ModelFamily};
+use super::config::Architecture;
+use super::error::ConfigError;
+use super::families::parse_hf_config;
+use super::family::ModelFamily;
 
 /// A well-known model with its published configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

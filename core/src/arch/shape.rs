@@ -1,0 +1,29 @@
+//! What one step looks like to the op kinds: its batch, sequence, dtypes, attention path,
+//! loss and adapters. Below the model and the losses, which both read it.
+
+use super::ops::Dtypes;
+use super::peft::TapePeft;
+use super::recipe::LossKind;
+
+/// What the attention of one step sees.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepShape {
+    pub batch: u64,
+    pub seq: u64,
+    pub eager: bool,
+    /// transformers' `flash_attention_2`: the flash kernel whatever the mask (varlen for
+    /// packed or padded rows, its own sliding window), plus its RNG state.
+    pub flash2: bool,
+    /// Every layer gets a 4-D mask: padded rows, or packed documents (a block-causal mask
+    /// built from the restarting position ids) under SDPA or eager.
+    pub mask: bool,
+    /// The trainer's loss (causal language models).
+    pub loss: LossKind,
+    /// Bytes per element of the head weight's gradient (0 when it is frozen).
+    pub head_grad_bytes: u64,
+    /// Bytes per element of the head weight.
+    pub head_weight_bytes: u64,
+    pub d: Dtypes,
+    /// LoRA / QLoRA on a frozen base.
+    pub peft: Option<TapePeft>,
+}
