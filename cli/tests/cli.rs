@@ -631,3 +631,45 @@ fn the_trainers_loss_changes_the_peak() {
         "{stderr}"
     );
 }
+
+/// `--trainer` applies a trainer's defaults first; the other flags refine them, wherever they
+/// stand on the line.
+#[test]
+fn a_trainer_sets_its_defaults_and_flags_refine_them() {
+    let base = [
+        "--preset",
+        "qwen3-0.6b",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--json",
+    ];
+    let query = |more: &[&str]| {
+        let (code, stdout, stderr) = memest(&with(&base, more));
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v["query"].as_str().unwrap().to_owned()
+    };
+    let trl = query(&["--trainer", "trl-1.13"]);
+    assert!(
+        trl.contains("loss=trl-chunked") && trl.contains("gc=full"),
+        "{trl}"
+    );
+    let refined = query(&["--loss", "liger", "--trainer", "trl-1.13"]);
+    assert!(
+        refined.contains("loss=liger") && refined.contains("gc=full"),
+        "{refined}"
+    );
+    let axolotl = query(&["--trainer", "axolotl", "--precision", "bf16"]);
+    assert!(
+        axolotl.contains("attn=flash2") && axolotl.contains("pack=on"),
+        "{axolotl}"
+    );
+    let (code, _, stderr) = memest(&with(&base, &["--trainer", "deepspeed"]));
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("hf, trl-1.13, trl, torchtune, axolotl"),
+        "{stderr}"
+    );
+}
