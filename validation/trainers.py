@@ -19,6 +19,10 @@ whose behaviour is not changed), with the loss path of:
                             torchtune decoder is emulated with the transformers model: model.model(...) gives
                             the (normed) last hidden state, model.lm_head is applied per chunk.
 
+--optimizer-in-bwd on: torchtune 0.6.1's optimizer_in_bwd (one AdamW per parameter, stepped and its gradient freed in
+the parameter's post-accumulate-grad hook; no optimizer.step() phase). --gc-reentrant on|off (with --gc): Trainer's
+gradient_checkpointing_kwargs={"use_reentrant": ...}; unset = transformers' default (use_reentrant=False).
+
 TRL runs (trl-*) also get what Trainer + accelerate do around compute_loss with SFTConfig's default
 bf16=True (--trainer-amp on, the default for trl-*): accelerate's native AMP wraps model.forward in
 autocast(bf16) and accelerate's own convert_outputs_to_fp32 (the model's bf16 outputs, i.e. the logits,
@@ -410,10 +414,39 @@ def _tensors(x):
 # ----------------------------------------------------------------------------------------------
 # The step
 # ----------------------------------------------------------------------------------------------
+def enable_checkpointing(model, reentrant):
+    """--gc: what transformers' Trainer does with args.activation_checkpointing: model.
+    activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None) (gradient_checkpointing_enable
+    is its deprecated alias). kwargs None (--gc-reentrant default, = measure.py's plain
+    gradient_checkpointing_enable()) means {"use_reentrant": False} in transformers 5.24; either way transformers
+    calls enable_input_require_grads() (input_ids models), so the embedding output requires grad, as
+    reentrant checkpointing needs."""
+    kw = None if reentrant is None else {"use_reentrant": bool(reentrant)}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+def make_optim_in_bwd(model):
+    """torchtune 0.6.1 optimizer_in_bwd (full_finetune_single_device._setup_optimizer): one optimizer per
+    parameter, {p: AdamW([p]) for p in model.parameters()} (foreach=True, as measure.py's AdamW), and
+    training.register_optim_in_bwd_hooks: a post-accumulate-grad hook on every trainable parameter that
+    steps its optimizer and zero_grad()s it (set_to_none) as soon as the gradient is accumulated."""
+    optim_dict = {p: torch.optim.AdamW([p], lr=1e-4, foreach=True) for p in model.parameters()}
+
+    def register():
+        def optim_step(param) -> None:  # torchtune.training.memory.register_optim_in_bwd_hooks
+            optim_dict[param].step()
+            optim_dict[param].zero_grad()
+        return [p.register_post_accumulate_grad_hook(optim_step) for p in model.parameters() if p.requires_grad]
+    return optim_dict, register
+
+
 def build_step(o, cfg, model, fake, inputs_real, amp):
     """Returns (tracked input tensors, fwd) where fwd() -> object with .loss, as measure.py's."""
     if o.gc:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing(model, o.gc_reentrant)
     model.train(True)
     model.config.use_cache = False
     # real -> fake (values are lost, shapes/dtypes kept); labels that are the ids stay one tensor
@@ -504,12 +537,21 @@ def measure(o):
         model = M.build_model(cfg, arch, o.attn, dtype)
         tracked_inputs, fwd = build_step(o, cfg, model, fake, inputs_real, amp)
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-        M.warm_up(fwd, opt, True)  # untracked
+        if o.optimizer_in_bwd:
+            optim_dict, register_opt_hooks = make_optim_in_bwd(model)
+            opt_hooks = register_opt_hooks()
+            out = fwd()  # warm-up (untracked): the per-parameter steps in backward create the states
+            out.loss.backward()
+            del out
+            opts = list(optim_dict.values())
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+            M.warm_up(fwd, opt, True)  # untracked
+            opts = [opt]
 
         mt = TrainerTracker({p.untyped_storage()._cdata for p in model.parameters()}, dump=bool(o.dump))
         mt.track_external(model, *tracked_inputs)
-        mt.track_external(opt)
+        mt.track_external(*opts)
         hooks = []
         if o.dump:
             backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -547,6 +589,14 @@ def measure(o):
             return t
 
         with mt:
+            if o.optimizer_in_bwd:
+                # MemTracker tags p.grad as a gradient in its own post-accumulate-grad hook, installed on entry
+                # to the first forward: install it now and register the stepping hooks after it (hooks run
+                # in registration order; stepping first would leave it p.grad = None). Memory is the same.
+                for h in opt_hooks:
+                    h.remove()
+                mt._track_module_params_and_buffers(model, install_grad_hooks=True)
+                opt_hooks = register_opt_hooks()
             start = mt.snap()
             mt.reset_peak()
             mt.record_copies = amp or (o.loss.startswith("trl") and o.trainer_amp)
@@ -572,10 +622,15 @@ def measure(o):
             after_bwd = mt.snap()
             mt.phase = "opt"
             mt.reset_peak()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            phase_peaks["opt"] = mt.peak()
-            peak_lists["opt"] = mt.peak_list
+            if o.optimizer_in_bwd:
+                # no optimizer.step() phase: every parameter was stepped in backward
+                phase_peaks["opt"] = {k: 0 for k in phase_peaks["bwd"]}
+                peak_lists["opt"] = None
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                phase_peaks["opt"] = mt.peak()
+                peak_lists["opt"] = mt.peak_list
             end = mt.snap()
         for h in hooks:
             h.remove()
@@ -632,6 +687,11 @@ def measure(o):
         c["torchtune_decoder"] = "emulated: transformers model.model + lm_head per h.chunk(8, dim=1)"
     if o.loss.startswith("trl"):
         c["trainer_amp"] = bool(o.trainer_amp)
+    if o.optimizer_in_bwd:
+        c["optimizer_in_bwd"] = True
+        c["opt_impl"] = "foreach, one AdamW per parameter stepped in its post-accumulate-grad hook (torchtune 0.6.1)"
+    if o.gc and o.gc_reentrant is not None:
+        c["gc_reentrant"] = bool(o.gc_reentrant)
     c["n_valid_tokens"] = FACTS.n_valid
     c["attn_mask"] = _mask_kind(o, cfg)
     row["sdpa_kernels"] = dict(M.SDPA_LOG)
@@ -689,6 +749,12 @@ def parser():
     ap.add_argument("--padding", choices=["on", "off"], default="off")
     ap.add_argument("--trainer-amp", choices=["on", "off"], default="on",
                     help="trl-*: accelerate's native AMP wrapper of model.forward (SFTConfig bf16=True)")
+    ap.add_argument("--optimizer-in-bwd", choices=["on", "off"], default="off",
+                    help="torchtune's optimizer_in_bwd: one AdamW per parameter, stepped (and its gradient freed) "
+                    "in the parameter's post-accumulate-grad hook during backward; no optimizer.step() phase")
+    ap.add_argument("--gc-reentrant", choices=["on", "off"], default=None,
+                    help="with --gc: activation_checkpointing_kwargs={'use_reentrant': True/False} (as Trainer's "
+                    "gradient_checkpointing_kwargs); unset = transformers' default (use_reentrant=False)")
     ap.add_argument("--real", action="store_true",
                     help="cross-check: real CPU tensors instead of FakeTensorMode (use --attn eager: the "
                     "emulated flash/efficient SDPA ops have no CPU kernels)")
@@ -708,13 +774,18 @@ def main(argv=None):
     a.packing = a.packing == "on"
     a.padding = a.padding == "on"
     a.trainer_amp = a.trainer_amp == "on"
+    a.optimizer_in_bwd = a.optimizer_in_bwd == "on"
+    a.gc_reentrant = None if a.gc_reentrant is None else a.gc_reentrant == "on"
+    if a.gc_reentrant is not None and not a.gc:
+        parser().error("--gc-reentrant needs --gc")
     a.model_name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
     row = measure(a)
     kernels = row.pop("sdpa_kernels")
     line = json.dumps(row)
     print(line)
     print(f"[trainers] {a.model_name} b{a.batch} s{a.seq} {a.precision} gc={a.gc} {a.attn} loss={a.loss} "
-          f"packing={a.packing} padding={a.padding}: peak {row['peak_bytes'] / 2**30:.3f} GiB in "
+          f"packing={a.packing} padding={a.padding} opt_in_bwd={a.optimizer_in_bwd} "
+          f"gc_reentrant={a.gc_reentrant}: peak {row['peak_bytes'] / 2**30:.3f} GiB in "
           f"{row['peak_phase']}, sdpa {kernels}, mask {row['config']['attn_mask']}, {row['time_s']} s",
           file=sys.stderr)
     if a.out:
@@ -741,6 +812,10 @@ def run_grid(grid_path, out):
                "--trainer-amp", "off" if g.get("trainer_amp") is False else "on"]
         if g.get("gc"):
             cmd.append("--gc")
+        if g.get("optimizer_in_bwd"):
+            cmd += ["--optimizer-in-bwd", "on"]
+        if g.get("gc_reentrant") is not None:
+            cmd += ["--gc-reentrant", "on" if g["gc_reentrant"] else "off"]
         if out:
             cmd += ["--out", out]
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL)

@@ -125,7 +125,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             name: format!(
                 "{model} b{} s{seq}{} {} {} {}{}{}",
                 step.batch,
-                trainer_settings(&step),
+                trainer_settings(&step, c["gc_reentrant"].as_bool().unwrap_or(false)),
                 precision.key(),
                 optimizer.key(),
                 attention.key(),
@@ -213,7 +213,7 @@ const FIXTURE_FILES: [&str; 6] = [
 ];
 
 /// The trainers' settings of a step that are not at transformers' defaults, for the table.
-fn trainer_settings(step: &TrainingStep) -> String {
+fn trainer_settings(step: &TrainingStep, reentrant: bool) -> String {
     let mut out = String::new();
     if step.loss != estimator_core::LossKind::Hf {
         out += " ";
@@ -224,6 +224,7 @@ fn trainer_settings(step: &TrainingStep) -> String {
         (step.padding, " padded"),
         (step.optimizer_in_backward, " optimizer-in-bwd"),
         (step.activation_offload, " offloaded"),
+        (reentrant, " reentrant-gc"),
     ] {
         if on {
             out += name;

@@ -533,6 +533,10 @@ pub fn estimate_peak_with(
     };
     let head_grads = if peft.is_some() {
         0 // the head is frozen
+    } else if in_backward && spec.tied {
+        // a tied matrix is stepped once both uses have added to its gradient, at the very
+        // end of backward: the head's share waits through the layers (measured)
+        storage(mul(arch.vocab_size(), spec.token_width())?, grad_bytes)?
     } else if in_backward {
         stepped_alone(&spec.head_gradient_tensors())?
     } else {
