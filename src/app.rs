@@ -270,12 +270,12 @@ pub fn App() -> impl IntoView {
         .into()
     };
     let is_arch = move || mode.get() == Mode::Architecture;
-    let is_custom_model = memo_fn(move || state.with(|s| s.preset.is_none()));
-    let is_inference = memo_fn(move || state.with(|s| !s.optimizer.trains()));
-    let is_custom_gpu = memo_fn(move || state.with(|s| s.gpu == Some(Gpu::Custom)));
+    let is_custom_model = memo_fn(move || state.with(|s| s.model.preset.is_none()));
+    let is_inference = memo_fn(move || state.with(|s| !s.step.optimizer.trains()));
+    let is_custom_gpu = memo_fn(move || state.with(|s| s.hardware.gpu == Some(Gpu::Custom)));
     let is_vision = memo_fn(move || page.with(|p| p.is_vision));
     let is_moe = memo_fn(move || page.with(|p| p.is_moe));
-    let is_cpu_ram = memo_fn(move || state.with(|s| s.gpu == Some(Gpu::CpuRam)));
+    let is_cpu_ram = memo_fn(move || state.with(|s| s.hardware.gpu == Some(Gpu::CpuRam)));
     let fits_now = Memo::new(move |_| {
         evaluation.with(|e| {
             e.as_ref()
@@ -315,9 +315,12 @@ pub fn App() -> impl IntoView {
             }),
         }
     });
-    let is_peft = memo_fn(move || state.with(|s| s.method != Method::Full && s.optimizer.trains()));
-    let is_qlora =
-        memo_fn(move || state.with(|s| s.method == Method::Qlora && s.optimizer.trains()));
+    let is_peft = memo_fn(move || {
+        state.with(|s| s.training.method != Method::Full && s.step.optimizer.trains())
+    });
+    let is_qlora = memo_fn(move || {
+        state.with(|s| s.training.method == Method::Qlora && s.step.optimizer.trains())
+    });
 
     let model_groups = preset_groups();
     let model_options = vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")];
@@ -327,8 +330,8 @@ pub fn App() -> impl IntoView {
     let on_model = Callback::new(move |key: String| {
         state.update(|s| {
             if s.set(Field::Model, &key).is_ok() {
-                if let Some(preset) = s.preset {
-                    s.seq_len = preset.default_seq_len().to_string();
+                if let Some(preset) = s.model.preset {
+                    s.step.seq_len = preset.default_seq_len().to_string();
                 }
             }
         });
@@ -438,7 +441,7 @@ pub fn App() -> impl IntoView {
                         groups=model_groups.clone() options=model_options.clone()
                         value=value_of(Field::Model) on_change=on_model />
                     <div class="when" hidden=move || !is_custom_model()>
-                        <ConfigInput value=Memo::new(move |_| state.with(|s| s.config_json.clone()))
+                        <ConfigInput value=Memo::new(move |_| state.with(|s| s.model.config_json.clone()))
                             on_change=Callback::new(move |text: String| state.update(|s| {
                                 let _ = s.set(Field::Config, &text);
                             }))

@@ -201,11 +201,14 @@ fn set(state: &mut PageState, flag: &str, field: Field, value: &str) -> Result<(
 }
 
 fn parse_args(args: &[String]) -> Result<Options, String> {
-    let mut state = PageState {
-        mode: Mode::Architecture,
-        preset: None,
-        gpu: None,
-        ..PageState::default()
+    let mut state = {
+        let mut page_state = PageState {
+            mode: Mode::Architecture,
+            ..PageState::default()
+        };
+        page_state.model.preset = None;
+        page_state.hardware.gpu = None;
+        page_state
     };
     let mut notices = Vec::new();
     let mut json = false;
@@ -248,8 +251,8 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read {path}: {e}"))?;
                 state.mode = Mode::Architecture;
-                state.preset = None;
-                state.config_json = text;
+                state.model.preset = None;
+                state.model.config_json = text;
             }
             "--preset" => {
                 state.mode = Mode::Architecture;
@@ -266,30 +269,34 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         flags.iter().copied().find(|f| args.iter().any(|a| a == f))
     };
     if let Some(flag) = given(&LORA_FLAGS).or(given(&QLORA_FLAGS)) {
-        if state.method == Method::Full {
+        if state.training.method == Method::Full {
             return Err(format!("{flag} needs --method lora or --method qlora"));
         }
     }
     if let Some(flag) = given(&QLORA_FLAGS) {
-        if state.method != Method::Qlora {
+        if state.training.method != Method::Qlora {
             return Err(format!("{flag} needs --method qlora"));
         }
     }
-    if given(&["--weight-format"]).is_some() && state.optimizer.trains() {
+    if given(&["--weight-format"]).is_some() && state.step.optimizer.trains() {
         return Err("--weight-format needs --optimizer none (inference)".to_owned());
     }
     if given(&["--kv-dtype"]).is_some()
-        && (state.optimizer.trains() || state.new_tokens.trim().parse::<u64>() == Ok(0))
+        && (state.step.optimizer.trains()
+            || state.inference.new_tokens.trim().parse::<u64>() == Ok(0))
     {
         return Err("--kv-dtype needs --optimizer none and --generate N".to_owned());
     }
-    if given(&["--ram-gib"]).is_some() && state.gpu != Some(Gpu::CpuRam) {
+    if given(&["--ram-gib"]).is_some() && state.hardware.gpu != Some(Gpu::CpuRam) {
         return Err("--ram-gib needs --gpu cpu".to_owned());
     }
-    if advise && state.gpu.is_none() {
+    if advise && state.hardware.gpu.is_none() {
         return Err("--advise needs a device to fit the step on: --gpu KEY".to_owned());
     }
-    if state.mode == Mode::Architecture && state.preset.is_none() && state.config_json.is_empty() {
+    if state.mode == Mode::Architecture
+        && state.model.preset.is_none()
+        && state.model.config_json.is_empty()
+    {
         return Err("give a model: --config PATH, --preset KEY or --query".to_owned());
     }
     Ok(Options {
@@ -393,7 +400,7 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         "parameters        {}{active}\n",
         group_thousands(e.n_params)
     ));
-    if state.method != Method::Full && state.mode == Mode::Architecture {
+    if state.training.method != Method::Full && state.mode == Mode::Architecture {
         out.push_str(&format!(
             "trainable         {} (the adapters)\n",
             group_thousands(e.step.trainable_params)

@@ -546,7 +546,7 @@ impl<'a> Search<'a> {
             vec![plan.sharding, Sharding::Zero3]
         };
         // more of the same: discrete GPUs only (not Macs, not the CPU's RAM)
-        o.gpus = if state.gpu.is_none_or(crate::Gpu::has_cuda_context) {
+        o.gpus = if state.hardware.gpu.is_none_or(crate::Gpu::has_cuda_context) {
             (0..=MAX_GPU_MULTIPLIER.ilog2())
                 .map(|k| n.saturating_mul(1 << k))
                 .take_while(|&g| g <= crate::state::MAX_GPUS)
@@ -571,7 +571,7 @@ impl<'a> Search<'a> {
                     knobs.recipe,
                     PrecisionRecipe::AmpFp16 | PrecisionRecipe::MixedFp16
                 ) || (knobs.recipe == PrecisionRecipe::Fp32
-                    && !state.gpu.is_none_or(crate::Gpu::supports_bf16));
+                    && !state.hardware.gpu.is_none_or(crate::Gpu::supports_bf16));
                 let chain: &[PrecisionRecipe] = if fp16 {
                     &[
                         PrecisionRecipe::Fp32,
@@ -604,7 +604,7 @@ impl<'a> Search<'a> {
                 };
                 // Macs and CPUs run GGUF (llama.cpp); bitsandbytes and int8 kernels are
                 // CUDA's. GGUF stays GGUF.
-                let cuda = state.gpu.is_none_or(crate::Gpu::has_cuda_context);
+                let cuda = state.hardware.gpu.is_none_or(crate::Gpu::has_cuda_context);
                 let ladder: Vec<WeightFormat> = if current.is_gguf() || !cuda {
                     // WeightFormat::ALL lists the GGUF types from the largest down
                     WeightFormat::ALL
@@ -1149,44 +1149,44 @@ impl<'a> Search<'a> {
         // only what changes is rewritten: the rest stays as typed
         let mut next = state.clone();
         if knobs.batch != self.knobs.batch {
-            next.batch = knobs.batch.to_string();
+            next.step.batch = knobs.batch.to_string();
         }
         if l[GPUS] > 0 {
-            next.num_gpus = n.to_string();
+            next.parallel.num_gpus = n.to_string();
         }
         if l[EP] > 0 {
-            next.expert_parallel = plan.expert_parallel.to_string();
+            next.parallel.expert_parallel = plan.expert_parallel.to_string();
         }
         if l[SEQ] > 0 {
-            next.seq_len = knobs.seq_len.to_string();
+            next.step.seq_len = knobs.seq_len.to_string();
         }
-        next.sharding = plan.sharding;
-        next.optimizer = knobs.optimizer;
-        next.checkpointing = knobs.checkpointing;
-        next.loss = knobs.loss;
-        next.precision = knobs.precision;
-        next.recipe = knobs.recipe;
-        next.weight_format = knobs.weight_format;
-        next.kv_dtype = knobs.kv_dtype;
+        next.parallel.sharding = plan.sharding;
+        next.step.optimizer = knobs.optimizer;
+        next.step.checkpointing = knobs.checkpointing;
+        next.step.loss = knobs.loss;
+        next.simple.precision = knobs.precision;
+        next.step.recipe = knobs.recipe;
+        next.inference.weight_format = knobs.weight_format;
+        next.inference.kv_dtype = knobs.kv_dtype;
         if l[METHOD] > 0 {
             if let Some(peft) = knobs.peft {
                 if self.knobs.peft.is_none() {
                     // the adapters of the page's defaults (what `method_chain` chose)
                     let defaults = PageState::default();
-                    next.lora_rank = defaults.lora_rank;
-                    next.lora_dropout = defaults.lora_dropout;
-                    next.lora_targets = defaults.lora_targets;
-                    next.lora_fp32 = defaults.lora_fp32;
+                    next.training.lora_rank = defaults.training.lora_rank;
+                    next.training.lora_dropout = defaults.training.lora_dropout;
+                    next.training.lora_targets = defaults.training.lora_targets;
+                    next.training.lora_fp32 = defaults.training.lora_fp32;
                 }
-                next.method = peft.method;
-                next.quant = peft.quant;
-                next.double_quant = peft.double_quant;
-                next.kbit_prepare = peft.kbit_prepare;
+                next.training.method = peft.method;
+                next.training.quant = peft.quant;
+                next.training.double_quant = peft.double_quant;
+                next.training.kbit_prepare = peft.kbit_prepare;
             }
         }
         // the page plans accumulation for a global batch: name it when steps are needed
         if accumulation.is_some_and(|a| a.accumulation_steps > 1) {
-            next.global_batch = self.global.to_string();
+            next.parallel.global_batch = self.global.to_string();
         }
         Ok(FitPlan {
             changes,
@@ -1208,16 +1208,17 @@ fn method_chain(arch: &crate::Architecture, current: Option<Peft>) -> Vec<Option
     let defaults = PageState::default();
     let qlora = |lora: Peft| Peft {
         method: Method::Qlora,
-        quant: defaults.quant,
-        double_quant: defaults.double_quant,
-        kbit_prepare: defaults.kbit_prepare,
+        quant: defaults.training.quant,
+        double_quant: defaults.training.double_quant,
+        kbit_prepare: defaults.training.kbit_prepare,
         ..lora
     };
     match current {
         // the page's LoRA fields at their defaults, read by the page's own parser
-        None => match (PageState {
-            method: Method::Lora,
-            ..PageState::default()
+        None => match ({
+            let mut lora = PageState::default();
+            lora.training.method = Method::Lora;
+            lora
         })
         .parsed_peft(arch)
         {
@@ -1362,7 +1363,7 @@ mod tests {
     fn llama3_8b_on_an_rtx_4090() {
         let query = "m=arch&model=llama3-8b&gpu=rtx4090";
         let state = decode_query(query).state;
-        assert_eq!(state.gpu, Some(Gpu::Rtx4090));
+        assert_eq!(state.hardware.gpu, Some(Gpu::Rtx4090));
         assert!(!evaluate(&state).unwrap().verdict.unwrap().fits());
         let plans = advice(query, 5);
         assert!(!plans.is_empty());
@@ -1373,7 +1374,7 @@ mod tests {
         // the best keeps the global batch of 8 (one sample on each of 8 GPUs); growing it
         // comes later
         assert_ne!(plans[0].rank.tier, Tier::GlobalBatch);
-        assert!(plans[0].state.num_gpus.parse::<u64>().unwrap() <= 8);
+        assert!(plans[0].state.parallel.num_gpus.parse::<u64>().unwrap() <= 8);
         assert!(plans.windows(2).all(|w| w[0].rank.tier <= w[1].rank.tier));
     }
 
@@ -1386,7 +1387,7 @@ mod tests {
         every_plan_fits(query, &plans);
         assert_eq!(plans[0].changes, [Change::Loss(LossKind::TrlChunked)]);
         assert_eq!(plans[0].rank.tier, Tier::SameMath);
-        assert_eq!(plans[0].state.loss, LossKind::TrlChunked);
+        assert_eq!(plans[0].state.step.loss, LossKind::TrlChunked);
         assert!(encode_query(&plans[0].state).contains("loss=trl-chunked"));
         let bert = advice("m=arch&model=bert-base&gpu=t4&b=256&s=512", 12);
         assert!(bert
@@ -1406,11 +1407,11 @@ mod tests {
             .find(|p| p.changes.contains(&Change::Method(Method::Qlora)))
             .expect("a QLoRA plan");
         assert_eq!(qlora.rank.tier, Tier::Qlora);
-        assert_eq!(qlora.state.method, Method::Qlora);
-        assert_eq!(qlora.state.lora_rank, "16");
-        assert_eq!(qlora.state.lora_targets, "all-linear");
-        assert!(qlora.state.double_quant && qlora.state.kbit_prepare);
-        assert_eq!(qlora.state.num_gpus, "1");
+        assert_eq!(qlora.state.training.method, Method::Qlora);
+        assert_eq!(qlora.state.training.lora_rank, "16");
+        assert_eq!(qlora.state.training.lora_targets, "all-linear");
+        assert!(qlora.state.training.double_quant && qlora.state.training.kbit_prepare);
+        assert_eq!(qlora.state.parallel.num_gpus, "1");
         // at most PLANS_PER_TIER a tier, tiers in order
         for tier in [
             Tier::SameMath,
@@ -1429,8 +1430,8 @@ mod tests {
             .iter()
             .find(|p| p.changes.contains(&Change::Method(Method::Qlora)))
             .expect("a QLoRA plan");
-        assert_eq!(q.state.lora_rank, "8");
-        assert_eq!(q.state.lora_targets, "attention");
+        assert_eq!(q.state.training.lora_rank, "8");
+        assert_eq!(q.state.training.lora_targets, "attention");
     }
 
     #[test]
@@ -1495,7 +1496,7 @@ mod tests {
         let plans = advice(query, 4);
         every_plan_fits(query, &plans);
         for p in &plans {
-            assert!(p.state.weight_format.is_gguf());
+            assert!(p.state.inference.weight_format.is_gguf());
         }
     }
 
@@ -1513,7 +1514,7 @@ mod tests {
         );
         let a = first.accumulation.unwrap();
         assert!(a.global_batch() >= 64);
-        assert_eq!(first.state.global_batch, "64");
+        assert_eq!(first.state.parallel.global_batch, "64");
     }
 
     #[test]

@@ -358,18 +358,18 @@ pub(crate) fn parse_model(
     let knobs = |batch: u64, seq_len: u64| Knobs {
         batch,
         seq_len,
-        precision: state.precision,
-        optimizer: state.optimizer,
-        recipe: state.recipe,
-        attention: state.attention,
-        checkpointing: state.checkpointing,
-        loss: state.loss,
-        packing: state.packing,
-        padding: state.padding,
-        optimizer_in_backward: state.optimizer_in_backward,
-        activation_offload: state.activation_offload,
-        weight_format: state.weight_format,
-        kv_dtype: state.kv_dtype,
+        precision: state.simple.precision,
+        optimizer: state.step.optimizer,
+        recipe: state.step.recipe,
+        attention: state.step.attention,
+        checkpointing: state.step.checkpointing,
+        loss: state.step.loss,
+        packing: state.step.packing,
+        padding: state.step.padding,
+        optimizer_in_backward: state.step.optimizer_in_backward,
+        activation_offload: state.step.activation_offload,
+        weight_format: state.inference.weight_format,
+        kv_dtype: state.inference.kv_dtype,
         peft: None,
     };
     match state.mode {
@@ -386,7 +386,7 @@ pub(crate) fn parse_model(
         Mode::Architecture => {
             let mut errors = Vec::new();
             let batch =
-                crate::parse_batch(&state.batch).map_err(|e| errors.push((Field::Batch, e)));
+                crate::parse_batch(&state.step.batch).map_err(|e| errors.push((Field::Batch, e)));
             let seq = state
                 .parsed_seq_len()
                 .map_err(|e| errors.push((Field::SeqLen, e)));
@@ -922,9 +922,10 @@ mod tests {
 
     #[test]
     fn simple_default_is_the_issue_example() {
-        let state = PageState {
-            gpu: None,
-            ..PageState::default()
+        let state = {
+            let mut page_state = PageState::default();
+            page_state.hardware.gpu = None;
+            page_state
         };
         let e = evaluate(&state).unwrap();
         assert_eq!(e.step.peak_bytes, 102_096_000_000);
@@ -941,9 +942,10 @@ mod tests {
             panic!("{:?}", e.max_batch)
         };
         let at = |b: u64| {
-            let s = PageState {
-                batch: b.to_string(),
-                ..state.clone()
+            let s = {
+                let mut page_state = state.clone();
+                page_state.step.batch = b.to_string();
+                page_state
             };
             evaluate(&s).unwrap().verdict.unwrap().fits()
         };
@@ -978,9 +980,10 @@ mod tests {
         let dense = "m=arch&model=llama3.2-1b&b=1&s=1024&n=8&shard=ddp";
         assert_eq!(at(dense), at(&format!("{dense}&ep=8")));
         // the group must divide the GPUs
-        let bad = PageState {
-            expert_parallel: "3".to_owned(),
-            ..decode_query(base).state
+        let bad = {
+            let mut page_state = decode_query(base).state;
+            page_state.parallel.expert_parallel = "3".to_owned();
+            page_state
         };
         assert!(matches!(
             bad.plan_inputs(),
@@ -1174,9 +1177,10 @@ mod tests {
         let gpu = eval("m=arch&model=gpt2&b=1&s=512&gpu=rtx4090");
         assert_eq!(gpu.verdict.unwrap().cuda_context_bytes, 500 << 20);
         // a bad RAM size is an error only while the CPU is chosen, and a notice in a link
-        let bad = PageState {
-            ram_gib: "0".to_owned(),
-            ..decode_query("m=arch&model=gpt2&gpu=cpu").state
+        let bad = {
+            let mut page_state = decode_query("m=arch&model=gpt2&gpu=cpu").state;
+            page_state.hardware.ram_gib = "0".to_owned();
+            page_state
         };
         assert!(matches!(
             evaluate(&bad),
@@ -1279,13 +1283,17 @@ mod tests {
         let query = "m=arch&model=qwen3-8b&method=lora&lr=64&la=128&ld=0.05&lt=q_proj,v_proj\
             &ldt=model&q=fp4&dq=off&kbit=off&gc=offload&o=adafactor-hf";
         let state = decode_query(query).state;
-        assert_eq!(state.method, crate::Method::Lora);
-        assert_eq!(state.lora_rank, "64");
-        assert_eq!(state.lora_targets, "q_proj,v_proj");
-        assert!(!state.lora_fp32 && !state.double_quant && !state.kbit_prepare);
-        assert_eq!(state.quant, crate::Quant4::Fp4);
-        assert_eq!(state.checkpointing, Checkpointing::Offload);
-        assert_eq!(state.optimizer, Optimizer::AdafactorHf);
+        assert_eq!(state.training.method, crate::Method::Lora);
+        assert_eq!(state.training.lora_rank, "64");
+        assert_eq!(state.training.lora_targets, "q_proj,v_proj");
+        assert!(
+            !state.training.lora_fp32
+                && !state.training.double_quant
+                && !state.training.kbit_prepare
+        );
+        assert_eq!(state.training.quant, crate::Quant4::Fp4);
+        assert_eq!(state.step.checkpointing, Checkpointing::Offload);
+        assert_eq!(state.step.optimizer, Optimizer::AdafactorHf);
         let again = decode_query(&crate::encode_query(&state));
         assert!(again.notices.is_empty(), "{:?}", again.notices);
         assert_eq!(again.state, state);
@@ -1317,20 +1325,23 @@ mod tests {
             Field::LoraTargets,
             "Name at least one",
         );
-        let e = evaluate(&PageState {
-            lora_dropout: "1".to_owned(),
-            ..decode_query(base).state
+        let e = evaluate(&{
+            let mut page_state = decode_query(base).state;
+            page_state.training.lora_dropout = "1".to_owned();
+            page_state
         });
         assert!(format!("{e:?}").contains("Must be below 1"), "{e:?}");
-        let e = evaluate(&PageState {
-            lora_rank: "0".to_owned(),
-            ..decode_query(base).state
+        let e = evaluate(&{
+            let mut page_state = decode_query(base).state;
+            page_state.training.lora_rank = "0".to_owned();
+            page_state
         });
         assert!(format!("{e:?}").contains("LoraRank"), "{e:?}");
         // full fine-tuning ignores the LoRA fields
-        let e = evaluate(&PageState {
-            lora_targets: "nonsense".to_owned(),
-            ..decode_query("m=arch&model=llama3-8b").state
+        let e = evaluate(&{
+            let mut page_state = decode_query("m=arch&model=llama3-8b").state;
+            page_state.training.lora_targets = "nonsense".to_owned();
+            page_state
         });
         assert!(e.is_ok(), "{e:?}");
     }

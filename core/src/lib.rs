@@ -39,7 +39,11 @@ pub use simple::{
     Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
     SIMPLE_OPTIMIZERS,
 };
-pub use state::{Field, Mode, PageState, PlanInputs, CUSTOM_MODEL_KEY, MAX_CONFIG_CHARS};
+pub use state::{
+    Field, HardwareSettings, InferenceSettings, MethodSettings, Mode, ModelChoice, PageState,
+    ParallelSettings, PlanInputs, Section, SimpleModel, StepSettings, CUSTOM_MODEL_KEY,
+    MAX_CONFIG_CHARS,
+};
 pub use sweep::{
     sweep, sweep_batches, sweep_cells, sweep_header, sweep_markdown, sweep_tsv, SweepRow,
 };

@@ -88,17 +88,17 @@ pub fn decode_query(query: &str) -> Decoded {
         }
         decoded.state.reset(field);
     }
-    if decoded.state.preset.is_some() && !decoded.state.config_json.is_empty() {
+    if decoded.state.model.preset.is_some() && !decoded.state.model.config_json.is_empty() {
         notices.push("Ignored the link's config.json: the link names a preset model.".to_owned());
-        decoded.state.config_json.clear();
+        decoded.state.model.config_json.clear();
     }
-    if decoded.state.preset.is_none() {
+    if decoded.state.model.preset.is_none() {
         if let Err(why) = decoded.state.architecture() {
             notices.push(format!(
                 "Ignored the model's config.json: {why}. Using the default model."
             ));
             decoded.state.reset(Field::Model);
-            decoded.state.config_json.clear();
+            decoded.state.model.config_json.clear();
         }
     }
     if notices.len() > MAX_NOTICES {
@@ -182,12 +182,12 @@ mod tests {
     fn reads_a_hand_written_link() {
         let d = decode_query("?p=70&pu=B&pr=fp32&o=sgd-momentum&b=4&a=256&u=gib");
         assert!(d.notices.is_empty(), "{:?}", d.notices);
-        assert_eq!(d.state.params, "70");
-        assert_eq!(d.state.params_unit, ParamUnit::Billion);
-        assert_eq!(d.state.precision, Precision::Fp32);
-        assert_eq!(d.state.optimizer, Optimizer::SgdMomentum);
-        assert_eq!(d.state.batch, "4");
-        assert_eq!(d.state.activation_mb, "256");
+        assert_eq!(d.state.simple.params, "70");
+        assert_eq!(d.state.simple.params_unit, ParamUnit::Billion);
+        assert_eq!(d.state.simple.precision, Precision::Fp32);
+        assert_eq!(d.state.step.optimizer, Optimizer::SgdMomentum);
+        assert_eq!(d.state.step.batch, "4");
+        assert_eq!(d.state.simple.activation_mb, "256");
         assert_eq!(d.state.byte_unit, ByteUnit::Gib);
         assert_eq!(d.state.mode, Mode::Simple);
     }
@@ -215,15 +215,15 @@ mod tests {
         falls_back("&&&", 0);
         falls_back("", 0);
         let d = decode_query("b=abc&p=9");
-        assert_eq!(d.state.batch, PageState::default().batch);
-        assert_eq!(d.state.params, "9");
+        assert_eq!(d.state.step.batch, PageState::default().step.batch);
+        assert_eq!(d.state.simple.params, "9");
         assert!(d.notices[0].contains("“abc”"), "{:?}", d.notices);
     }
 
     #[test]
     fn script_tags_stay_text() {
         let d = decode_query("b=%3Cscript%3Ealert(1)%3C%2Fscript%3E");
-        assert_eq!(d.state.batch, PageState::default().batch);
+        assert_eq!(d.state.step.batch, PageState::default().step.batch);
         assert!(d.notices[0].contains("<script>"));
     }
 
@@ -252,15 +252,15 @@ mod tests {
         round_trips("a=0");
         let d = decode_query("wf=Q4_K_M&kvd=q8_0&gpu=mac-64&ram=128&a=0");
         assert!(d.notices.is_empty(), "{:?}", d.notices);
-        assert_eq!(d.state.weight_format, WeightFormat::Q4KM);
-        assert_eq!(d.state.kv_dtype, KvDtype::Q8_0);
-        assert_eq!(d.state.gpu, Some(Gpu::Mac64));
-        assert_eq!(d.state.ram_gib, "128");
-        assert_eq!(d.state.activation_mb, "0");
+        assert_eq!(d.state.inference.weight_format, WeightFormat::Q4KM);
+        assert_eq!(d.state.inference.kv_dtype, KvDtype::Q8_0);
+        assert_eq!(d.state.hardware.gpu, Some(Gpu::Mac64));
+        assert_eq!(d.state.hardware.ram_gib, "128");
+        assert_eq!(d.state.simple.activation_mb, "0");
         // defaults: today's behaviour, and old links read as before
         let old = decode_query("m=arch&o=none&gen=64").state;
-        assert_eq!(old.weight_format, WeightFormat::Recipe);
-        assert_eq!(old.kv_dtype, KvDtype::Model);
+        assert_eq!(old.inference.weight_format, WeightFormat::Recipe);
+        assert_eq!(old.inference.kv_dtype, KvDtype::Model);
         falls_back("wf=int3&kvd=fp4&ram=0", 3);
     }
 
@@ -283,15 +283,18 @@ mod tests {
             params in 1u64..100_000, batch in 1u64..100_000, act in 1u64..100_000,
             unit in 0usize..4, precision in 0usize..3, optimizer in 0usize..4, gib: bool,
         ) {
-            let state = PageState {
-                params: params.to_string(),
-                params_unit: ParamUnit::ALL[unit],
-                precision: Precision::ALL[precision],
-                optimizer: Optimizer::ALL[optimizer],
-                batch: batch.to_string(),
-                activation_mb: act.to_string(),
-                byte_unit: if gib { ByteUnit::Gib } else { ByteUnit::Gb },
-                ..PageState::default()
+            let state = {
+                let mut page_state = PageState {
+                    byte_unit: if gib { ByteUnit::Gib } else { ByteUnit::Gb },
+                    ..PageState::default()
+                };
+                page_state.simple.params = params.to_string();
+                page_state.simple.params_unit = ParamUnit::ALL[unit];
+                page_state.simple.precision = Precision::ALL[precision];
+                page_state.step.optimizer = Optimizer::ALL[optimizer];
+                page_state.step.batch = batch.to_string();
+                page_state.simple.activation_mb = act.to_string();
+                page_state
             };
             let d = decode_query(&encode_query(&state));
             prop_assert!(d.notices.is_empty(), "{:?}", d.notices);

@@ -89,7 +89,7 @@ pub fn parse_page(state: &PageState) -> Page {
         .into_iter()
         .map(|(f, e)| (f, e.to_string()))
         .collect();
-    if let Some(a) = model.filter(|_| state.method != Method::Full) {
+    if let Some(a) = model.filter(|_| state.training.method != Method::Full) {
         if let Err(errors) = state.parsed_peft(a) {
             field_errors.extend(
                 errors
@@ -99,9 +99,9 @@ pub fn parse_page(state: &PageState) -> Page {
             );
         }
     }
-    let config_error = match (&arch, state.preset) {
+    let config_error = match (&arch, state.model.preset) {
         (None, _) | (_, Some(_)) => None,
-        (Some(_), None) if state.config_json.trim().is_empty() => {
+        (Some(_), None) if state.model.config_json.trim().is_empty() => {
             Some("Paste a config.json, upload one, or pick a preset.".to_owned())
         }
         (Some(parsed), None) => parsed.as_ref().err().map(ToString::to_string),
@@ -118,7 +118,7 @@ pub fn parse_page(state: &PageState) -> Page {
         notes: model
             .map(|a| {
                 let mut notes = a.notes().to_vec();
-                if !a.is_causal_lm() && state.loss != crate::LossKind::Hf {
+                if !a.is_causal_lm() && state.step.loss != crate::LossKind::Hf {
                     notes.push(NOT_A_CAUSAL_LM_LOSS);
                 }
                 notes
@@ -195,9 +195,10 @@ mod tests {
             .field_errors
             .iter()
             .any(|(f, e)| *f == Field::LoraTargets && e.contains("c_attn")));
-        let page = parse_page(&PageState {
-            preset: None,
-            ..decode_query("m=arch").state
+        let page = parse_page(&{
+            let mut page_state = decode_query("m=arch").state;
+            page_state.model.preset = None;
+            page_state
         });
         assert_eq!(
             page.config_error.as_deref(),
@@ -205,9 +206,10 @@ mod tests {
         );
         assert!(page.scenario.is_err());
         // simple mode reads no model
-        let page = parse_page(&PageState {
-            preset: None,
-            ..PageState::default()
+        let page = parse_page(&{
+            let mut page_state = PageState::default();
+            page_state.model.preset = None;
+            page_state
         });
         assert!(page.config_error.is_none() && page.notes.is_empty());
     }

@@ -73,50 +73,280 @@ impl Mode {
     }
 }
 
-/// The inputs of the page. Text fields keep exactly what was typed, valid or not, so that a
-/// shared link shows the same page; they are parsed where they are used.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The inputs of the page, in sections that own their URL keys. Text fields keep exactly what
+/// was typed, valid or not, so that a shared link shows the same page; they are parsed once
+/// per change ([`crate::parse_page`]).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PageState {
     /// Simple or architecture mode.
     pub mode: Mode,
+    /// Unit the figures are shown in.
+    pub byte_unit: ByteUnit,
+    /// The simple mode: the parameter count, its unit and precision, the activation memory per sample.
+    pub simple: SimpleModel,
+    /// Architecture mode: which model (a preset, or the pasted config).
+    pub model: ModelChoice,
+    /// One step: batch, sequence, precision recipe, optimizer and the trainer's settings.
+    pub step: StepSettings,
+    /// The training method: full fine-tuning, LoRA or QLoRA and their settings.
+    pub training: MethodSettings,
+    /// Inference: generated tokens, the weights' format and the KV cache's dtype.
+    pub inference: InferenceSettings,
+    /// The device and the overheads on it.
+    pub hardware: HardwareSettings,
+    /// Several GPUs: data parallelism, sharding, tensor and expert parallelism, the global batch.
+    pub parallel: ParallelSettings,
+}
+
+/// A group of the page's inputs that owns their URL keys and reads and writes their text.
+pub trait Section {
+    /// Its fields with their URL keys, in the order the URL lists them.
+    const KEYS: &'static [(Field, &'static str)];
+    /// The value of `field` (one of [`Self::KEYS`]) as its URL text, `None` for a field that
+    /// Does not travel (or is not its own).
+    fn get(&self, field: Field) -> Option<String>;
+    /// Sets `field` (one of [`Self::KEYS`]) from its URL text.
+    ///
+    /// # Errors
+    /// Why the text is not a value of that field; the field is left as it was.
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String>;
+    /// Whether `field` is one of its own.
+    fn owns(field: Field) -> bool {
+        Self::KEYS.iter().any(|(f, _)| *f == field)
+    }
+}
+
+/// The simple mode: the parameter count, its unit and precision, the activation memory per sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimpleModel {
     /// Parameter count as typed, in [`Self::params_unit`]s.
     pub params: String,
     /// The multiplier of the parameter count.
     pub params_unit: ParamUnit,
     /// Precision of the weights (simple mode).
     pub precision: Precision,
-    /// Optimizer.
-    pub optimizer: Optimizer,
-    /// Batch size as typed.
-    pub batch: String,
     /// Activation MB per sample as typed (simple mode).
     pub activation_mb: String,
-    /// Unit the figures are shown in.
-    pub byte_unit: ByteUnit,
-    /// Architecture mode: the preset, or `None` for the pasted config.
+}
+
+impl Default for SimpleModel {
+    fn default() -> Self {
+        Self {
+            params: "7".to_owned(),
+            params_unit: ParamUnit::Billion,
+            precision: Precision::Half,
+            activation_mb: "512".to_owned(),
+        }
+    }
+}
+
+impl Section for SimpleModel {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::Params, "p"),
+        (Field::ParamsUnit, "pu"),
+        (Field::Precision, "pr"),
+        (Field::ActivationMb, "a"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::Params => self.params.clone(),
+            Field::ParamsUnit => self.params_unit.key().to_owned(),
+            Field::Precision => self.precision.key().to_owned(),
+            Field::ActivationMb => self.activation_mb.clone(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::Params => self.params = text(value)?,
+            Field::ParamsUnit => {
+                self.params_unit =
+                    choice_by(value, &ParamUnit::ALL, ParamUnit::key, ParamUnit::from_key)?;
+            }
+            Field::Precision => {
+                self.precision = choice(value, &Precision::ALL, Precision::key)?;
+            }
+            Field::ActivationMb => self.activation_mb = text(value)?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Architecture mode: which model (a preset, or the pasted config).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelChoice {
+    /// The preset, or `None` for the pasted config.
     pub preset: Option<Preset>,
-    /// Architecture mode: the pasted `config.json`, as pasted.
+    /// The pasted `config.json`, as pasted.
     pub config_json: String,
-    /// Architecture mode: tokens per sample (image side for vision models), as typed.
+}
+
+impl Default for ModelChoice {
+    fn default() -> Self {
+        Self {
+            preset: Preset::from_key("llama3-8b"),
+            config_json: String::new(),
+        }
+    }
+}
+
+impl Section for ModelChoice {
+    const KEYS: &'static [(Field, &'static str)] =
+        &[(Field::Model, "model"), (Field::Config, "cfg")];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::Model => self.preset.map_or(CUSTOM_MODEL_KEY, Preset::key).to_owned(),
+            // The config travels only when it is the model, in compact form when it parses.
+            Field::Config => {
+                if self.preset.is_some() || self.config_json.is_empty() {
+                    return None;
+                }
+                crate::parse_hf_config(&self.config_json)
+                    .map(|a| a.to_config_json())
+                    .unwrap_or_else(|_| self.config_json.clone())
+            }
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::Model => {
+                self.preset = if value == CUSTOM_MODEL_KEY {
+                    None
+                } else {
+                    Some(choice(value, &Preset::ALL, Preset::key)?)
+                };
+            }
+            Field::Config => {
+                if value.chars().count() > MAX_CONFIG_CHARS {
+                    return Err(format!("longer than {MAX_CONFIG_CHARS} characters."));
+                }
+                self.config_json = value.to_owned();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// One step: batch, sequence, precision recipe, optimizer and the trainer's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepSettings {
+    /// Batch size as typed.
+    pub batch: String,
+    /// Tokens per sample (image side for vision models), as typed.
     pub seq_len: String,
-    /// Architecture mode: precision recipe.
+    /// Precision recipe.
     pub recipe: PrecisionRecipe,
-    /// Architecture mode: attention kernel.
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Attention kernel.
     pub attention: AttentionKernel,
-    /// Architecture mode: activation checkpointing.
+    /// Activation checkpointing.
     pub checkpointing: Checkpointing,
-    /// Architecture mode: how the head and its loss run (the trainer's loss).
+    /// How the head and its loss run (the trainer's loss).
     pub loss: LossKind,
-    /// Architecture mode: documents packed into each row (position ids restart per document).
+    /// Documents packed into each row (position ids restart per document).
     pub packing: bool,
-    /// Architecture mode: rows padded to the longest (an attention mask with zeros).
+    /// Rows padded to the longest (an attention mask with zeros).
     pub padding: bool,
-    /// Architecture mode: torchtune's `optimizer_in_bwd` (each parameter stepped in its
-    /// gradient hook).
+    /// torchtune's `optimizer_in_bwd` (each parameter stepped in its
+    /// Gradient hook).
     pub optimizer_in_backward: bool,
-    /// Architecture mode: torchtune's `enable_activation_offloading`.
+    /// torchtune's `enable_activation_offloading`.
     pub activation_offload: bool,
-    /// Architecture mode: full fine-tuning, LoRA or QLoRA.
+}
+
+impl Default for StepSettings {
+    fn default() -> Self {
+        Self {
+            batch: "8".to_owned(),
+            seq_len: "2048".to_owned(),
+            recipe: PrecisionRecipe::AmpBf16,
+            optimizer: Optimizer::AdamW,
+            attention: AttentionKernel::Sdpa,
+            checkpointing: Checkpointing::None,
+            loss: LossKind::Hf,
+            packing: false,
+            padding: false,
+            optimizer_in_backward: false,
+            activation_offload: false,
+        }
+    }
+}
+
+impl Section for StepSettings {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::Batch, "b"),
+        (Field::SeqLen, "s"),
+        (Field::Recipe, "r"),
+        (Field::Optimizer, "o"),
+        (Field::Attention, "attn"),
+        (Field::Checkpointing, "gc"),
+        (Field::Loss, "loss"),
+        (Field::Packing, "pack"),
+        (Field::Padding, "pad"),
+        (Field::OptimizerInBackward, "oib"),
+        (Field::ActivationOffload, "ao"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::Batch => self.batch.clone(),
+            Field::SeqLen => self.seq_len.clone(),
+            Field::Recipe => self.recipe.key().to_owned(),
+            Field::Optimizer => self.optimizer.key().to_owned(),
+            Field::Attention => self.attention.key().to_owned(),
+            Field::Checkpointing => self.checkpointing.key().to_owned(),
+            Field::Loss => self.loss.key().to_owned(),
+            Field::Packing => on_off(self.packing).to_owned(),
+            Field::Padding => on_off(self.padding).to_owned(),
+            Field::OptimizerInBackward => on_off(self.optimizer_in_backward).to_owned(),
+            Field::ActivationOffload => on_off(self.activation_offload).to_owned(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::Batch => self.batch = text(value)?,
+            Field::SeqLen => self.seq_len = text(value)?,
+            Field::Recipe => {
+                self.recipe = choice(value, &PrecisionRecipe::ALL, PrecisionRecipe::key)?;
+            }
+            Field::Optimizer => {
+                self.optimizer = choice(value, &Optimizer::ALL, Optimizer::key)?;
+            }
+            Field::Attention => {
+                self.attention = choice(value, &AttentionKernel::ALL, AttentionKernel::key)?;
+            }
+            Field::Checkpointing => {
+                self.checkpointing = choice(value, &Checkpointing::ALL, Checkpointing::key)?;
+            }
+            Field::Loss => self.loss = choice(value, &LossKind::ALL, LossKind::key)?,
+            Field::Packing => self.packing = choice(value, &[true, false], on_off)?,
+            Field::Padding => self.padding = choice(value, &[true, false], on_off)?,
+            Field::OptimizerInBackward => {
+                self.optimizer_in_backward = choice(value, &[true, false], on_off)?;
+            }
+            Field::ActivationOffload => {
+                self.activation_offload = choice(value, &[true, false], on_off)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The training method: full fine-tuning, LoRA or QLoRA and their settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MethodSettings {
+    /// Full fine-tuning, LoRA or QLoRA.
     pub method: Method,
     /// LoRA rank `r`, as typed.
     pub lora_rank: String,
@@ -134,12 +364,135 @@ pub struct PageState {
     pub double_quant: bool,
     /// QLoRA: `prepare_model_for_kbit_training`.
     pub kbit_prepare: bool,
-    /// Architecture mode, inference: tokens generated after the prompt (KV cache), as typed.
+}
+
+impl Default for MethodSettings {
+    fn default() -> Self {
+        Self {
+            method: Method::Full,
+            lora_rank: "16".to_owned(),
+            lora_alpha: "32".to_owned(),
+            lora_dropout: "0".to_owned(),
+            lora_targets: "all-linear".to_owned(),
+            lora_fp32: true,
+            quant: Quant4::Nf4,
+            double_quant: true,
+            kbit_prepare: true,
+        }
+    }
+}
+
+impl Section for MethodSettings {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::Method, "method"),
+        (Field::LoraRank, "lr"),
+        (Field::LoraAlpha, "la"),
+        (Field::LoraDropout, "ld"),
+        (Field::LoraTargets, "lt"),
+        (Field::LoraDtype, "ldt"),
+        (Field::Quant, "q"),
+        (Field::DoubleQuant, "dq"),
+        (Field::KbitPrepare, "kbit"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::Method => self.method.key().to_owned(),
+            Field::LoraRank => self.lora_rank.clone(),
+            Field::LoraAlpha => self.lora_alpha.clone(),
+            Field::LoraDropout => self.lora_dropout.clone(),
+            Field::LoraTargets => self.lora_targets.clone(),
+            Field::LoraDtype => adapter_dtype_key(self.lora_fp32).to_owned(),
+            Field::Quant => self.quant.key().to_owned(),
+            Field::DoubleQuant => on_off(self.double_quant).to_owned(),
+            Field::KbitPrepare => on_off(self.kbit_prepare).to_owned(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::Method => {
+                self.method = choice(value, &Method::ALL, Method::key)?;
+            }
+            Field::LoraRank => self.lora_rank = text(value)?,
+            Field::LoraAlpha => self.lora_alpha = text(value)?,
+            Field::LoraDropout => self.lora_dropout = text(value)?,
+            Field::LoraTargets => self.lora_targets = text(value)?,
+            Field::LoraDtype => {
+                self.lora_fp32 = choice(value, &[true, false], adapter_dtype_key)?;
+            }
+            Field::Quant => {
+                self.quant = choice(value, &Quant4::ALL, Quant4::key)?;
+            }
+            Field::DoubleQuant => self.double_quant = choice(value, &[true, false], on_off)?,
+            Field::KbitPrepare => self.kbit_prepare = choice(value, &[true, false], on_off)?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Inference: generated tokens, the weights' format and the KV cache's dtype.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InferenceSettings {
+    /// Tokens generated after the prompt (KV cache), as typed.
     pub new_tokens: String,
-    /// Architecture mode, inference: how the weights are stored (quantization).
+    /// How the weights are stored (quantization).
     pub weight_format: WeightFormat,
-    /// Architecture mode, inference: the dtype of the KV cache.
+    /// The dtype of the KV cache.
     pub kv_dtype: KvDtype,
+}
+
+impl Default for InferenceSettings {
+    fn default() -> Self {
+        Self {
+            new_tokens: "0".to_owned(),
+            weight_format: WeightFormat::Recipe,
+            kv_dtype: KvDtype::Model,
+        }
+    }
+}
+
+impl Section for InferenceSettings {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::NewTokens, "gen"),
+        (Field::WeightFormat, "wf"),
+        (Field::KvDtype, "kvd"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::NewTokens => self.new_tokens.clone(),
+            Field::WeightFormat => self.weight_format.key().to_owned(),
+            Field::KvDtype => self.kv_dtype.key().to_owned(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::NewTokens => self.new_tokens = text(value)?,
+            Field::WeightFormat => {
+                self.weight_format = choice_by(
+                    value,
+                    &WeightFormat::ALL,
+                    WeightFormat::key,
+                    WeightFormat::from_key,
+                )?;
+            }
+            Field::KvDtype => {
+                self.kv_dtype = choice_by(value, &KvDtype::ALL, KvDtype::key, KvDtype::from_key)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The device and the overheads on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HardwareSettings {
     /// The GPU (or other device), or `None` to plan for no GPU in particular.
     pub gpu: Option<Gpu>,
     /// Capacity of a custom GPU in MiB, as typed.
@@ -152,6 +505,66 @@ pub struct PageState {
     pub allocator_reserve_percent: String,
     /// Safety margin in percent of the capacity, as typed.
     pub safety_margin_percent: String,
+}
+
+impl Default for HardwareSettings {
+    fn default() -> Self {
+        Self {
+            gpu: Some(Gpu::H100_80),
+            custom_capacity_mib: "81920".to_owned(),
+            ram_gib: "64".to_owned(),
+            cuda_context_mib: "500".to_owned(),
+            allocator_reserve_percent: "5".to_owned(),
+            safety_margin_percent: "15".to_owned(),
+        }
+    }
+}
+
+impl Section for HardwareSettings {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::Gpu, "gpu"),
+        (Field::CustomCapacity, "cap"),
+        (Field::RamCapacity, "ram"),
+        (Field::CudaContext, "ctx"),
+        (Field::AllocatorReserve, "res"),
+        (Field::SafetyMargin, "margin"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
+            Field::CustomCapacity => self.custom_capacity_mib.clone(),
+            Field::RamCapacity => self.ram_gib.clone(),
+            Field::CudaContext => self.cuda_context_mib.clone(),
+            Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
+            Field::SafetyMargin => self.safety_margin_percent.clone(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::Gpu => {
+                self.gpu = if value == "none" {
+                    None
+                } else {
+                    Some(choice(value, &Gpu::ALL, Gpu::key)?)
+                };
+            }
+            Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
+            Field::RamCapacity => self.ram_gib = text(value)?,
+            Field::CudaContext => self.cuda_context_mib = text(value)?,
+            Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
+            Field::SafetyMargin => self.safety_margin_percent = text(value)?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Several GPUs: data parallelism, sharding, tensor and expert parallelism, the global batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParallelSettings {
     /// Data-parallel GPUs, as typed.
     pub num_gpus: String,
     /// How model state is sharded across them.
@@ -162,6 +575,53 @@ pub struct PageState {
     pub expert_parallel: String,
     /// Samples per optimizer step to reach with accumulation, as typed (empty: none).
     pub global_batch: String,
+}
+
+impl Default for ParallelSettings {
+    fn default() -> Self {
+        Self {
+            num_gpus: "1".to_owned(),
+            sharding: Sharding::Ddp,
+            tensor_parallel: "1".to_owned(),
+            expert_parallel: "1".to_owned(),
+            global_batch: String::new(),
+        }
+    }
+}
+
+impl Section for ParallelSettings {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::NumGpus, "n"),
+        (Field::Sharding, "shard"),
+        (Field::TensorParallel, "tp"),
+        (Field::ExpertParallel, "ep"),
+        (Field::GlobalBatch, "gb"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        Some(match field {
+            Field::NumGpus => self.num_gpus.clone(),
+            Field::Sharding => self.sharding.key().to_owned(),
+            Field::TensorParallel => self.tensor_parallel.clone(),
+            Field::ExpertParallel => self.expert_parallel.clone(),
+            Field::GlobalBatch => self.global_batch.clone(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::NumGpus => self.num_gpus = text(value)?,
+            Field::Sharding => {
+                self.sharding = choice(value, &Sharding::ALL, Sharding::key)?;
+            }
+            Field::TensorParallel => self.tensor_parallel = text(value)?,
+            Field::ExpertParallel => self.expert_parallel = text(value)?,
+            Field::GlobalBatch => self.global_batch = text(value)?,
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// What the typed fields of the page parse to, or the error of each that does not.
@@ -181,55 +641,6 @@ pub struct PlanInputs {
     pub expert_parallel: u64,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
-}
-
-impl Default for PageState {
-    fn default() -> Self {
-        Self {
-            mode: Mode::Simple,
-            params: "7".to_owned(),
-            params_unit: ParamUnit::Billion,
-            precision: Precision::Half,
-            optimizer: Optimizer::AdamW,
-            batch: "8".to_owned(),
-            activation_mb: "512".to_owned(),
-            byte_unit: ByteUnit::Gb,
-            preset: Preset::from_key("llama3-8b"),
-            config_json: String::new(),
-            seq_len: "2048".to_owned(),
-            recipe: PrecisionRecipe::AmpBf16,
-            attention: AttentionKernel::Sdpa,
-            checkpointing: Checkpointing::None,
-            loss: LossKind::Hf,
-            packing: false,
-            padding: false,
-            optimizer_in_backward: false,
-            activation_offload: false,
-            method: Method::Full,
-            lora_rank: "16".to_owned(),
-            lora_alpha: "32".to_owned(),
-            lora_dropout: "0".to_owned(),
-            lora_targets: "all-linear".to_owned(),
-            lora_fp32: true,
-            quant: Quant4::Nf4,
-            double_quant: true,
-            kbit_prepare: true,
-            new_tokens: "0".to_owned(),
-            weight_format: WeightFormat::Recipe,
-            kv_dtype: KvDtype::Model,
-            gpu: Some(Gpu::H100_80),
-            custom_capacity_mib: "81920".to_owned(),
-            ram_gib: "64".to_owned(),
-            cuda_context_mib: "500".to_owned(),
-            allocator_reserve_percent: "5".to_owned(),
-            safety_margin_percent: "15".to_owned(),
-            num_gpus: "1".to_owned(),
-            sharding: Sharding::Ddp,
-            tensor_parallel: "1".to_owned(),
-            expert_parallel: "1".to_owned(),
-            global_batch: String::new(),
-        }
-    }
 }
 
 /// One input of the page, with its URL key.
@@ -371,52 +782,25 @@ impl Field {
         Field::Config,
     ];
 
-    /// The URL key.
+    /// The URL key (each section owns those of its fields).
     #[must_use]
-    pub const fn key(self) -> &'static str {
+    pub fn key(self) -> &'static str {
         match self {
             Field::Mode => "m",
-            Field::Params => "p",
-            Field::ParamsUnit => "pu",
-            Field::Precision => "pr",
-            Field::Optimizer => "o",
-            Field::Batch => "b",
-            Field::ActivationMb => "a",
             Field::ByteUnit => "u",
-            Field::Model => "model",
-            Field::Config => "cfg",
-            Field::SeqLen => "s",
-            Field::Recipe => "r",
-            Field::Attention => "attn",
-            Field::Checkpointing => "gc",
-            Field::Loss => "loss",
-            Field::Packing => "pack",
-            Field::Padding => "pad",
-            Field::OptimizerInBackward => "oib",
-            Field::ActivationOffload => "ao",
-            Field::Method => "method",
-            Field::LoraRank => "lr",
-            Field::LoraAlpha => "la",
-            Field::LoraDropout => "ld",
-            Field::LoraTargets => "lt",
-            Field::LoraDtype => "ldt",
-            Field::Quant => "q",
-            Field::DoubleQuant => "dq",
-            Field::KbitPrepare => "kbit",
-            Field::NewTokens => "gen",
-            Field::WeightFormat => "wf",
-            Field::KvDtype => "kvd",
-            Field::Gpu => "gpu",
-            Field::CustomCapacity => "cap",
-            Field::RamCapacity => "ram",
-            Field::CudaContext => "ctx",
-            Field::AllocatorReserve => "res",
-            Field::SafetyMargin => "margin",
-            Field::NumGpus => "n",
-            Field::Sharding => "shard",
-            Field::TensorParallel => "tp",
-            Field::ExpertParallel => "ep",
-            Field::GlobalBatch => "gb",
+            other => [
+                SimpleModel::KEYS,
+                ModelChoice::KEYS,
+                StepSettings::KEYS,
+                MethodSettings::KEYS,
+                InferenceSettings::KEYS,
+                HardwareSettings::KEYS,
+                ParallelSettings::KEYS,
+            ]
+            .into_iter()
+            .flatten()
+            .find(|(f, _)| *f == other)
+            .map_or("", |(_, key)| key),
         }
     }
 
@@ -524,58 +908,18 @@ impl PageState {
     /// The value of `field` as its URL text.
     #[must_use]
     pub fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::Mode => self.mode.key().to_owned(),
-            Field::Params => self.params.clone(),
-            Field::ParamsUnit => self.params_unit.key().to_owned(),
-            Field::Precision => self.precision.key().to_owned(),
-            Field::Optimizer => self.optimizer.key().to_owned(),
-            Field::Batch => self.batch.clone(),
-            Field::ActivationMb => self.activation_mb.clone(),
-            Field::ByteUnit => self.byte_unit.key().to_owned(),
-            Field::Model => self.preset.map_or(CUSTOM_MODEL_KEY, Preset::key).to_owned(),
-            // The config travels only when it is the model, in compact form when it parses.
-            Field::Config => {
-                if self.preset.is_some() || self.config_json.is_empty() {
-                    return None;
-                }
-                crate::parse_hf_config(&self.config_json)
-                    .map(|a| a.to_config_json())
-                    .unwrap_or_else(|_| self.config_json.clone())
-            }
-            Field::SeqLen => self.seq_len.clone(),
-            Field::Recipe => self.recipe.key().to_owned(),
-            Field::Attention => self.attention.key().to_owned(),
-            Field::Checkpointing => self.checkpointing.key().to_owned(),
-            Field::Loss => self.loss.key().to_owned(),
-            Field::Packing => on_off(self.packing).to_owned(),
-            Field::Padding => on_off(self.padding).to_owned(),
-            Field::OptimizerInBackward => on_off(self.optimizer_in_backward).to_owned(),
-            Field::ActivationOffload => on_off(self.activation_offload).to_owned(),
-            Field::Method => self.method.key().to_owned(),
-            Field::LoraRank => self.lora_rank.clone(),
-            Field::LoraAlpha => self.lora_alpha.clone(),
-            Field::LoraDropout => self.lora_dropout.clone(),
-            Field::LoraTargets => self.lora_targets.clone(),
-            Field::LoraDtype => adapter_dtype_key(self.lora_fp32).to_owned(),
-            Field::Quant => self.quant.key().to_owned(),
-            Field::DoubleQuant => on_off(self.double_quant).to_owned(),
-            Field::KbitPrepare => on_off(self.kbit_prepare).to_owned(),
-            Field::NewTokens => self.new_tokens.clone(),
-            Field::WeightFormat => self.weight_format.key().to_owned(),
-            Field::KvDtype => self.kv_dtype.key().to_owned(),
-            Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
-            Field::CustomCapacity => self.custom_capacity_mib.clone(),
-            Field::RamCapacity => self.ram_gib.clone(),
-            Field::CudaContext => self.cuda_context_mib.clone(),
-            Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
-            Field::SafetyMargin => self.safety_margin_percent.clone(),
-            Field::NumGpus => self.num_gpus.clone(),
-            Field::Sharding => self.sharding.key().to_owned(),
-            Field::TensorParallel => self.tensor_parallel.clone(),
-            Field::ExpertParallel => self.expert_parallel.clone(),
-            Field::GlobalBatch => self.global_batch.clone(),
-        })
+        match field {
+            Field::Mode => Some(self.mode.key().to_owned()),
+            Field::ByteUnit => Some(self.byte_unit.key().to_owned()),
+            f if SimpleModel::owns(f) => self.simple.get(f),
+            f if ModelChoice::owns(f) => self.model.get(f),
+            f if StepSettings::owns(f) => self.step.get(f),
+            f if MethodSettings::owns(f) => self.training.get(f),
+            f if InferenceSettings::owns(f) => self.inference.get(f),
+            f if HardwareSettings::owns(f) => self.hardware.get(f),
+            f if ParallelSettings::owns(f) => self.parallel.get(f),
+            _ => None,
+        }
     }
 
     /// Sets `field` from its URL text.
@@ -584,103 +928,16 @@ impl PageState {
     /// Why the text is not a value of that field; the field is left as it was.
     pub fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
         match field {
-            Field::Mode => {
-                self.mode = choice(value, &Mode::ALL, Mode::key)?;
-            }
-            Field::Params => self.params = text(value)?,
-            Field::ParamsUnit => {
-                self.params_unit =
-                    choice_by(value, &ParamUnit::ALL, ParamUnit::key, ParamUnit::from_key)?;
-            }
-            Field::Precision => {
-                self.precision = choice(value, &Precision::ALL, Precision::key)?;
-            }
-            Field::Optimizer => {
-                self.optimizer = choice(value, &Optimizer::ALL, Optimizer::key)?;
-            }
-            Field::Batch => self.batch = text(value)?,
-            Field::ActivationMb => self.activation_mb = text(value)?,
-            Field::ByteUnit => {
-                self.byte_unit = choice(value, &ByteUnit::ALL, ByteUnit::key)?;
-            }
-            Field::Model => {
-                self.preset = if value == CUSTOM_MODEL_KEY {
-                    None
-                } else {
-                    Some(choice(value, &Preset::ALL, Preset::key)?)
-                };
-            }
-            Field::Config => {
-                if value.chars().count() > MAX_CONFIG_CHARS {
-                    return Err(format!("longer than {MAX_CONFIG_CHARS} characters."));
-                }
-                self.config_json = value.to_owned();
-            }
-            Field::SeqLen => self.seq_len = text(value)?,
-            Field::Recipe => {
-                self.recipe = choice(value, &PrecisionRecipe::ALL, PrecisionRecipe::key)?;
-            }
-            Field::Attention => {
-                self.attention = choice(value, &AttentionKernel::ALL, AttentionKernel::key)?;
-            }
-            Field::Checkpointing => {
-                self.checkpointing = choice(value, &Checkpointing::ALL, Checkpointing::key)?;
-            }
-            Field::Loss => self.loss = choice(value, &LossKind::ALL, LossKind::key)?,
-            Field::Packing => self.packing = choice(value, &[true, false], on_off)?,
-            Field::Padding => self.padding = choice(value, &[true, false], on_off)?,
-            Field::OptimizerInBackward => {
-                self.optimizer_in_backward = choice(value, &[true, false], on_off)?;
-            }
-            Field::ActivationOffload => {
-                self.activation_offload = choice(value, &[true, false], on_off)?;
-            }
-            Field::Method => {
-                self.method = choice(value, &Method::ALL, Method::key)?;
-            }
-            Field::LoraRank => self.lora_rank = text(value)?,
-            Field::LoraAlpha => self.lora_alpha = text(value)?,
-            Field::LoraDropout => self.lora_dropout = text(value)?,
-            Field::LoraTargets => self.lora_targets = text(value)?,
-            Field::LoraDtype => {
-                self.lora_fp32 = choice(value, &[true, false], adapter_dtype_key)?;
-            }
-            Field::Quant => {
-                self.quant = choice(value, &Quant4::ALL, Quant4::key)?;
-            }
-            Field::DoubleQuant => self.double_quant = choice(value, &[true, false], on_off)?,
-            Field::KbitPrepare => self.kbit_prepare = choice(value, &[true, false], on_off)?,
-            Field::NewTokens => self.new_tokens = text(value)?,
-            Field::WeightFormat => {
-                self.weight_format = choice_by(
-                    value,
-                    &WeightFormat::ALL,
-                    WeightFormat::key,
-                    WeightFormat::from_key,
-                )?;
-            }
-            Field::KvDtype => {
-                self.kv_dtype = choice_by(value, &KvDtype::ALL, KvDtype::key, KvDtype::from_key)?;
-            }
-            Field::Gpu => {
-                self.gpu = if value == "none" {
-                    None
-                } else {
-                    Some(choice(value, &Gpu::ALL, Gpu::key)?)
-                };
-            }
-            Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
-            Field::RamCapacity => self.ram_gib = text(value)?,
-            Field::CudaContext => self.cuda_context_mib = text(value)?,
-            Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
-            Field::SafetyMargin => self.safety_margin_percent = text(value)?,
-            Field::NumGpus => self.num_gpus = text(value)?,
-            Field::Sharding => {
-                self.sharding = choice(value, &Sharding::ALL, Sharding::key)?;
-            }
-            Field::TensorParallel => self.tensor_parallel = text(value)?,
-            Field::ExpertParallel => self.expert_parallel = text(value)?,
-            Field::GlobalBatch => self.global_batch = text(value)?,
+            Field::Mode => self.mode = choice(value, &Mode::ALL, Mode::key)?,
+            Field::ByteUnit => self.byte_unit = choice(value, &ByteUnit::ALL, ByteUnit::key)?,
+            f if SimpleModel::owns(f) => self.simple.set(f, value)?,
+            f if ModelChoice::owns(f) => self.model.set(f, value)?,
+            f if StepSettings::owns(f) => self.step.set(f, value)?,
+            f if MethodSettings::owns(f) => self.training.set(f, value)?,
+            f if InferenceSettings::owns(f) => self.inference.set(f, value)?,
+            f if HardwareSettings::owns(f) => self.hardware.set(f, value)?,
+            f if ParallelSettings::owns(f) => self.parallel.set(f, value)?,
+            _ => {}
         }
         Ok(())
     }
@@ -690,7 +947,7 @@ impl PageState {
     /// # Errors
     /// The message for the field.
     pub fn parsed_seq_len(&self) -> Result<u64, FieldError> {
-        parse_count(&self.seq_len, MAX_SEQ_LEN, "tokens", false)
+        parse_count(&self.step.seq_len, MAX_SEQ_LEN, "tokens", false)
     }
 
     /// The LoRA rank, whether `lora_alpha` is a number (it scales the adapters' output, not
@@ -702,17 +959,19 @@ impl PageState {
         Result<(), FieldError>,
         Result<bool, FieldError>,
     ) {
-        let rank = parse_count(&self.lora_rank, MAX_LORA_RANK, "ranks", false);
+        let rank = parse_count(&self.training.lora_rank, MAX_LORA_RANK, "ranks", false);
         let alpha =
-            crate::number::parse_rounded_amount(&self.lora_alpha, 1000, u64::MAX / 2).map(|_| ());
-        let dropout = match crate::number::parse_rounded_amount(&self.lora_dropout, 1000, 999) {
-            Ok(_) => Ok(true),
-            Err(FieldError::Zero) => Ok(false),
-            Err(FieldError::TooLarge { .. }) => Err(FieldError::Other(
-                "Must be below 1 (a probability).".to_owned(),
-            )),
-            Err(e) => Err(e),
-        };
+            crate::number::parse_rounded_amount(&self.training.lora_alpha, 1000, u64::MAX / 2)
+                .map(|_| ());
+        let dropout =
+            match crate::number::parse_rounded_amount(&self.training.lora_dropout, 1000, 999) {
+                Ok(_) => Ok(true),
+                Err(FieldError::Zero) => Ok(false),
+                Err(FieldError::TooLarge { .. }) => Err(FieldError::Other(
+                    "Must be below 1 (a probability).".to_owned(),
+                )),
+                Err(e) => Err(e),
+            };
         (rank, alpha, dropout)
     }
 
@@ -725,7 +984,7 @@ impl PageState {
         &self,
         arch: &crate::Architecture,
     ) -> Result<Option<Peft>, Vec<(Field, FieldError)>> {
-        if self.method == Method::Full {
+        if self.training.method == Method::Full {
             return Ok(None);
         }
         let mut errors = Vec::new();
@@ -734,7 +993,7 @@ impl PageState {
         let _ = alpha.map_err(|e| errors.push((Field::LoraAlpha, e)));
         let dropout = dropout.map_err(|e| errors.push((Field::LoraDropout, e)));
         let targets = arch
-            .lora_targets(&self.lora_targets)
+            .lora_targets(&self.training.lora_targets)
             .map_err(|e| errors.push((Field::LoraTargets, FieldError::Other(e.to_string()))));
         let (Ok(rank), Ok(dropout), Ok(targets)) = (rank, dropout, targets) else {
             return Err(errors);
@@ -743,14 +1002,14 @@ impl PageState {
             return Err(errors);
         }
         Ok(Some(Peft {
-            method: self.method,
+            method: self.training.method,
             rank,
             dropout,
             targets,
-            adapter_fp32: self.lora_fp32,
-            quant: self.quant,
-            double_quant: self.double_quant,
-            kbit_prepare: self.kbit_prepare,
+            adapter_fp32: self.training.lora_fp32,
+            quant: self.training.quant,
+            double_quant: self.training.double_quant,
+            kbit_prepare: self.training.kbit_prepare,
         }))
     }
 
@@ -759,7 +1018,7 @@ impl PageState {
     /// # Errors
     /// The message for the field.
     pub fn parsed_ram_mib(&self) -> Result<u64, FieldError> {
-        crate::number::parse_rounded_amount(&self.ram_gib, MIB_PER_GIB, MAX_CAPACITY_MIB)
+        crate::number::parse_rounded_amount(&self.hardware.ram_gib, MIB_PER_GIB, MAX_CAPACITY_MIB)
     }
 
     /// The parsed number of generated tokens (0 = no generation).
@@ -767,7 +1026,7 @@ impl PageState {
     /// # Errors
     /// The message for the field.
     pub fn parsed_new_tokens(&self) -> Result<u64, FieldError> {
-        parse_count(&self.new_tokens, MAX_NEW_TOKENS, "tokens", true)
+        parse_count(&self.inference.new_tokens, MAX_NEW_TOKENS, "tokens", true)
     }
 
     /// The model of the architecture mode: the preset's, or the pasted config's.
@@ -775,9 +1034,9 @@ impl PageState {
     /// # Errors
     /// Why the pasted config cannot be used.
     pub fn architecture(&self) -> Result<crate::Architecture, crate::ConfigError> {
-        match self.preset {
+        match self.model.preset {
             Some(preset) => preset.architecture(),
-            None => crate::parse_hf_config(&self.config_json),
+            None => crate::parse_hf_config(&self.model.config_json),
         }
     }
 
@@ -800,10 +1059,15 @@ impl PageState {
                 None
             }
         };
-        let capacity_mib = match self.gpu {
+        let capacity_mib = match self.hardware.gpu {
             Some(Gpu::Custom) => check(
                 Field::CustomCapacity,
-                parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false),
+                parse_count(
+                    &self.hardware.custom_capacity_mib,
+                    MAX_CAPACITY_MIB,
+                    "MiB",
+                    false,
+                ),
             ),
             Some(Gpu::CpuRam) => check(Field::RamCapacity, self.parsed_ram_mib()),
             Some(gpu) => gpu.capacity_mib(),
@@ -811,28 +1075,38 @@ impl PageState {
         };
         let context = check(
             Field::CudaContext,
-            parse_count(&self.cuda_context_mib, MAX_CONTEXT_MIB, "MiB", true),
+            parse_count(
+                &self.hardware.cuda_context_mib,
+                MAX_CONTEXT_MIB,
+                "MiB",
+                true,
+            ),
         );
         let reserve = check(
             Field::AllocatorReserve,
-            parse_count(&self.allocator_reserve_percent, 1000, "percent", true),
+            parse_count(
+                &self.hardware.allocator_reserve_percent,
+                1000,
+                "percent",
+                true,
+            ),
         );
         let margin = check(
             Field::SafetyMargin,
-            parse_count(&self.safety_margin_percent, 99, "percent", true),
+            parse_count(&self.hardware.safety_margin_percent, 99, "percent", true),
         );
         let gpus = check(
             Field::NumGpus,
-            parse_count(&self.num_gpus, MAX_GPUS, "GPUs", false),
+            parse_count(&self.parallel.num_gpus, MAX_GPUS, "GPUs", false),
         );
         let tp = check(
             Field::TensorParallel,
-            parse_count(&self.tensor_parallel, 1024, "GPUs", false),
+            parse_count(&self.parallel.tensor_parallel, 1024, "GPUs", false),
         );
         let ep = check(
             Field::ExpertParallel,
-            parse_count(&self.expert_parallel, MAX_GPUS, "GPUs", false).and_then(|ep| {
-                match parse_count(&self.num_gpus, MAX_GPUS, "GPUs", false) {
+            parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false).and_then(|ep| {
+                match parse_count(&self.parallel.num_gpus, MAX_GPUS, "GPUs", false) {
                     Ok(n) if ep > 1 && n % ep != 0 => Err(FieldError::MustDivide {
                         what: "the number of GPUs",
                         total: n,
@@ -841,13 +1115,13 @@ impl PageState {
                 }
             }),
         );
-        let global = if self.global_batch.trim().is_empty() {
+        let global = if self.parallel.global_batch.trim().is_empty() {
             Some(None)
         } else {
             check(
                 Field::GlobalBatch,
                 parse_count(
-                    &self.global_batch,
+                    &self.parallel.global_batch,
                     crate::MAX_BATCH * MAX_GPUS,
                     "samples",
                     false,
@@ -866,10 +1140,10 @@ impl PageState {
                 Some(ep),
                 Some(global),
             ) if errors.is_empty() => Ok(PlanInputs {
-                capacity_bytes: self.gpu.map(|_| cap * crate::BYTES_PER_MIB),
+                capacity_bytes: self.hardware.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
                     // Macs and CPUs have no CUDA context.
-                    cuda_context_bytes: if self.gpu.is_none_or(Gpu::has_cuda_context) {
+                    cuda_context_bytes: if self.hardware.gpu.is_none_or(Gpu::has_cuda_context) {
                         context * crate::BYTES_PER_MIB
                     } else {
                         0
@@ -878,7 +1152,7 @@ impl PageState {
                     safety_margin_percent: margin,
                 },
                 num_gpus: gpus,
-                sharding: self.sharding,
+                sharding: self.parallel.sharding,
                 tensor_parallel: tp,
                 expert_parallel: ep,
                 global_batch: global,
@@ -891,13 +1165,13 @@ impl PageState {
     #[must_use]
     pub fn invalid_text_fields(&self) -> Vec<(Field, FieldError)> {
         let mut invalid = Vec::new();
-        if let Err(e) = parse_params(&self.params, self.params_unit) {
+        if let Err(e) = parse_params(&self.simple.params, self.simple.params_unit) {
             invalid.push((Field::Params, e));
         }
-        if let Err(e) = parse_batch(&self.batch) {
+        if let Err(e) = parse_batch(&self.step.batch) {
             invalid.push((Field::Batch, e));
         }
-        if let Err(e) = parse_activation_mb(&self.activation_mb) {
+        if let Err(e) = parse_activation_mb(&self.simple.activation_mb) {
             invalid.push((Field::ActivationMb, e));
         }
         if let Err(e) = self.parsed_seq_len() {
@@ -919,12 +1193,17 @@ impl PageState {
         invalid.extend(self.plan_field_errors());
         // The custom capacity is checked even while another GPU is chosen: it travels in
         // links all the same.
-        if self.gpu != Some(Gpu::Custom) {
-            if let Err(e) = parse_count(&self.custom_capacity_mib, MAX_CAPACITY_MIB, "MiB", false) {
+        if self.hardware.gpu != Some(Gpu::Custom) {
+            if let Err(e) = parse_count(
+                &self.hardware.custom_capacity_mib,
+                MAX_CAPACITY_MIB,
+                "MiB",
+                false,
+            ) {
                 invalid.push((Field::CustomCapacity, e));
             }
         }
-        if self.gpu != Some(Gpu::CpuRam) {
+        if self.hardware.gpu != Some(Gpu::CpuRam) {
             if let Err(e) = self.parsed_ram_mib() {
                 invalid.push((Field::RamCapacity, e));
             }
@@ -947,14 +1226,14 @@ impl PageState {
     /// Every invalid field with its message.
     pub fn simple_inputs(&self) -> Result<SimpleInputs, Vec<(Field, FieldError)>> {
         match (
-            parse_params(&self.params, self.params_unit),
-            parse_batch(&self.batch),
-            parse_activation_mb(&self.activation_mb),
+            parse_params(&self.simple.params, self.simple.params_unit),
+            parse_batch(&self.step.batch),
+            parse_activation_mb(&self.simple.activation_mb),
         ) {
             (Ok(params), Ok(batch), Ok(activation_bytes_per_sample)) => Ok(SimpleInputs {
                 params,
-                precision: self.precision,
-                optimizer: self.optimizer,
+                precision: self.simple.precision,
+                optimizer: self.step.optimizer,
                 batch,
                 activation_bytes_per_sample,
             }),
@@ -966,6 +1245,50 @@ impl PageState {
             .into_iter()
             .filter_map(|(field, error)| error.map(|e| (field, e)))
             .collect()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field but the mode and the unit belongs to exactly one section, and every URL
+    /// key names one field.
+    #[test]
+    fn sections_own_every_field_once() {
+        let tables = [
+            SimpleModel::KEYS,
+            ModelChoice::KEYS,
+            StepSettings::KEYS,
+            MethodSettings::KEYS,
+            InferenceSettings::KEYS,
+            HardwareSettings::KEYS,
+            ParallelSettings::KEYS,
+        ];
+        for field in Field::ALL {
+            let owners = tables
+                .iter()
+                .filter(|t| t.iter().any(|(f, _)| *f == field))
+                .count();
+            let top = matches!(field, Field::Mode | Field::ByteUnit);
+            assert_eq!(owners, usize::from(!top), "{field:?}");
+            assert_eq!(Field::from_key(field.key()), Some(field), "{field:?}");
+        }
+        let listed: usize = tables.iter().map(|t| t.len()).sum();
+        assert_eq!(listed + 2, Field::ALL.len());
+    }
+
+    /// Each section reads back what it wrote, field by field, at the defaults.
+    #[test]
+    fn every_field_round_trips_through_its_section() {
+        let defaults = PageState::default();
+        for field in Field::ALL {
+            let mut state = PageState::default();
+            if let Some(text) = defaults.get(field) {
+                state.set(field, &text).unwrap();
+                assert_eq!(state, defaults, "{field:?}");
+            }
         }
     }
 }

@@ -119,10 +119,10 @@ impl Trainer {
     /// `state` with this trainer's defaults.
     pub fn apply(self, state: &mut PageState) {
         let d = self.defaults();
-        state.loss = d.loss;
-        state.packing = d.packing;
-        state.checkpointing = d.checkpointing;
-        state.attention = d.attention;
+        state.step.loss = d.loss;
+        state.step.packing = d.packing;
+        state.step.checkpointing = d.checkpointing;
+        state.step.attention = d.attention;
     }
 
     /// The trainer whose defaults `state` has, if any.
@@ -130,10 +130,10 @@ impl Trainer {
     pub fn matching(state: &PageState) -> Option<Self> {
         Self::ALL.into_iter().find(|t| {
             let d = t.defaults();
-            d.loss == state.loss
-                && d.packing == state.packing
-                && d.checkpointing == state.checkpointing
-                && d.attention == state.attention
+            d.loss == state.step.loss
+                && d.packing == state.step.packing
+                && d.checkpointing == state.step.checkpointing
+                && d.attention == state.step.attention
         })
     }
 }
@@ -152,7 +152,7 @@ mod tests {
         }
         let mut state = PageState::default();
         Trainer::TrlSft113.apply(&mut state);
-        state.loss = LossKind::Liger;
+        state.step.loss = LossKind::Liger;
         assert_eq!(
             Trainer::matching(&state),
             None,
