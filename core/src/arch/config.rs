@@ -31,6 +31,7 @@ impl Architecture {
     pub fn lora_targets(&self, targets: &str) -> Result<LoraTargets, TargetsError> {
         let naming = match self.family {
             ModelFamily::Gpt2 => Naming::Gpt2,
+            ModelFamily::Opt => Naming::Opt,
             ModelFamily::Bert
             | ModelFamily::Roberta
             | ModelFamily::XlmRoberta

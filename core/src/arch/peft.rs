@@ -150,12 +150,22 @@ const BERT_NAMES: [(&str, &[Role]); 4] = [
     ("dense", &[Role::O, Role::Fc, Role::Down]),
 ];
 
+const OPT_NAMES: [(&str, &[Role]); 6] = [
+    ("q_proj", &[Role::Q]),
+    ("k_proj", &[Role::K]),
+    ("v_proj", &[Role::V]),
+    ("out_proj", &[Role::O]),
+    ("fc1", &[Role::Fc]),
+    ("fc2", &[Role::Down]),
+];
+
 /// Which module names a model uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Naming {
     Llama,
     Gpt2,
     Bert,
+    Opt,
 }
 
 impl Naming {
@@ -164,6 +174,7 @@ impl Naming {
             Naming::Llama => &LLAMA_NAMES,
             Naming::Gpt2 => &GPT2_NAMES,
             Naming::Bert => &BERT_NAMES,
+            Naming::Opt => &OPT_NAMES,
         }
     }
 }
@@ -370,6 +381,7 @@ mod tests {
         targets("c_attn", Naming::Gpt2, &[Qkv], &[O, Down, Fc]);
         targets("c_proj", Naming::Gpt2, &[O, Down], &[Qkv, Fc]);
         targets("query,value", Naming::Bert, &[Q, V], &[K, O]);
+        targets("out_proj,fc1,fc2", Naming::Opt, &[O, Fc, Down], &[Q, K, V]);
     }
 
     #[test]
