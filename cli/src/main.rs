@@ -122,23 +122,19 @@ fn usage() -> String {
 
 /// One line per trainer under `--trainer`: its key and what it stands for.
 fn trainers() -> String {
-    Trainer::ALL
-        .iter()
-        .map(|t| {
-            let indent = " ".repeat(OPTION_COLUMN);
-            format!("{indent}{:<10}{}\n", t.key(), t.label())
-        })
-        .collect()
+    key_lines(Trainer::ALL.map(|t| (t.key(), t.label())), 10)
 }
 
 /// One line per loss under `--loss`: its key and which trainer uses it.
 fn losses() -> String {
-    LossKind::ALL
-        .iter()
-        .map(|l| {
-            let indent = " ".repeat(OPTION_COLUMN);
-            format!("{indent}{:<18}{}\n", l.key(), l.label())
-        })
+    key_lines(LossKind::ALL.map(|l| (l.key(), l.label())), 18)
+}
+
+/// `(key, label)` rows under an option's description, the keys padded to `key_width`.
+fn key_lines<const N: usize>(rows: [(&str, &str); N], key_width: usize) -> String {
+    let indent = " ".repeat(OPTION_COLUMN);
+    rows.iter()
+        .map(|(key, label)| format!("{indent}{key:<key_width$}{label}\n"))
         .collect()
 }
 

@@ -98,6 +98,17 @@ pub struct PageState {
     pub parallel: ParallelSettings,
 }
 
+/// The sections' key tables: every field's URL key but the mode's and the unit's.
+const SECTION_KEYS: [&[(Field, &str)]; 7] = [
+    SimpleModel::KEYS,
+    ModelChoice::KEYS,
+    StepSettings::KEYS,
+    MethodSettings::KEYS,
+    InferenceSettings::KEYS,
+    HardwareSettings::KEYS,
+    ParallelSettings::KEYS,
+];
+
 /// A group of the page's inputs that owns their URL keys and reads and writes their text.
 pub trait Section {
     /// Its fields with their URL keys, in the order the URL lists them.
@@ -788,19 +799,11 @@ impl Field {
         match self {
             Field::Mode => "m",
             Field::ByteUnit => "u",
-            other => [
-                SimpleModel::KEYS,
-                ModelChoice::KEYS,
-                StepSettings::KEYS,
-                MethodSettings::KEYS,
-                InferenceSettings::KEYS,
-                HardwareSettings::KEYS,
-                ParallelSettings::KEYS,
-            ]
-            .into_iter()
-            .flatten()
-            .find(|(f, _)| *f == other)
-            .map_or("", |(_, key)| key),
+            other => SECTION_KEYS
+                .into_iter()
+                .flatten()
+                .find(|(f, _)| *f == other)
+                .map_or("", |(_, key)| key),
         }
     }
 
@@ -1257,15 +1260,7 @@ mod tests {
     /// key names one field.
     #[test]
     fn sections_own_every_field_once() {
-        let tables = [
-            SimpleModel::KEYS,
-            ModelChoice::KEYS,
-            StepSettings::KEYS,
-            MethodSettings::KEYS,
-            InferenceSettings::KEYS,
-            HardwareSettings::KEYS,
-            ParallelSettings::KEYS,
-        ];
+        let tables = SECTION_KEYS;
         for field in Field::ALL {
             let owners = tables
                 .iter()

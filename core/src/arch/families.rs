@@ -694,16 +694,7 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
 /// residual adds without a final one (opt-350m); `project_in` / `project_out` when
 /// `word_embed_proj_dim` differs from `hidden_size`; the head tied to the token embeddings.
 fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
-    let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
-    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
-    let (heads, _, head_dim) = heads(
-        r,
-        hidden,
-        "hidden_size",
-        &["num_attention_heads"],
-        false,
-        None,
-    )?;
+    let (hidden, layers, heads, head_dim) = encoder_shape(r)?;
     let ffn = r.req(&["ffn_dim"], 1, 1 << 22)?;
     let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
     let max_positions = r.opt(&["max_position_embeddings"], 2048, 1, MAX_VOCAB)?;
@@ -773,7 +764,8 @@ fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
     Ok(arch(ModelFamily::Opt, spec, Some(max_positions)))
 }
 
-/// Width, layers, heads and head width of a multi-head encoder (BERT family, ViT).
+/// Width, layers, heads and head width of a model with one key/value head per query head
+/// (the BERT family, ViT, OPT).
 fn encoder_shape(r: &mut Reader) -> Result<(u64, u64, u64, u64), ConfigError> {
     let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
     let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
