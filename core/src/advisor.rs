@@ -506,7 +506,7 @@ struct Search<'a> {
     /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
     cache: HashMap<(Levels, u64), Option<u64>>,
     /// The whole model's step by its settings (what sharding does not change).
-    estimates: HashMap<Knobs, Result<Unsharded, EvaluationError>>,
+    estimates: HashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
 }
 
 impl<'a> Search<'a> {
@@ -802,10 +802,11 @@ impl<'a> Search<'a> {
             },
             ..knobs
         };
+        let mesh = crate::distributed::mesh_of(plan);
         let whole = self
             .estimates
-            .entry(estimate_key)
-            .or_insert_with(|| unsharded(&model, batch));
+            .entry((estimate_key, mesh))
+            .or_insert_with(|| unsharded(&model, batch, &mesh));
         match whole {
             Ok(whole) => shard_step(&model, whole, plan, batch, false),
             Err(e) => Err(e.clone()),

@@ -2,13 +2,14 @@
 
 use std::fmt;
 
+use crate::distributed::{mesh_of, Fsdp2Rank};
 use crate::formats::WeightShape;
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::{
-    estimate_peak_with, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
+    estimate_rank, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
     simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, AttentionKernel,
     CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind, MaxBatch, Optimizer, PeakEstimate,
-    Phase, Precision, PrecisionRecipe, SavedPart, ShardedState, SimpleInputs, SweepRow,
+    Phase, Precision, PrecisionRecipe, SavedPart, ShardedState, Sharding, SimpleInputs, SweepRow,
     TrainingStep, WeightFormat, MAX_BATCH,
 };
 
@@ -523,11 +524,22 @@ pub(crate) fn step_at(
     plan: &PlanInputs,
     batch: u64,
 ) -> Result<StepMemory, EvaluationError> {
-    shard_step(model, &unsharded(model, batch)?, plan, batch, true)
+    shard_step(
+        model,
+        &unsharded(model, batch, &mesh_of(plan))?,
+        plan,
+        batch,
+        true,
+    )
 }
 
-/// The whole model's step at `batch`, before sharding.
-pub(crate) fn unsharded(model: &Model, batch: u64) -> Result<Unsharded, EvaluationError> {
+/// One rank's step at `batch` on `mesh` (the whole model's on one GPU), before data-parallel
+/// sharding.
+pub(crate) fn unsharded(
+    model: &Model,
+    batch: u64,
+    mesh: &crate::Mesh,
+) -> Result<Unsharded, EvaluationError> {
     match model {
         Model::Simple(inputs) => simple_breakdown_at_batch(inputs, batch)
             .map(Unsharded::Simple)
@@ -540,7 +552,7 @@ pub(crate) fn unsharded(model: &Model, batch: u64) -> Result<Unsharded, Evaluati
             ..
         } => {
             let step = TrainingStep { batch, ..*step };
-            let mut estimate = estimate_peak_with(&model.arch, &step, peft.as_ref())
+            let mut estimate = estimate_rank(&model.arch, &step, peft.as_ref(), mesh)
                 .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
             if let Some(weights) = *format_weight_bytes {
                 estimate = with_weight_format(estimate, weights);
@@ -601,13 +613,17 @@ pub(crate) fn shard_step(
                 model,
                 step,
                 kv_dtype,
+                peft,
                 ..
             },
             Unsharded::Architecture(estimate),
         ) => {
             let arch = &model.arch;
             let new_tokens = &model.new_tokens;
-            let tp = plan.tensor_parallel.max(1);
+            let mesh = mesh_of(plan);
+            // the tape is already one tensor-parallel rank's: only the KV cache (computed
+            // here from the whole model) is split by it
+            let tp = mesh.tensor;
             let n = plan.num_gpus.max(1);
             // Persistent state as held between steps: gradients exist only from the end of
             // backward on, so each category is its largest over the phases.
@@ -620,9 +636,13 @@ pub(crate) fn shard_step(
                     .unwrap_or(0)
             };
             let whole_params = persistent(|c| c.parameters);
-            let gathered = u128::from(whole_params) * u128::from(model.largest_layer)
-                / u128::from(estimate.n_params.max(1));
-            let gathered = u64::try_from(gathered).unwrap_or(u64::MAX) / tp;
+            // the rank's parameters by FSDP unit (the estimate has already refused a mesh
+            // the model does not split over)
+            let units = arch.rank_parameter_units(&mesh).unwrap_or_default();
+            let rank_params = units.root.saturating_add(units.layers).max(1);
+            let gathered = u128::from(whole_params) * u128::from(units.largest_layer)
+                / u128::from(rank_params);
+            let gathered = u64::try_from(gathered).unwrap_or(u64::MAX);
             let opt_sharded = plan.sharding.shards_optimizer_states() && n > 1;
             let kv = if step.optimizer.trains() || *new_tokens == 0 || arch.is_vision() {
                 0
@@ -682,37 +702,54 @@ pub(crate) fn shard_step(
                 let whole = ShardedState {
                     parameter_bytes: 0,
                     gradient_bytes: 0,
-                    optimizer_state_bytes: estimate.paged_bytes / tp,
+                    optimizer_state_bytes: estimate.paged_bytes,
                 };
                 shard(whole, 0).optimizer_state_bytes
             };
+            let fsdp =
+                (plan.sharding == Sharding::Fsdp2 && step.optimizer.trains() && peft.is_none())
+                    .then(|| {
+                        Fsdp2Rank::new(
+                            estimate,
+                            &units,
+                            step.precision,
+                            n.saturating_mul(mesh.context.max(1)),
+                            plan.reshard_after_forward,
+                        )
+                    });
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
             for (phase, c) in &estimate.phase_peaks {
-                let whole = ShardedState {
-                    parameter_bytes: c.parameters / tp,
-                    gradient_bytes: c.gradients / tp,
-                    optimizer_state_bytes: c.optimizer_states / tp,
-                };
-                let state = shard(whole, gathered);
-                // The optimizer step's temporaries are parameter-sized: they shard with the
-                // optimizer states.
-                let temporaries = if *phase == Phase::OptimizerStep && (opt_sharded || ep > 1) {
-                    let t = ShardedState {
-                        parameter_bytes: 0,
-                        gradient_bytes: 0,
-                        optimizer_state_bytes: c.temporaries / tp,
-                    };
-                    shard(t, 0).optimizer_state_bytes
+                let sharded = if let Some(f) = &fsdp {
+                    f.at(*phase, c)
                 } else {
-                    c.temporaries / tp
-                };
-                let sharded = CategoryBytes {
-                    parameters: state.parameter_bytes,
-                    gradients: state.gradient_bytes,
-                    optimizer_states: state.optimizer_state_bytes,
-                    activations: c.activations / tp,
-                    temporaries,
-                    buffers: c.buffers,
+                    let state = shard(
+                        ShardedState {
+                            parameter_bytes: c.parameters,
+                            gradient_bytes: c.gradients,
+                            optimizer_state_bytes: c.optimizer_states,
+                        },
+                        gathered,
+                    );
+                    // The optimizer step's temporaries are parameter-sized: they shard with
+                    // the optimizer states.
+                    let temporaries = if *phase == Phase::OptimizerStep && (opt_sharded || ep > 1) {
+                        let t = ShardedState {
+                            parameter_bytes: 0,
+                            gradient_bytes: 0,
+                            optimizer_state_bytes: c.temporaries,
+                        };
+                        shard(t, 0).optimizer_state_bytes
+                    } else {
+                        c.temporaries
+                    };
+                    CategoryBytes {
+                        parameters: state.parameter_bytes,
+                        gradients: state.gradient_bytes,
+                        optimizer_states: state.optimizer_state_bytes,
+                        activations: c.activations,
+                        temporaries,
+                        buffers: c.buffers,
+                    }
                 };
                 let total = sharded
                     .total()
@@ -739,21 +776,23 @@ pub(crate) fn shard_step(
             if paged > 0 {
                 parts.push((PartKind::PagedOptimizerStates, paged));
             }
-            let model_state = shard(
-                ShardedState {
-                    parameter_bytes: whole_params / tp,
-                    gradient_bytes: persistent(|c| c.gradients) / tp,
-                    optimizer_state_bytes: persistent(|c| c.optimizer_states) / tp,
-                },
-                gathered,
-            );
+            let model_state = match &fsdp {
+                Some(f) => f.state,
+                None => shard(
+                    ShardedState {
+                        parameter_bytes: whole_params,
+                        gradient_bytes: persistent(|c| c.gradients),
+                        optimizer_state_bytes: persistent(|c| c.optimizer_states),
+                    },
+                    gathered,
+                ),
+            };
             let activation_bytes = if step.optimizer.trains() {
-                estimate.saved_activation_bytes / tp
+                estimate.saved_activation_bytes
             } else {
                 kv.max(c.activations)
             };
-            // The saved parts sum to the forward's activations; the peak's are those (or none),
-            // divided by tensor parallelism.
+            // The saved parts sum to the forward's activations; the peak's are those (or none).
             let forward_activations = estimate
                 .phase_peaks
                 .iter()
@@ -1062,7 +1101,7 @@ mod tests {
             "m=arch&model=gemma2-2b&b=2&s=2048&r=bf16",
             "m=arch&model=gemma3-1b&b=2&s=2048&r=amp-bf16&gc=full",
             "m=arch&model=qwen3-8b&b=1&s=2048&r=bf16&o=none",
-            "m=arch&model=llama3-8b&b=3&s=2048&r=amp-bf16&tp=3",
+            "m=arch&model=llama3-8b&b=3&s=2048&r=amp-bf16&tp=4",
             "m=arch&model=llama3-8b&b=1&s=2048&r=bf16",
         ] {
             let (activations, parts) = activations_and_parts(query);

@@ -8,6 +8,7 @@
 
 mod advisor;
 mod bytes;
+mod distributed;
 mod evaluate;
 mod formats;
 mod json;
@@ -53,9 +54,9 @@ pub use trainer::{Trainer, TrainerDefaults};
 mod arch;
 
 pub use arch::{
-    estimate_peak, estimate_peak_with, parse_hf_config, Architecture, AttentionKernel,
-    CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets, LossKind, Method,
-    ModelFamily, PeakEstimate, Peft, Phase, PrecisionRecipe, Preset, Quant4, SavedPart,
-    TargetsError, TrainingStep,
+    estimate_peak, estimate_peak_with, estimate_rank, parse_hf_config, Architecture,
+    AttentionKernel, CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets,
+    LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate, Peft, Phase,
+    PrecisionRecipe, Preset, Quant4, SavedPart, TargetsError, TrainingStep,
 };
 // arch-end

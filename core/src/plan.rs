@@ -473,14 +473,20 @@ pub enum Sharding {
     Zero1,
     /// ZeRO-2: optimizer states and gradients sharded.
     Zero2,
-    /// ZeRO-3 / FSDP full shard: parameters too, the largest layer gathered at a time.
+    /// ZeRO-3: parameters too, the largest layer gathered at a time.
     Zero3,
+    /// PyTorch's FSDP2 (`fully_shard` per layer and at the root): parameters, gradients and
+    /// optimizer states sharded; each layer gathered while it runs (or kept gathered from
+    /// its forward to its backward without `reshard_after_forward`), the root's from the
+    /// first forward to the end of backward.
+    Fsdp2,
 }
 
 impl Sharding {
     /// Every strategy, in the order the page lists them.
-    pub const ALL: [Sharding; 4] = [
+    pub const ALL: [Sharding; 5] = [
         Sharding::Ddp,
+        Sharding::Fsdp2,
         Sharding::Zero1,
         Sharding::Zero2,
         Sharding::Zero3,
@@ -495,13 +501,13 @@ impl Sharding {
     /// Whether the gradients are split across GPUs.
     #[must_use]
     pub const fn shards_gradients(self) -> bool {
-        matches!(self, Sharding::Zero2 | Sharding::Zero3)
+        matches!(self, Sharding::Zero2 | Sharding::Zero3 | Sharding::Fsdp2)
     }
 
     /// Whether the parameters are split across GPUs.
     #[must_use]
     pub const fn shards_parameters(self) -> bool {
-        matches!(self, Sharding::Zero3)
+        matches!(self, Sharding::Zero3 | Sharding::Fsdp2)
     }
 
     /// Short stable key used in URLs and the CLI.
@@ -512,6 +518,7 @@ impl Sharding {
             Sharding::Zero1 => "zero1",
             Sharding::Zero2 => "zero2",
             Sharding::Zero3 => "zero3",
+            Sharding::Fsdp2 => "fsdp2",
         }
     }
 
@@ -520,17 +527,18 @@ impl Sharding {
     pub const fn label(self) -> &'static str {
         match self {
             Sharding::Ddp => "Data parallel (DDP)",
-            Sharding::Zero1 => "ZeRO-1 (optimizer states sharded)",
-            Sharding::Zero2 => "ZeRO-2 (+ gradients)",
-            Sharding::Zero3 => "ZeRO-3 / FSDP full shard (+ parameters)",
+            Sharding::Fsdp2 => "FSDP2 (fully_shard per layer)",
+            Sharding::Zero1 => "DeepSpeed ZeRO-1 (optimizer states sharded)",
+            Sharding::Zero2 => "DeepSpeed ZeRO-2 (+ gradients)",
+            Sharding::Zero3 => "DeepSpeed ZeRO-3 (+ parameters)",
         }
     }
 
-    /// The strategy whose [`key`](Self::key) is `key` (`fsdp` is read as ZeRO-3).
+    /// The strategy whose [`key`](Self::key) is `key` (`fsdp` is read as FSDP2).
     #[must_use]
     pub fn from_key(key: &str) -> Option<Self> {
         if key == "fsdp" {
-            return Some(Sharding::Zero3);
+            return Some(Sharding::Fsdp2);
         }
         Self::ALL.into_iter().find(|s| s.key() == key)
     }
@@ -717,7 +725,7 @@ mod tests {
         ) {
             let whole = ShardedState { parameter_bytes: p, gradient_bytes: g, optimizer_state_bytes: o };
             let gathered = p / 100 * gathered_share;
-            let totals: Vec<u64> = Sharding::ALL
+            let totals: Vec<u64> = [Sharding::Ddp, Sharding::Zero1, Sharding::Zero2, Sharding::Zero3]
                 .iter()
                 .map(|&s| shard_model_state(whole, s, gpus, gathered).total())
                 .collect();

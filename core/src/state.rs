@@ -584,6 +584,14 @@ pub struct ParallelSettings {
     pub tensor_parallel: String,
     /// Expert-parallel group size (architecture mode, mixtures of experts), as typed.
     pub expert_parallel: String,
+    /// Sequence parallelism inside the tensor-parallel group.
+    pub sequence_parallel: bool,
+    /// Loss parallelism: the logits stay split over the vocabulary for the loss.
+    pub loss_parallel: bool,
+    /// Context-parallel group size (architecture mode), as typed.
+    pub context_parallel: String,
+    /// FSDP2's `reshard_after_forward`: free each layer's gathered weights after its forward.
+    pub reshard_after_forward: bool,
     /// Samples per optimizer step to reach with accumulation, as typed (empty: none).
     pub global_batch: String,
 }
@@ -595,6 +603,10 @@ impl Default for ParallelSettings {
             sharding: Sharding::Ddp,
             tensor_parallel: "1".to_owned(),
             expert_parallel: "1".to_owned(),
+            sequence_parallel: false,
+            loss_parallel: false,
+            context_parallel: "1".to_owned(),
+            reshard_after_forward: true,
             global_batch: String::new(),
         }
     }
@@ -606,6 +618,10 @@ impl Section for ParallelSettings {
         (Field::Sharding, "shard"),
         (Field::TensorParallel, "tp"),
         (Field::ExpertParallel, "ep"),
+        (Field::SequenceParallel, "sp"),
+        (Field::LossParallel, "lp"),
+        (Field::ContextParallel, "cp"),
+        (Field::ReshardAfterForward, "raf"),
         (Field::GlobalBatch, "gb"),
     ];
 
@@ -615,6 +631,10 @@ impl Section for ParallelSettings {
             Field::Sharding => self.sharding.key().to_owned(),
             Field::TensorParallel => self.tensor_parallel.clone(),
             Field::ExpertParallel => self.expert_parallel.clone(),
+            Field::SequenceParallel => on_off(self.sequence_parallel).to_owned(),
+            Field::LossParallel => on_off(self.loss_parallel).to_owned(),
+            Field::ContextParallel => self.context_parallel.clone(),
+            Field::ReshardAfterForward => on_off(self.reshard_after_forward).to_owned(),
             Field::GlobalBatch => self.global_batch.clone(),
             _ => return None,
         })
@@ -628,6 +648,14 @@ impl Section for ParallelSettings {
             }
             Field::TensorParallel => self.tensor_parallel = text(value)?,
             Field::ExpertParallel => self.expert_parallel = text(value)?,
+            Field::SequenceParallel => {
+                self.sequence_parallel = choice(value, &[true, false], on_off)?;
+            }
+            Field::LossParallel => self.loss_parallel = choice(value, &[true, false], on_off)?,
+            Field::ContextParallel => self.context_parallel = text(value)?,
+            Field::ReshardAfterForward => {
+                self.reshard_after_forward = choice(value, &[true, false], on_off)?;
+            }
             Field::GlobalBatch => self.global_batch = text(value)?,
             _ => {}
         }
@@ -650,6 +678,14 @@ pub struct PlanInputs {
     pub tensor_parallel: u64,
     /// Expert-parallel group size (divides the data-parallel GPUs).
     pub expert_parallel: u64,
+    /// Sequence parallelism inside the tensor-parallel group.
+    pub sequence_parallel: bool,
+    /// Loss parallelism inside the tensor-parallel group.
+    pub loss_parallel: bool,
+    /// Context-parallel group size.
+    pub context_parallel: u64,
+    /// FSDP2's `reshard_after_forward`.
+    pub reshard_after_forward: bool,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
 }
@@ -739,6 +775,14 @@ pub enum Field {
     TensorParallel,
     /// [`PageState::expert_parallel`].
     ExpertParallel,
+    /// [`ParallelSettings::sequence_parallel`].
+    SequenceParallel,
+    /// [`ParallelSettings::loss_parallel`].
+    LossParallel,
+    /// [`ParallelSettings::context_parallel`].
+    ContextParallel,
+    /// [`ParallelSettings::reshard_after_forward`].
+    ReshardAfterForward,
     /// [`PageState::global_batch`].
     GlobalBatch,
 }
@@ -748,7 +792,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 42] = [
+    pub const ALL: [Field; 46] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -789,6 +833,10 @@ impl Field {
         Field::Sharding,
         Field::TensorParallel,
         Field::ExpertParallel,
+        Field::SequenceParallel,
+        Field::LossParallel,
+        Field::ContextParallel,
+        Field::ReshardAfterForward,
         Field::GlobalBatch,
         Field::Config,
     ];
@@ -852,6 +900,10 @@ impl Field {
             Field::Sharding => "sharding",
             Field::TensorParallel => "tensor parallelism",
             Field::ExpertParallel => "expert parallelism",
+            Field::SequenceParallel => "sequence parallelism",
+            Field::LossParallel => "loss parallelism",
+            Field::ContextParallel => "context parallelism",
+            Field::ReshardAfterForward => "reshard after forward",
             Field::GlobalBatch => "global batch",
         }
     }
@@ -1106,6 +1158,10 @@ impl PageState {
             Field::TensorParallel,
             parse_count(&self.parallel.tensor_parallel, 1024, "GPUs", false),
         );
+        let cp = check(
+            Field::ContextParallel,
+            parse_count(&self.parallel.context_parallel, 1024, "GPUs", false),
+        );
         let ep = check(
             Field::ExpertParallel,
             parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false).and_then(|ep| {
@@ -1132,7 +1188,17 @@ impl PageState {
             )
             .map(Some)
         };
-        match (capacity_mib, context, reserve, margin, gpus, tp, ep, global) {
+        match (
+            capacity_mib,
+            context,
+            reserve,
+            margin,
+            gpus,
+            tp,
+            ep,
+            global,
+            cp,
+        ) {
             (
                 Some(cap),
                 Some(context),
@@ -1142,6 +1208,7 @@ impl PageState {
                 Some(tp),
                 Some(ep),
                 Some(global),
+                Some(cp),
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.hardware.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
@@ -1158,6 +1225,10 @@ impl PageState {
                 sharding: self.parallel.sharding,
                 tensor_parallel: tp,
                 expert_parallel: ep,
+                sequence_parallel: self.parallel.sequence_parallel,
+                loss_parallel: self.parallel.loss_parallel,
+                context_parallel: cp,
+                reshard_after_forward: self.parallel.reshard_after_forward,
                 global_batch: global,
             }),
             _ => Err(errors),

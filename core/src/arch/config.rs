@@ -1,8 +1,9 @@
 //! Model architectures: the validated form of a HF `config.json`, and the field reader the
 //! family readers (`families.rs`) share.
 
-use super::error::ConfigError;
+use super::error::{ConfigError, EstimateError};
 use super::family::ModelFamily;
+use super::mesh::Mesh;
 use super::model::{Head, ModelSpec};
 use super::peft::{LoraTargets, Naming, TargetsError};
 use crate::json::{Map, Value};
@@ -22,7 +23,36 @@ pub struct Architecture {
     pub(crate) n_params: u64,
 }
 
+/// Parameter elements of one rank by FSDP unit: what FSDP2 all-gathers at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ParameterUnits {
+    /// Outside the layers: embeddings, final norm, head (the root unit, gathered from the
+    /// first forward to the end of backward).
+    pub root: u64,
+    /// The largest layer.
+    pub largest_layer: u64,
+    /// Every layer.
+    pub layers: u64,
+}
+
 impl Architecture {
+    /// This architecture with `spec` in place of its own (one rank's share of it), the
+    /// parameter count recomputed.
+    pub(crate) fn with_spec(&self, spec: ModelSpec) -> Architecture {
+        let n_params = spec
+            .parameter_tensors()
+            .iter()
+            .fold(0u64, |a, &b| a.saturating_add(b));
+        Architecture {
+            family: self.family,
+            spec: Box::new(spec),
+            max_seq: self.max_seq,
+            notes: self.notes.clone(),
+            compact: String::new(),
+            n_params,
+        }
+    }
+
     /// The linears that `targets` names (peft's `target_modules`: `all-linear`, `attention`,
     /// `mlp`, or module names of this model such as `q_proj,v_proj`).
     ///
@@ -209,6 +239,22 @@ impl Architecture {
             .map(|l| l.params().iter().fold(0u64, |a, &b| a.saturating_add(b)))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Parameter elements one tensor-parallel rank of `mesh` holds, by FSDP unit (one per
+    /// layer, the rest in the root).
+    ///
+    /// # Errors
+    /// When the model does not split over the mesh's tensor-parallel group.
+    pub fn rank_parameter_units(&self, mesh: &Mesh) -> Result<ParameterUnits, EstimateError> {
+        let spec = self.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
+        let sum = |v: Vec<u64>| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        let layers: Vec<u64> = spec.layers.iter().map(|l| sum(l.params())).collect();
+        Ok(ParameterUnits {
+            root: sum(spec.outside_parameter_tensors()),
+            largest_layer: layers.iter().copied().max().unwrap_or(0),
+            layers: sum(layers),
+        })
     }
 
     /// Tokens per image for a ViT at its configured size: patches plus the class token.

@@ -64,6 +64,17 @@ pub enum EstimateError {
     Flash2Unsupported,
     /// A byte count does not fit in 64 bits.
     TooLarge,
+    /// Tensor parallelism splits heads evenly or not at all.
+    Unsplittable {
+        /// What is split ("attention heads").
+        what: &'static str,
+        /// How many the model has.
+        count: u64,
+        /// The group it is split over.
+        group: u64,
+    },
+    /// A way of splitting the step that is not modelled for this model or setting.
+    MeshUnsupported(&'static str),
 }
 
 impl fmt::Display for EstimateError {
@@ -88,6 +99,11 @@ impl fmt::Display for EstimateError {
                 "flash_attention_2 runs in fp16/bf16 only (pick an AMP or 16-bit recipe) and for head sizes up to 256"
             ),
             EstimateError::TooLarge => write!(f, "the memory figure does not fit in 64 bits"),
+            EstimateError::Unsplittable { what, count, group } => write!(
+                f,
+                "the model's {count} {what} do not split evenly over {group} tensor-parallel GPUs"
+            ),
+            EstimateError::MeshUnsupported(why) => write!(f, "{why}"),
         }
     }
 }

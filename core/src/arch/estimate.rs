@@ -2,6 +2,7 @@
 
 use super::config::Architecture;
 use super::error::EstimateError;
+use super::mesh::Mesh;
 use super::model::Kernel;
 use super::model::{Layer, Placement};
 use super::ops::{
@@ -160,6 +161,97 @@ pub fn estimate_peak_with(
     step: &TrainingStep,
     peft: Option<&Peft>,
 ) -> Result<PeakEstimate, EstimateError> {
+    estimate_rank(arch, step, peft, &Mesh::SINGLE)
+}
+
+/// Estimates one rank's step when the step is split over `mesh` (tensor, sequence, loss and
+/// context parallelism): the same tape as one GPU's, on the rank's share of the model
+/// ([`ModelSpec::on_rank`](super::model::ModelSpec)) and of the sequence. The model state is
+/// the rank's own; data-parallel sharding of it is applied above (`evaluate`).
+///
+/// # Errors
+/// As [`estimate_peak`], and for a split the model or the step does not allow (heads that do
+/// not divide by the tensor-parallel group, a sequence that does not divide by the
+/// context-parallel group, a loss or adapters the split is not modelled for).
+pub fn estimate_rank(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+    mesh: &Mesh,
+) -> Result<PeakEstimate, EstimateError> {
+    if !mesh.splits_the_step() {
+        return estimate_on(
+            arch,
+            step,
+            peft,
+            step.seq_len,
+            &Mesh::SINGLE,
+            arch.vocab_size(),
+        );
+    }
+    if peft.is_some() {
+        return Err(EstimateError::MeshUnsupported(
+            "LoRA and QLoRA are modelled on data parallelism only (no tensor or context parallelism)",
+        ));
+    }
+    if mesh.tensor > 1 && step.loss != LossKind::Hf {
+        return Err(EstimateError::MeshUnsupported(
+            "under tensor parallelism only transformers' loss (or loss parallel) is modelled",
+        ));
+    }
+    let cp = mesh.context.max(1);
+    if cp > 1 {
+        if step.attention != AttentionKernel::Sdpa || step.packing || step.padding {
+            return Err(EstimateError::MeshUnsupported(
+                "context parallelism (ring attention) runs SDPA on unmasked causal rows only",
+            ));
+        }
+        if !step.seq_len.is_multiple_of(cp) {
+            return Err(EstimateError::Unsplittable {
+                what: "sequence positions",
+                count: step.seq_len,
+                group: cp,
+            });
+        }
+    }
+    if let Some(max) = arch.max_positions() {
+        if step.seq_len > max {
+            return Err(EstimateError::SeqLenTooLong { max });
+        }
+    }
+    let local = arch.with_spec(arch.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?);
+    let mesh = Mesh {
+        // the loss reads the whole vocabulary unless it stays split
+        loss_parallel: mesh.loss_parallel && mesh.tensor > 1,
+        ..*mesh
+    };
+    let mut estimate = estimate_on(
+        &local,
+        step,
+        None,
+        step.seq_len / cp,
+        &mesh,
+        arch.vocab_size(),
+    )?;
+    estimate.n_params = arch.parameter_count();
+    Ok(estimate)
+}
+
+/// The step of `arch` (a whole model, or one rank's share of it) on `seq` positions per
+/// sample, the tape split as `mesh` says; `vocab` is the whole model's vocabulary (the
+/// logits' width unless loss parallelism keeps them split).
+fn estimate_on(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+    seq: u64,
+    mesh: &Mesh,
+    vocab: u64,
+) -> Result<PeakEstimate, EstimateError> {
+    let step = &TrainingStep {
+        seq_len: seq,
+        ..*step
+    };
     if step.batch == 0 {
         return Err(EstimateError::ZeroBatch);
     }
@@ -244,6 +336,17 @@ pub fn estimate_peak_with(
             quantized,
             input_grad: step.checkpointing.recomputes(),
         }),
+        seq_shards: if mesh.sequence_parallel {
+            mesh.tensor.max(1)
+        } else {
+            1
+        },
+        loss_vocab: if mesh.loss_parallel {
+            arch.vocab_size()
+        } else {
+            vocab
+        },
+        loss_parallel: mesh.loss_parallel,
     };
     let groups = spec.layer_groups();
     // sums `per_layer` over the layers, each distinct layer computed once
@@ -570,7 +673,7 @@ pub fn estimate_peak_with(
     };
     let layer_transient = add(layer_transient, dequantized)?;
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
-    let layer_input = storage(tokens, mul(spec.hidden(), d.resid())?)?;
+    let layer_input = storage(shape.stream_tokens(tokens), mul(spec.hidden(), d.resid())?)?;
     let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
     let in_flight = match step.checkpointing {
         // the last few tensors of the last layer: at most what it saves

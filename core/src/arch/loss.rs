@@ -103,10 +103,16 @@ impl CausalHead {
         } else {
             0
         };
+        // Loss parallel's backward (`_nll_loss_and_log_softmax_backward` in
+        // torch/distributed/tensor/parallel/loss.py) computes `(grad_input + exp(x)) *
+        // grad_output` on the slice: a zeroed gradient, the exponential and their sum live
+        // together, one fp32 slice more than `nll_loss` and `log_softmax`'s backward (measured:
+        // validation/distributed.py)
+        let backward_slices = if s.loss_parallel { 3 } else { 2 };
         Ok(LossCosts {
             forward: at_loss,
             after_forward: forward,
-            backward: mul(logits_32, 2)?,
+            backward: mul(logits_32, backward_slices)?,
             keeps_head_cast: true,
         })
     }
@@ -334,6 +340,9 @@ mod tests {
             head_weight_bytes: 2,
             d,
             peft: None,
+            seq_shards: 1,
+            loss_vocab: v,
+            loss_parallel: false,
         };
         let head = CausalHead {
             hidden: h,

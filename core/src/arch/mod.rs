@@ -17,7 +17,7 @@
 //! (why a config or a step fails) import nothing above them; then `family` (the `model_type`s),
 //! `peft` (adapters' rules), `ops` (the op kinds), `recipe` (the step's choices), `shape` (one
 //! step as the op kinds see it), `loss` (the trainers' heads and losses), `model` (a model as
-//! data and its forward tape), `config` (a validated `Architecture`), `families` (the readers
+//! data and its forward tape), `mesh` (one tensor-parallel rank's share of a model), `config` (a validated `Architecture`), `families` (the readers
 //! and `parse_hf_config`, the dispatch above them), `presets`, and `estimate` (the step's
 //! moments). No module imports one above it, so a new input of the op kinds (a device mesh)
 //! is one more field of `shape`.
@@ -64,6 +64,7 @@ mod estimate;
 mod families;
 mod family;
 mod loss;
+mod mesh;
 mod model;
 mod ops;
 mod peft;
@@ -71,13 +72,15 @@ mod presets;
 mod recipe;
 mod shape;
 
-pub use config::Architecture;
+pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
 pub use estimate::{
-    estimate_peak, estimate_peak_with, CategoryBytes, PeakEstimate, Phase, TrainingStep,
+    estimate_peak, estimate_peak_with, estimate_rank, CategoryBytes, PeakEstimate, Phase,
+    TrainingStep,
 };
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
+pub use mesh::Mesh;
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;

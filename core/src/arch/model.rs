@@ -551,6 +551,9 @@ impl Layer {
         v
     }
     pub fn forward(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
+        if s.seq_shards > 1 {
+            return self.forward_sequence_parallel(tape, x, s);
+        }
         let d = s.d;
         let hd = self.hidden_dropout;
         let norm = |tape: &mut Tape, x: T, part: SavedPart| -> Res<T> {
@@ -599,6 +602,48 @@ impl Layer {
                 norm(tape, sum, pre)
             }
         }
+    }
+}
+
+impl Layer {
+    /// A pre-norm (or sandwich) layer under sequence parallelism, as torchtitan's plan runs
+    /// it: the norms, dropout and residual adds on this rank's slice of the tokens (`x` is
+    /// that slice); each block reads the all-gathered normed tokens (a new tensor, which its
+    /// column-parallel linears keep) and its row-parallel output is reduce-scattered back to
+    /// a slice.
+    fn forward_sequence_parallel(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<T> {
+        let d = s.d;
+        let hd = self.hidden_dropout;
+        let h = self.attention.hidden;
+        let full = tape.tokens;
+        let slice = s.stream_tokens(full);
+        let sandwich = self.placement == Placement::Sandwich;
+        let norm = |tape: &mut Tape, x: T, part: SavedPart| -> Res<T> {
+            tape.part = part;
+            self.norm().forward(tape, x, d)
+        };
+        let mut x = x;
+        for block in 0..2 {
+            tape.tokens = slice;
+            let n = norm(tape, x, SavedPart::Norms)?;
+            tape.tokens = full;
+            let gathered = tape.tensor(h, n.bytes)?;
+            let out = if block == 0 {
+                self.attention.forward(tape, gathered, s)?
+            } else {
+                tape.part = SavedPart::Mlp;
+                self.mlp.forward(tape, gathered, d)?
+            };
+            tape.tokens = slice;
+            let mut out = tape.tensor(h, out.bytes)?;
+            if sandwich {
+                out = norm(tape, out, SavedPart::PostNorms)?;
+            }
+            let out = dropout(tape, out, hd)?;
+            x = residual(tape, x, out)?;
+        }
+        tape.tokens = full;
+        Ok(x)
     }
 }
 
@@ -887,7 +932,8 @@ impl ModelSpec {
     pub fn forward(&self, s: &StepShape) -> Res<ForwardTape> {
         let d = s.d;
         let (w, r) = (d.act, d.resid());
-        let (h, v) = (self.hidden(), self.vocab());
+        // the logits' width: the whole vocabulary unless loss parallelism keeps a slice
+        let (h, v) = (self.hidden(), s.loss_vocab);
         let tokens = mul(s.batch, s.seq)?;
         let tv = mul(tokens, v)?;
         let mut tape = Tape::new(tokens);
@@ -911,7 +957,7 @@ impl ModelSpec {
         let run = |layer: &Layer, grad: bool| -> Res<Tape> {
             let mut own = Tape::new(tokens);
             own.peft = s.peft;
-            let input = own.tensor(h, r)?;
+            let input = own.raw(mul(s.stream_tokens(tokens), h)?, r)?;
             own.grad = grad;
             layer.forward(&mut own, input, s)?;
             Ok(own)
@@ -951,6 +997,15 @@ impl ModelSpec {
             match self.head {
                 Head::CausalLm { softcap, scaled } => {
                     let x = match self.final_norm {
+                        Some(n) if s.seq_shards > 1 => {
+                            // the final norm on this rank's slice, its output gathered for
+                            // the column-parallel head
+                            tape.tokens = s.stream_tokens(tokens);
+                            let x = tape.tensor(h, r)?;
+                            let x = Norm::new(n, h).forward(&mut tape, x, d)?;
+                            tape.tokens = tokens;
+                            tape.tensor(h, x.bytes)?
+                        }
                         Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
                         None => x,
                     };
@@ -961,7 +1016,7 @@ impl ModelSpec {
                     };
                     let head = CausalHead {
                         hidden: self.token_width(),
-                        vocab: v,
+                        vocab: s.loss_vocab,
                         softcap,
                         weight_grad_bytes: s.head_grad_bytes,
                         weight_bytes: s.head_weight_bytes,

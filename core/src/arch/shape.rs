@@ -26,4 +26,20 @@ pub(crate) struct StepShape {
     pub d: Dtypes,
     /// LoRA / QLoRA on a frozen base.
     pub peft: Option<TapePeft>,
+    /// Sequence parallelism: the residual stream (norms, dropout, residual adds, the layers'
+    /// inputs) holds one of this many slices of the tokens; 1 without it.
+    pub seq_shards: u64,
+    /// Width of the logits the loss reads: the whole vocabulary, unless loss parallelism
+    /// leaves each tensor-parallel rank its slice.
+    pub loss_vocab: u64,
+    /// Loss parallelism (PyTorch's `loss_parallel`): the cross-entropy runs on each rank's
+    /// slice of the vocabulary.
+    pub loss_parallel: bool,
+}
+
+impl StepShape {
+    /// Tokens of the residual stream on this rank (a slice under sequence parallelism).
+    pub fn stream_tokens(&self, tokens: u64) -> u64 {
+        tokens.div_ceil(self.seq_shards.max(1))
+    }
 }
