@@ -3,9 +3,9 @@
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
     AttentionKernel, ByteUnit, Checkpointing, Decoded, Evaluation, Field, FitPlan, Gpu, KvDtype,
-    LossKind, Method, Mode, ModelFamily, Optimizer, ParamUnit, PartKind, Precision,
-    PrecisionRecipe, Preset, Quant4, Scenario, Sharding, SweepRow, Trainer, WeightFormat,
-    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    LossKind, Method, Mode, ModelFamily, Optimizer, ParamUnit, PartKind, PipelineSchedule,
+    Precision, PrecisionRecipe, Preset, Quant4, Scenario, Sharding, SweepRow, Trainer,
+    WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::prelude::*;
 
@@ -196,10 +196,27 @@ pub fn App() -> impl IntoView {
         Signal::derive(move || evaluation.with(|e| e.as_ref().ok().map(|e| e.step.peak_bytes)));
     let problem =
         Signal::derive(move || evaluation.with(|e| e.as_ref().err().map(ToString::to_string)));
-    let total_label = Signal::derive(move || match mode.get() {
-        Mode::Simple => "Total",
-        Mode::Architecture => "Peak",
+    let per_gpu = Memo::new(move |_| evaluation.with(|e| e.as_ref().is_ok_and(|e| e.per_gpu)));
+    let total_label = Signal::derive(move || match (mode.get(), per_gpu.get()) {
+        (Mode::Simple, false) => "Total",
+        (Mode::Simple, true) => "Total per GPU",
+        (Mode::Architecture, false) => "Peak",
+        (Mode::Architecture, true) => "Peak per GPU",
     });
+    // with pipeline parallelism: whose GPU the figures are
+    let stage_line = move || {
+        evaluation.with(|e| {
+            let e = e.as_ref().ok()?;
+            let index = e.step.stage?;
+            Some(format!(
+                "Figures of pipeline stage {} of {}, the busiest ({} micro-batches in flight at most, {}).",
+                index + 1,
+                e.plan.pipeline_parallel,
+                e.step.stage_in_flight,
+                e.plan.pipeline_schedule.label()
+            ))
+        })
+    };
     let capacity_line = Signal::derive(move || {
         evaluation.with(|e| {
             e.as_ref().ok().and_then(|e| {
@@ -567,26 +584,50 @@ pub fn App() -> impl IntoView {
                     <NumberField label="Safety margin (%)" testid="safety-margin"
                         value=value_of(Field::SafetyMargin) on_input=setter(Field::SafetyMargin) error=error_of(Field::SafetyMargin) />
                 </div>
-                <NumberField label="Number of GPUs" testid="num-gpus"
-                    hint="Data-parallel replicas."
-                    value=value_of(Field::NumGpus) on_input=setter(Field::NumGpus) error=error_of(Field::NumGpus) />
-                <SelectField label="Sharding" testid="sharding"
-                    options=options(&Sharding::ALL, Sharding::key, Sharding::label)
-                    value=value_of(Field::Sharding) on_change=setter(Field::Sharding) />
-                <div class="when" hidden=move || !is_arch()>
-                    <NumberField label="Tensor parallelism (GPUs per group)" testid="tensor-parallel"
-                        hint="Splits weights and most activations across the group."
-                        value=value_of(Field::TensorParallel) on_input=setter(Field::TensorParallel) error=error_of(Field::TensorParallel) />
-                    <NumberField label="Expert-parallel GPUs" testid="expert-parallel"
-                        hint=Signal::derive(move || {
-                            if is_moe() {
-                                "Splits the routed experts across the group; must divide the number of GPUs."
-                            } else {
-                                "This model has no experts: no effect."
-                            }
-                        })
-                        value=value_of(Field::ExpertParallel) on_input=setter(Field::ExpertParallel) error=error_of(Field::ExpertParallel) />
-                </div>
+                <fieldset class="parallelism" data-testid="parallelism">
+                    <legend>"Parallelism (figures per GPU)"</legend>
+                    <NumberField label="Data-parallel GPUs" testid="num-gpus"
+                        hint="Replicas of the step; GPUs in all = this x tensor x context."
+                        value=value_of(Field::NumGpus) on_input=setter(Field::NumGpus) error=error_of(Field::NumGpus) />
+                    <SelectField label="Data-parallel engine" testid="sharding"
+                        options=options(&Sharding::ALL, Sharding::key, Sharding::label)
+                        value=value_of(Field::Sharding) on_change=setter(Field::Sharding) />
+                    <div class="when" hidden=move || !is_arch()>
+                        <SelectField label="FSDP2 reshard after forward" testid="reshard-after-forward"
+                            options=vec![("on", "On: each layer re-gathered for backward"), ("off", "Off: gathered layers kept until backward")]
+                            value=value_of(Field::ReshardAfterForward) on_change=setter(Field::ReshardAfterForward) />
+                        <NumberField label="Tensor parallelism (GPUs per group)" testid="tensor-parallel"
+                            hint="torchtitan's plan: heads, MLP and vocabulary split; norms and the residual stream whole."
+                            value=value_of(Field::TensorParallel) on_input=setter(Field::TensorParallel) error=error_of(Field::TensorParallel) />
+                        <SelectField label="Sequence parallelism" testid="sequence-parallel"
+                            options=vec![("off", "Off"), ("on", "On: norms and residuals on a slice of the tokens")]
+                            value=value_of(Field::SequenceParallel) on_change=setter(Field::SequenceParallel) />
+                        <SelectField label="Loss parallelism" testid="loss-parallel"
+                            options=vec![("off", "Off: logits gathered whole on every GPU"), ("on", "On: loss on each GPU's vocabulary slice")]
+                            value=value_of(Field::LossParallel) on_change=setter(Field::LossParallel) />
+                        <NumberField label="Context parallelism (GPUs per group)" testid="context-parallel"
+                            hint="Ring attention: the sequence split over the group."
+                            value=value_of(Field::ContextParallel) on_input=setter(Field::ContextParallel) error=error_of(Field::ContextParallel) />
+                        <NumberField label="Pipeline stages" testid="pipeline-parallel"
+                            hint="Layers split into stages; the figures are the busiest stage's GPU."
+                            value=value_of(Field::PipelineParallel) on_input=setter(Field::PipelineParallel) error=error_of(Field::PipelineParallel) />
+                        <SelectField label="Pipeline schedule" testid="pipeline-schedule"
+                            options=options(&PipelineSchedule::ALL, PipelineSchedule::key, PipelineSchedule::label)
+                            value=value_of(Field::PipelineSchedule) on_change=setter(Field::PipelineSchedule) />
+                        <NumberField label="Micro-batches per step" testid="microbatches"
+                            hint="Through the pipeline; empty: one per stage."
+                            value=value_of(Field::Microbatches) on_input=setter(Field::Microbatches) error=error_of(Field::Microbatches) />
+                        <NumberField label="Expert-parallel GPUs" testid="expert-parallel"
+                            hint=Signal::derive(move || {
+                                if is_moe() {
+                                    "Splits the routed experts across the group; must divide the number of GPUs."
+                                } else {
+                                    "This model has no experts: no effect."
+                                }
+                            })
+                            value=value_of(Field::ExpertParallel) on_input=setter(Field::ExpertParallel) error=error_of(Field::ExpertParallel) />
+                    </div>
+                </fieldset>
                 <NumberField label="Target global batch (optional)" testid="global-batch"
                     hint="Samples per optimizer step, reached with gradient accumulation."
                     value=value_of(Field::GlobalBatch) on_input=setter(Field::GlobalBatch) error=error_of(Field::GlobalBatch) />
@@ -599,6 +640,7 @@ pub fn App() -> impl IntoView {
                 {summary}
                 <ModelNotes notes=model_notes />
                 <BreakdownCard parts=parts total=total problem=problem unit=unit total_label=total_label />
+                {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
                 <VerdictCard evaluation=evaluated unit=unit />
                 <FitAdvice plans=advice fits_now=fits_now show=show_plans unit=unit />
                 <MemoryChart rows=sweep_rows capacity_line=capacity_line unit=unit />

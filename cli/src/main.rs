@@ -62,9 +62,23 @@ hardware:
 {gpu_line}                        (mac-N: Apple silicon, N GB unified memory; cpu: the CPU's RAM)
   --capacity-mib N      capacity of a custom GPU
   --ram-gib N           capacity of the CPU RAM in GiB, with --gpu cpu (default 64)
-  --gpus N              data-parallel GPUs
-  --sharding S          ddp, zero1, zero2, zero3 (fsdp)
-  --tp N                tensor-parallel group size
+  --gpus N              data-parallel GPUs (in all: gpus x tp x cp x pp)
+  --engine E            data-parallel engine: ddp, fsdp2 (fully_shard per layer),
+                        deepspeed (with --zero)
+  --zero 1|2|3          DeepSpeed ZeRO stage (implies --engine deepspeed)
+  --sharding S          the same as one key: ddp, fsdp2, zero1, zero2, zero3
+  --reshard-after-forward on|off
+                        FSDP2: free each layer's gathered weights after its forward
+                        (default on)
+  --tp N                tensor-parallel group size (torchtitan's plan)
+  --sp on|off           sequence parallelism in the tensor-parallel group (default off)
+  --loss-parallel on|off
+                        logits left split over the vocabulary for the loss (default off:
+                        gathered whole on every rank)
+  --cp N                context-parallel group size (ring attention over SDPA)
+  --pp N                pipeline stages (the busiest stage's GPU is shown)
+  --pp-schedule S       1f1b (default), gpipe, interleaved (two chunks per GPU)
+  --microbatches N      micro-batches per step through the pipeline (default: --pp)
   --ep N                expert-parallel group size (mixtures of experts; divides --gpus)
   --global-batch N      samples per optimizer step to reach with accumulation
 
@@ -146,7 +160,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 31] = [
+const FIELD_FLAGS: [(&str, Field); 38] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -167,6 +181,13 @@ const FIELD_FLAGS: [(&str, Field); 31] = [
     ("--gpus", Field::NumGpus),
     ("--sharding", Field::Sharding),
     ("--tp", Field::TensorParallel),
+    ("--sp", Field::SequenceParallel),
+    ("--loss-parallel", Field::LossParallel),
+    ("--cp", Field::ContextParallel),
+    ("--pp", Field::PipelineParallel),
+    ("--pp-schedule", Field::PipelineSchedule),
+    ("--microbatches", Field::Microbatches),
+    ("--reshard-after-forward", Field::ReshardAfterForward),
     ("--ep", Field::ExpertParallel),
     ("--global-batch", Field::GlobalBatch),
     ("--method", Field::Method),
@@ -249,6 +270,30 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 state.mode = Mode::Architecture;
                 state.model.preset = None;
                 state.model.config_json = text;
+            }
+            "--engine" => {
+                let engine = value()?;
+                let key = match engine {
+                    "ddp" | "fsdp2" => engine,
+                    // the stage comes with --zero (ZeRO-2 until it does)
+                    "deepspeed" if state.parallel.sharding.key().starts_with("zero") => {
+                        state.parallel.sharding.key()
+                    }
+                    "deepspeed" => "zero2",
+                    other => {
+                        return Err(format!(
+                            "--engine {other:?}: expected one of ddp, fsdp2, deepspeed."
+                        ))
+                    }
+                };
+                set(&mut state, flag, Field::Sharding, key)?;
+            }
+            "--zero" => {
+                let stage = value()?;
+                if !matches!(stage, "1" | "2" | "3") {
+                    return Err(format!("--zero {stage:?}: expected 1, 2 or 3."));
+                }
+                set(&mut state, flag, Field::Sharding, &format!("zero{stage}"))?;
             }
             "--preset" => {
                 state.mode = Mode::Architecture;
@@ -341,7 +386,19 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "batch": e.batch,
         "model_state_bytes": e.step.model_state_bytes,
         "activation_bytes": e.step.activation_bytes,
-        "per_gpu": e.per_gpu,
+        // figures of one GPU of several: the busiest (with pipelines, its stage)
+        "per_gpu": if e.per_gpu {
+            serde_json::json!({
+                "peak_bytes": e.step.peak_bytes,
+                "stage": e.step.stage,
+                "gpus": e.plan.num_gpus
+                    * e.plan.tensor_parallel.max(1)
+                    * e.plan.context_parallel.max(1)
+                    * e.plan.pipeline_parallel.max(1),
+            })
+        } else {
+            serde_json::Value::Bool(false)
+        },
         "query": estimator_core::encode_query(state),
     });
     out["trainable_params"] = e.step.trainable_params.into();
@@ -421,9 +478,14 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         .peak_phase
         .map(|p| format!(" (in the {} phase)", p.label().to_lowercase()))
         .unwrap_or_default();
+    let stage = e
+        .step
+        .stage
+        .map(|i| format!(", pipeline stage {} of {}", i + 1, e.plan.pipeline_parallel))
+        .unwrap_or_default();
     out.push_str(&format!(
-        "{:<18}{}{phase}\n",
-        "peak",
+        "{:<18}{}{phase}{stage}\n",
+        if e.per_gpu { "peak per GPU" } else { "peak" },
         fmt(e.step.peak_bytes)
     ));
     if let Some(v) = e.verdict {

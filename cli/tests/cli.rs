@@ -116,7 +116,7 @@ fn sharding_and_max_batch() {
     ]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(v["per_gpu"], true);
+    assert!(v["per_gpu"]["peak_bytes"].as_u64().is_some());
     assert!(v["max_batch"].as_u64().unwrap() >= 1);
 }
 

@@ -792,6 +792,10 @@ impl<'a> Search<'a> {
     ) -> Result<StepMemory, EvaluationError> {
         let knobs = Knobs { batch, ..knobs };
         let model = self.parsed.model(&knobs);
+        if plan.pipeline_parallel > 1 {
+            // every stage's step, uncached
+            return step_at(&model, plan, batch);
+        }
         // the KV dtype acts after the estimate; training ignores the weight format
         let estimate_key = Knobs {
             kv_dtype: KvDtype::Model,
@@ -808,7 +812,7 @@ impl<'a> Search<'a> {
             .entry((estimate_key, mesh))
             .or_insert_with(|| unsharded(&model, batch, &mesh));
         match whole {
-            Ok(whole) => shard_step(&model, whole, plan, batch, false),
+            Ok(whole) => shard_step(&model, whole, plan, batch, false, &mesh),
             Err(e) => Err(e.clone()),
         }
     }

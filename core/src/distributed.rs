@@ -15,6 +15,7 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
         sequence_parallel: tensor > 1 && plan.sequence_parallel,
         loss_parallel: tensor > 1 && plan.loss_parallel,
         context: plan.context_parallel.max(1),
+        stage: None,
     }
 }
 

@@ -158,6 +158,10 @@ pub struct StepMemory {
     pub trainable_params: u64,
     /// Part of `peak_bytes` a paged optimizer holds outside PyTorch's caching allocator.
     pub paged_bytes: u64,
+    /// With pipeline parallelism, the stage whose GPU these figures are (the busiest).
+    pub stage: Option<u64>,
+    /// Micro-batches whose saved tensors that stage holds at most (1 without a pipeline).
+    pub stage_in_flight: u64,
 }
 
 /// `parts` (summing to `whole`) scaled to sum exactly to `target`: each part in proportion,
@@ -524,13 +528,46 @@ pub(crate) fn step_at(
     plan: &PlanInputs,
     batch: u64,
 ) -> Result<StepMemory, EvaluationError> {
-    shard_step(
-        model,
-        &unsharded(model, batch, &mesh_of(plan))?,
-        plan,
-        batch,
-        true,
-    )
+    let mesh = mesh_of(plan);
+    let stages = plan.pipeline_parallel.max(1);
+    if stages <= 1 || !matches!(model, Model::Architecture { .. }) {
+        return shard_step(
+            model,
+            &unsharded(model, batch, &mesh)?,
+            plan,
+            batch,
+            true,
+            &mesh,
+        );
+    }
+    // every stage's GPU, the busiest first (the earliest of equals)
+    let mut busiest: Option<StepMemory> = None;
+    for index in 0..stages {
+        let mesh = crate::Mesh {
+            stage: Some(crate::Stage {
+                index,
+                stages,
+                microbatches: plan.microbatches.max(1),
+                schedule: plan.pipeline_schedule,
+            }),
+            ..mesh
+        };
+        let step = shard_step(
+            model,
+            &unsharded(model, batch, &mesh)?,
+            plan,
+            batch,
+            true,
+            &mesh,
+        )?;
+        if busiest
+            .as_ref()
+            .is_none_or(|b| step.peak_bytes > b.peak_bytes)
+        {
+            busiest = Some(step);
+        }
+    }
+    busiest.ok_or_else(too_large)
 }
 
 /// One rank's step at `batch` on `mesh` (the whole model's on one GPU), before data-parallel
@@ -571,6 +608,7 @@ pub(crate) fn shard_step(
     plan: &PlanInputs,
     batch: u64,
     with_parts: bool,
+    mesh: &crate::Mesh,
 ) -> Result<StepMemory, EvaluationError> {
     match (model, whole) {
         (Model::Simple(inputs), Unsharded::Simple(b)) => {
@@ -606,6 +644,8 @@ pub(crate) fn shard_step(
                     0
                 },
                 paged_bytes: 0,
+                stage: None,
+                stage_in_flight: 1,
             })
         }
         (
@@ -620,7 +660,6 @@ pub(crate) fn shard_step(
         ) => {
             let arch = &model.arch;
             let new_tokens = &model.new_tokens;
-            let mesh = mesh_of(plan);
             // the tape is already one tensor-parallel rank's: only the KV cache (computed
             // here from the whole model) is split by it
             let tp = mesh.tensor;
@@ -638,7 +677,7 @@ pub(crate) fn shard_step(
             let whole_params = persistent(|c| c.parameters);
             // the rank's parameters by FSDP unit (the estimate has already refused a mesh
             // the model does not split over)
-            let units = arch.rank_parameter_units(&mesh).unwrap_or_default();
+            let units = arch.rank_parameter_units(mesh).unwrap_or_default();
             let rank_params = units.root.saturating_add(units.layers).max(1);
             let gathered = u128::from(whole_params) * u128::from(units.largest_layer)
                 / u128::from(rank_params);
@@ -812,6 +851,8 @@ pub(crate) fn shard_step(
                 activation_parts,
                 trainable_params: estimate.trainable_params,
                 paged_bytes: paged,
+                stage: mesh.stage.map(|s| s.index),
+                stage_in_flight: mesh.stage.map_or(1, |s| s.in_flight()),
             })
         }
         // a step of another model: never built so
@@ -880,7 +921,10 @@ pub(crate) fn evaluate_parsed(
         verdict: fit.verdict,
         max_batch: fit.max_batch,
         accumulation,
-        per_gpu: plan.num_gpus > 1 || plan.tensor_parallel > 1,
+        per_gpu: plan.num_gpus > 1
+            || plan.tensor_parallel > 1
+            || plan.context_parallel > 1
+            || plan.pipeline_parallel > 1,
         plan,
     })
 }

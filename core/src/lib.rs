@@ -57,6 +57,7 @@ pub use arch::{
     estimate_peak, estimate_peak_with, estimate_rank, parse_hf_config, Architecture,
     AttentionKernel, CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets,
     LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate, Peft, Phase,
-    PrecisionRecipe, Preset, Quant4, SavedPart, TargetsError, TrainingStep,
+    PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage, TargetsError,
+    TrainingStep,
 };
 // arch-end

@@ -4,7 +4,7 @@ use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
     AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Optimizer, ParamUnit,
-    Peft, Precision, PrecisionRecipe, Preset, Quant4, Sharding, WeightFormat,
+    Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -592,6 +592,13 @@ pub struct ParallelSettings {
     pub context_parallel: String,
     /// FSDP2's `reshard_after_forward`: free each layer's gathered weights after its forward.
     pub reshard_after_forward: bool,
+    /// Pipeline stages (architecture mode), as typed.
+    pub pipeline_parallel: String,
+    /// The pipeline's schedule.
+    pub pipeline_schedule: PipelineSchedule,
+    /// Micro-batches per optimizer step through the pipeline, as typed (empty: one per
+    /// stage).
+    pub microbatches: String,
     /// Samples per optimizer step to reach with accumulation, as typed (empty: none).
     pub global_batch: String,
 }
@@ -607,6 +614,9 @@ impl Default for ParallelSettings {
             loss_parallel: false,
             context_parallel: "1".to_owned(),
             reshard_after_forward: true,
+            pipeline_parallel: "1".to_owned(),
+            pipeline_schedule: PipelineSchedule::OneFOneB,
+            microbatches: String::new(),
             global_batch: String::new(),
         }
     }
@@ -622,6 +632,9 @@ impl Section for ParallelSettings {
         (Field::LossParallel, "lp"),
         (Field::ContextParallel, "cp"),
         (Field::ReshardAfterForward, "raf"),
+        (Field::PipelineParallel, "pp"),
+        (Field::PipelineSchedule, "pps"),
+        (Field::Microbatches, "mb"),
         (Field::GlobalBatch, "gb"),
     ];
 
@@ -635,6 +648,9 @@ impl Section for ParallelSettings {
             Field::LossParallel => on_off(self.loss_parallel).to_owned(),
             Field::ContextParallel => self.context_parallel.clone(),
             Field::ReshardAfterForward => on_off(self.reshard_after_forward).to_owned(),
+            Field::PipelineParallel => self.pipeline_parallel.clone(),
+            Field::PipelineSchedule => self.pipeline_schedule.key().to_owned(),
+            Field::Microbatches => self.microbatches.clone(),
             Field::GlobalBatch => self.global_batch.clone(),
             _ => return None,
         })
@@ -656,6 +672,12 @@ impl Section for ParallelSettings {
             Field::ReshardAfterForward => {
                 self.reshard_after_forward = choice(value, &[true, false], on_off)?;
             }
+            Field::PipelineParallel => self.pipeline_parallel = text(value)?,
+            Field::PipelineSchedule => {
+                self.pipeline_schedule =
+                    choice(value, &PipelineSchedule::ALL, PipelineSchedule::key)?;
+            }
+            Field::Microbatches => self.microbatches = text(value)?,
             Field::GlobalBatch => self.global_batch = text(value)?,
             _ => {}
         }
@@ -686,6 +708,12 @@ pub struct PlanInputs {
     pub context_parallel: u64,
     /// FSDP2's `reshard_after_forward`.
     pub reshard_after_forward: bool,
+    /// Pipeline stages.
+    pub pipeline_parallel: u64,
+    /// The pipeline's schedule.
+    pub pipeline_schedule: PipelineSchedule,
+    /// Micro-batches per optimizer step through the pipeline.
+    pub microbatches: u64,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
 }
@@ -783,6 +811,12 @@ pub enum Field {
     ContextParallel,
     /// [`ParallelSettings::reshard_after_forward`].
     ReshardAfterForward,
+    /// [`ParallelSettings::pipeline_parallel`].
+    PipelineParallel,
+    /// [`ParallelSettings::pipeline_schedule`].
+    PipelineSchedule,
+    /// [`ParallelSettings::microbatches`].
+    Microbatches,
     /// [`PageState::global_batch`].
     GlobalBatch,
 }
@@ -792,7 +826,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 46] = [
+    pub const ALL: [Field; 49] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -837,6 +871,9 @@ impl Field {
         Field::LossParallel,
         Field::ContextParallel,
         Field::ReshardAfterForward,
+        Field::PipelineParallel,
+        Field::PipelineSchedule,
+        Field::Microbatches,
         Field::GlobalBatch,
         Field::Config,
     ];
@@ -904,6 +941,9 @@ impl Field {
             Field::LossParallel => "loss parallelism",
             Field::ContextParallel => "context parallelism",
             Field::ReshardAfterForward => "reshard after forward",
+            Field::PipelineParallel => "pipeline parallelism",
+            Field::PipelineSchedule => "pipeline schedule",
+            Field::Microbatches => "micro-batches",
             Field::GlobalBatch => "global batch",
         }
     }
@@ -1162,6 +1202,18 @@ impl PageState {
             Field::ContextParallel,
             parse_count(&self.parallel.context_parallel, 1024, "GPUs", false),
         );
+        let pp = check(
+            Field::PipelineParallel,
+            parse_count(&self.parallel.pipeline_parallel, 1024, "stages", false),
+        );
+        let microbatches = if self.parallel.microbatches.trim().is_empty() {
+            pp
+        } else {
+            check(
+                Field::Microbatches,
+                parse_count(&self.parallel.microbatches, 4096, "micro-batches", false),
+            )
+        };
         let ep = check(
             Field::ExpertParallel,
             parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false).and_then(|ep| {
@@ -1197,7 +1249,7 @@ impl PageState {
             tp,
             ep,
             global,
-            cp,
+            (cp, pp, microbatches),
         ) {
             (
                 Some(cap),
@@ -1208,7 +1260,7 @@ impl PageState {
                 Some(tp),
                 Some(ep),
                 Some(global),
-                Some(cp),
+                (Some(cp), Some(pp), Some(microbatches)),
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.hardware.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
@@ -1229,6 +1281,9 @@ impl PageState {
                 loss_parallel: self.parallel.loss_parallel,
                 context_parallel: cp,
                 reshard_after_forward: self.parallel.reshard_after_forward,
+                pipeline_parallel: pp,
+                pipeline_schedule: self.parallel.pipeline_schedule,
+                microbatches,
                 global_batch: global,
             }),
             _ => Err(errors),

@@ -247,7 +247,10 @@ impl Architecture {
     /// # Errors
     /// When the model does not split over the mesh's tensor-parallel group.
     pub fn rank_parameter_units(&self, mesh: &Mesh) -> Result<ParameterUnits, EstimateError> {
-        let spec = self.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
+        let mut spec = self.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
+        if let Some(stage) = &mesh.stage {
+            spec = spec.stage(stage);
+        }
         let sum = |v: Vec<u64>| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
         let layers: Vec<u64> = spec.layers.iter().map(|l| sum(l.params())).collect();
         Ok(ParameterUnits {

@@ -2,7 +2,7 @@
 
 use super::config::Architecture;
 use super::error::EstimateError;
-use super::mesh::Mesh;
+use super::mesh::{Mesh, PipelineSchedule};
 use super::model::Kernel;
 use super::model::{Layer, Placement};
 use super::ops::{
@@ -219,7 +219,18 @@ pub fn estimate_rank(
             return Err(EstimateError::SeqLenTooLong { max });
         }
     }
-    let local = arch.with_spec(arch.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?);
+    let mut spec = arch.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
+    if let Some(stage) = &mesh.stage {
+        if stage.stages > arch.num_layers() {
+            return Err(EstimateError::Unsplittable {
+                what: "layers",
+                count: arch.num_layers(),
+                group: stage.stages,
+            });
+        }
+        spec = spec.stage(stage);
+    }
+    let local = arch.with_spec(spec);
     let mesh = Mesh {
         // the loss reads the whole vocabulary unless it stays split
         loss_parallel: mesh.loss_parallel && mesh.tensor > 1,
@@ -712,6 +723,9 @@ fn estimate_on(
             add(add(largest_layer, layer_backward)?, layer_input)?,
         ),
     };
+    // a pipeline stage holds the saved tensors of the micro-batches in flight
+    let microbatches_held = mesh.stage.map_or(1, |s| s.in_flight());
+    let saved = mul(saved, microbatches_held)?;
     // under checkpointing + autocast the forward's weight-cast cache holds every layer's
     // 16-bit copies until autocast exits (only the head's are saved for backward)
     let cached = if step.checkpointing.recomputes() {
@@ -733,7 +747,8 @@ fn estimate_on(
     // The end of backward: the embedding's backward makes its weight's gradient while the
     // gradient of its output is still alive; a tied weight already holds the head's share,
     // and the two are summed into a third tensor (measured: 3 embedding-sized buffers).
-    let bwd_end = if arch.is_vision() || peft.is_some() {
+    // (a pipeline stage without the embeddings ends its backward at its first layer)
+    let bwd_end = if arch.is_vision() || peft.is_some() || !spec.embeds {
         // a frozen embedding gets no gradient
         CategoryBytes {
             gradients: grads,
@@ -914,7 +929,11 @@ fn estimate_on(
                             storage(tokens, mul(a.heads * a.v_head_dim, d.act)?)?,
                         )?,
                     )?,
-                    if spec.tied { embedding } else { 0 },
+                    if spec.tied && spec.embeds {
+                        embedding
+                    } else {
+                        0
+                    },
                 )?,
                 ..base
             })
@@ -935,6 +954,21 @@ fn estimate_on(
         gradients: grads,
         temporaries: opt_temp,
         ..base
+    };
+    // after the first micro-batch's backward, a 1F1B pipeline's gradients accumulate through
+    // every later forward and backward
+    let (fwd, bwd) = match mesh.stage {
+        Some(s) if s.schedule != PipelineSchedule::Gpipe && s.microbatches > 1 => (
+            CategoryBytes {
+                gradients: fwd.gradients.max(grads),
+                ..fwd
+            },
+            CategoryBytes {
+                gradients: bwd.gradients.max(grads),
+                ..bwd
+            },
+        ),
+        _ => (fwd, bwd),
     };
     let mut phases = vec![(Phase::Forward, fwd), (Phase::Backward, bwd)];
     if !in_backward {

@@ -478,6 +478,8 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         buffers.push((1, 4)); // embed_scale
     }
     let spec = ModelSpec {
+        embeds: true,
+        heads: true,
         embedding: Embedding {
             vocab,
             hidden,
@@ -659,6 +661,8 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
         hidden_dropout: resid_dropout,
     };
     let spec = ModelSpec {
+        embeds: true,
+        heads: true,
         embedding: Embedding {
             vocab,
             hidden,
@@ -737,6 +741,8 @@ fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
         hidden_dropout: dropout,
     };
     let spec = ModelSpec {
+        embeds: true,
+        heads: true,
         embedding: Embedding {
             vocab,
             hidden,
@@ -820,6 +826,8 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         hidden_dropout,
     };
     let spec = ModelSpec {
+        embeds: true,
+        heads: true,
         embedding: Embedding {
             vocab,
             hidden,
@@ -869,6 +877,8 @@ fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
         hidden_dropout: false,
     };
     let spec = ModelSpec {
+        embeds: true,
+        heads: true,
         embedding: Embedding {
             vocab: classes,
             hidden,

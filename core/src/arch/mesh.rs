@@ -26,6 +26,105 @@ pub struct Mesh {
     pub loss_parallel: bool,
     /// Context-parallel ranks (ring attention): each holds a slice of the sequence.
     pub context: u64,
+    /// The pipeline stage this rank runs, `None` without pipeline parallelism.
+    pub stage: Option<Stage>,
+}
+
+/// How a pipeline orders its micro-batches' forwards and backwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PipelineSchedule {
+    /// Every forward, then every backward (`ScheduleGPipe`).
+    Gpipe,
+    /// One forward, one backward after a warm-up (`Schedule1F1B`).
+    #[default]
+    OneFOneB,
+    /// 1F1B over two model chunks per rank (`ScheduleInterleaved1F1B`).
+    Interleaved,
+}
+
+impl PipelineSchedule {
+    /// Every schedule, in the order the page lists them.
+    pub const ALL: [PipelineSchedule; 3] = [
+        PipelineSchedule::OneFOneB,
+        PipelineSchedule::Gpipe,
+        PipelineSchedule::Interleaved,
+    ];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            PipelineSchedule::Gpipe => "gpipe",
+            PipelineSchedule::OneFOneB => "1f1b",
+            PipelineSchedule::Interleaved => "interleaved",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            PipelineSchedule::Gpipe => "GPipe (all forwards, then all backwards)",
+            PipelineSchedule::OneFOneB => "1F1B (one forward, one backward)",
+            PipelineSchedule::Interleaved => "Interleaved 1F1B (two chunks per GPU)",
+        }
+    }
+
+    /// The schedule whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.key() == key)
+    }
+}
+
+/// Model chunks per rank under the interleaved schedule (torchtitan's default).
+pub const INTERLEAVED_CHUNKS: u64 = 2;
+
+/// One pipeline stage: which part of the model a rank runs and how many micro-batches'
+/// saved tensors it holds at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stage {
+    /// This stage, from 0 (the embeddings) to `stages - 1` (the head and the loss).
+    pub index: u64,
+    /// Pipeline ranks.
+    pub stages: u64,
+    /// Micro-batches per optimizer step.
+    pub microbatches: u64,
+    /// The schedule.
+    pub schedule: PipelineSchedule,
+}
+
+impl Stage {
+    /// Micro-batches whose saved tensors the stage holds at its fullest, in units of its
+    /// whole share of the layers: GPipe runs every forward first; 1F1B's warm-up gives
+    /// stage `i` of `p` `p - i` forwards before its first backward
+    /// (`torch.distributed.pipelining.Schedule1F1B`); the interleaved schedule runs
+    /// `(v - 1) p + 2 (p - 1 - i)` warm-up forwards of chunks of `1/v` of the stage's
+    /// layers, and one more in its steady state.
+    #[must_use]
+    pub fn in_flight(&self) -> u64 {
+        let (i, p, m) = (self.index, self.stages.max(1), self.microbatches.max(1));
+        match self.schedule {
+            PipelineSchedule::Gpipe => m,
+            PipelineSchedule::OneFOneB => (p - i.min(p - 1)).min(m),
+            PipelineSchedule::Interleaved => {
+                let v = INTERLEAVED_CHUNKS;
+                let chunks = (v - 1) * p + 2 * (p - 1 - i.min(p - 1)) + 1;
+                chunks.min(m * v).div_ceil(v)
+            }
+        }
+    }
+
+    /// The layers of a model of `layers` this stage runs: an even split, the earlier
+    /// stages taking one more where it does not divide.
+    #[must_use]
+    pub fn layers(&self, layers: u64) -> std::ops::Range<u64> {
+        let p = self.stages.max(1);
+        let (each, extra) = (layers / p, layers % p);
+        let start = self.index * each + self.index.min(extra);
+        let len = each + u64::from(self.index < extra);
+        start..start + len
+    }
 }
 
 impl Mesh {
@@ -35,12 +134,13 @@ impl Mesh {
         sequence_parallel: false,
         loss_parallel: false,
         context: 1,
+        stage: None,
     };
 
     /// Whether a step on this mesh differs from one GPU's.
     #[must_use]
-    pub const fn splits_the_step(&self) -> bool {
-        self.tensor > 1 || self.context > 1
+    pub fn splits_the_step(&self) -> bool {
+        self.tensor > 1 || self.context > 1 || self.stage.is_some_and(|s| s.stages > 1)
     }
 }
 
@@ -67,9 +167,6 @@ impl ModelSpec {
         tp: u64,
         sequence_parallel: bool,
     ) -> Result<ModelSpec, EstimateError> {
-        if tp <= 1 {
-            return Ok(self.clone());
-        }
         if !matches!(self.head, Head::CausalLm { .. }) || self.vision.is_some() {
             return Err(EstimateError::MeshUnsupported(
                 "tensor parallelism is modelled for causal language models (torchtitan's plan)",
@@ -81,6 +178,9 @@ impl ModelSpec {
             ));
         }
         let mut local = self.clone();
+        if tp <= 1 {
+            return Ok(local);
+        }
         local.embedding.vocab = self.embedding.vocab.div_ceil(tp);
         for layer in &mut local.layers {
             if sequence_parallel && !matches!(layer.placement, Placement::Pre | Placement::Sandwich)
@@ -110,5 +210,18 @@ impl ModelSpec {
             }
         }
         Ok(local)
+    }
+
+    /// The part of the model pipeline stage `stage` runs: its layers, the embeddings on
+    /// the first stage, the final norm, head and loss on the last.
+    pub(crate) fn stage(&self, stage: &Stage) -> ModelSpec {
+        let range = stage.layers(self.layers.len() as u64);
+        let (start, end) = (range.start as usize, range.end as usize);
+        ModelSpec {
+            layers: self.layers[start.min(self.layers.len())..end.min(self.layers.len())].to_vec(),
+            embeds: self.embeds && stage.index == 0,
+            heads: self.heads && stage.index + 1 >= stage.stages,
+            ..self.clone()
+        }
     }
 }

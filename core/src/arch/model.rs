@@ -725,6 +725,12 @@ pub(crate) struct ModelSpec {
     pub rotary_fp32: bool,
     /// Element counts of the module buffers (rotary `inv_freq`, BERT's id buffers).
     pub buffers: Vec<(u64, u64)>,
+    /// Whether this part of the model has the embeddings (false for a pipeline stage after
+    /// the first: its input arrives from the previous stage).
+    pub embeds: bool,
+    /// Whether it has the final norm, the head and the loss (false for a pipeline stage
+    /// before the last: its output is sent on).
+    pub heads: bool,
 }
 
 /// What a forward pass keeps, and the transients around it.
@@ -834,7 +840,9 @@ impl ModelSpec {
     /// Element counts of the embeddings' parameter tensors (a tied head matrix among them).
     pub fn embedding_parameter_tensors(&self) -> Vec<u64> {
         let mut t = self.outside_params(true);
-        t.truncate(t.len().saturating_sub(self.head_params().len()));
+        if self.heads {
+            t.truncate(t.len().saturating_sub(self.head_params().len()));
+        }
         t
     }
     /// Element counts of every parameter tensor (tied weights once).
@@ -850,7 +858,7 @@ impl ModelSpec {
         let (h, v) = (self.hidden(), self.vocab());
         let e = &self.embedding;
         let mut t = Vec::new();
-        if with_embeddings {
+        if with_embeddings && self.embeds {
             if let Some(vis) = self.vision {
                 let p = vis.patch;
                 t.extend([h * 3 * p * p, h, h, vis.tokens() * h]);
@@ -871,7 +879,9 @@ impl ModelSpec {
                 }
             }
         }
-        t.extend(self.head_params());
+        if self.heads {
+            t.extend(self.head_params());
+        }
         t
     }
     /// The final norm and the head (with the tied matrix when tied: its gradient is there).
@@ -883,7 +893,8 @@ impl ModelSpec {
         }
         match self.head {
             Head::CausalLm { .. } => {
-                if !self.tied {
+                // a last pipeline stage holds its own copy of a tied matrix
+                if !self.tied || !self.embeds {
                     t.push(v * self.token_width());
                 }
             }
@@ -896,6 +907,9 @@ impl ModelSpec {
     /// [`Layer::linear_params`] for the biases).
     pub fn head_linears(&self, with_biases: bool) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
+        if !self.heads {
+            return Vec::new();
+        }
         match self.head {
             Head::MaskedLm if with_biases => vec![h * h, h, v * h, v],
             Head::MaskedLm => vec![h * h, v * h],
@@ -915,8 +929,12 @@ impl ModelSpec {
     /// a tied embedding), the final norm, and the last layer's output matmul.
     pub fn head_gradient_tensors(&self) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
-        let mut t = self.head_params();
-        if self.tied && matches!(self.head, Head::CausalLm { .. }) {
+        let mut t = if self.heads {
+            self.head_params()
+        } else {
+            Vec::new()
+        };
+        if self.tied && self.embeds && self.heads && matches!(self.head, Head::CausalLm { .. }) {
             t.push(v * self.token_width());
         }
         if self.head == Head::MaskedLm {
@@ -938,7 +956,9 @@ impl ModelSpec {
         let tv = mul(tokens, v)?;
         let mut tape = Tape::new(tokens);
         tape.peft = s.peft;
-        self.embed(&mut tape, s)?;
+        if self.embeds {
+            self.embed(&mut tape, s)?;
+        }
         for _ in 0..self.rotary_pairs() {
             let bytes = if self.rotary_fp32 { 4 } else { r };
             // cos and sin are computed for positions (1, seq), shared by the batch
@@ -995,6 +1015,11 @@ impl ModelSpec {
         let mut after_forward = 0;
         let (loss_buffers, loss_forward, (inference, inference_layers, inference_attention)) =
             match self.head {
+                // a pipeline stage before the last sends its output on
+                _ if !self.heads => {
+                    keeps_head_cast = false;
+                    (0, 0, (0, 0, 0))
+                }
                 Head::CausalLm { softcap, scaled } => {
                     let x = match self.final_norm {
                         Some(n) if s.seq_shards > 1 => {
