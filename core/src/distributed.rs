@@ -3,7 +3,8 @@
 
 use crate::state::PlanInputs;
 use crate::{
-    CategoryBytes, Mesh, ParameterUnits, PeakEstimate, Phase, PrecisionRecipe, ShardedState,
+    BackwardMoment, CategoryBytes, Mesh, ParameterUnits, PeakEstimate, Phase, PrecisionRecipe,
+    ShardedState,
 };
 
 /// The mesh the op kinds see for `plan`: tensor parallelism (with sequence and loss
@@ -21,6 +22,8 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
 
 /// One FSDP2 rank: `fully_shard` on every layer and on the root, each parameter split on
 /// its first dimension over the group (rank 0 holding the larger share of an uneven split).
+/// What it holds beyond the tape was measured with PyTorch's own FSDP2 on a fake process
+/// group (`validation/DISTRIBUTED.md`).
 pub(crate) struct Fsdp2Rank {
     /// The sharded parameters, gradients and optimizer states.
     pub state: ShardedState,
@@ -34,7 +37,17 @@ pub(crate) struct Fsdp2Rank {
     /// One layer's gradients before their reduce-scatter: unsharded, then copied into the
     /// reduce-scatter input (in `reduce_dtype`).
     reduce: u64,
+    /// The root's gradients on their way to its reduce-scatter, at the end of backward.
+    root_reduce: u64,
+    /// Bytes per element of a gathered parameter and of the tape's gradients: the root's
+    /// unsharded gradients are the tape's, in the gathered dtype.
+    gathered: u64,
+    tape_gradient: u64,
+    /// The tape's gradients, all of them.
+    tape_gradients: u64,
     reshard_after_forward: bool,
+    /// The loss is computed outside the model's forward (and so outside the root unit).
+    loss_outside: bool,
     group: u64,
 }
 
@@ -49,6 +62,7 @@ impl Fsdp2Rank {
         recipe: PrecisionRecipe,
         group: u64,
         reshard_after_forward: bool,
+        loss_outside: bool,
     ) -> Self {
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
@@ -67,21 +81,24 @@ impl Fsdp2Rank {
                 .max()
                 .unwrap_or(0)
         };
-        let elems = units.root.saturating_add(units.layers);
-        let shard = elems.div_ceil(group);
+        let shard = units.sharded_elements(group);
         // the same bytes per parameter as one GPU's state (the mixed recipes' fp32 master
         // is the sharded parameter itself), split over the group
         let whole = persistent(|c| c.parameters)
             .saturating_add(persistent(|c| c.gradients))
             .saturating_add(persistent(|c| c.optimizer_states));
+        let elems = units.root.saturating_add(units.layers).max(1);
         let parameter_bytes = shard.saturating_mul(sharded);
         let gradient_bytes = parameter_bytes;
+        // a padded shard carries its optimizer states at the same padding
+        let optimizer_state_bytes =
+            u64::try_from(u128::from(whole) * u128::from(shard) / u128::from(elems))
+                .unwrap_or(u64::MAX)
+                .saturating_sub(parameter_bytes.saturating_add(gradient_bytes));
         let state = ShardedState {
             parameter_bytes,
             gradient_bytes,
-            optimizer_state_bytes: whole
-                .div_ceil(group)
-                .saturating_sub(parameter_bytes.saturating_add(gradient_bytes)),
+            optimizer_state_bytes,
         };
         Fsdp2Rank {
             state,
@@ -91,49 +108,114 @@ impl Fsdp2Rank {
             reduce: units
                 .largest_layer
                 .saturating_mul(gathered.saturating_add(reduced)),
+            root_reduce: units.root.saturating_mul(gathered.saturating_add(reduced)),
+            gathered,
+            tape_gradient: recipe.gradient_bytes().max(1),
+            tape_gradients: persistent(|c| c.gradients),
             reshard_after_forward,
+            loss_outside,
             group,
         }
     }
 
-    /// The rank's memory at `phase`, whose whole-rank tape figures are `c`.
+    /// The layers gathered: every one without `reshard_after_forward`, else `resharded`.
+    fn layers_gathered(&self, resharded: u64) -> u64 {
+        if self.reshard_after_forward {
+            resharded
+        } else {
+            self.layers
+        }
+    }
+
+    /// The tape's `bytes` of gradients in the gathered dtype.
+    fn unsharded_gradients(&self, bytes: u64) -> u64 {
+        u64::try_from(
+            u128::from(bytes) * u128::from(self.gathered) / u128::from(self.tape_gradient),
+        )
+        .unwrap_or(u64::MAX)
+    }
+
+    /// The rank's memory in the forward or the optimizer step, whose whole-rank tape
+    /// figures are `c` (the backward is [`Fsdp2Rank::at_backward`]'s).
     pub(crate) fn at(&self, phase: Phase, c: &CategoryBytes) -> CategoryBytes {
         let s = &self.state;
-        let layers = |resharded: u64| {
-            if self.reshard_after_forward {
-                resharded
-            } else {
-                self.layers
-            }
-        };
         match phase {
+            // a layer's gathered weights, and the previous layer's all-gather output that
+            // stays referenced until the next copy-out
             Phase::Forward => CategoryBytes {
                 parameters: s
                     .parameter_bytes
                     .saturating_add(self.root)
-                    .saturating_add(layers(0)),
+                    .saturating_add(self.layer)
+                    .saturating_add(self.layers_gathered(self.layer)),
                 gradients: 0,
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
-            // a layer's backward: its weights gathered again and the previous layer's
-            // prefetched, its gradients on their way to the reduce-scatter
-            Phase::Backward => CategoryBytes {
-                parameters: s
-                    .parameter_bytes
-                    .saturating_add(self.root)
-                    .saturating_add(layers(self.layer.saturating_mul(2))),
-                gradients: s.gradient_bytes,
-                optimizer_states: s.optimizer_state_bytes,
-                temporaries: c.temporaries.saturating_add(self.reduce),
-                ..*c
-            },
+            Phase::Backward => self.at_backward(BackwardMoment::Layers, c),
             // the optimizer steps the shards: its parameter-sized temporaries are shard-sized
             Phase::OptimizerStep => CategoryBytes {
                 parameters: s.parameter_bytes,
                 gradients: s.gradient_bytes,
                 optimizer_states: s.optimizer_state_bytes,
                 temporaries: c.temporaries.div_ceil(self.group),
+                ..*c
+            },
+        }
+    }
+
+    /// The rank's memory at the backward `moment`, whose whole-rank tape figures are `c`.
+    pub(crate) fn at_backward(&self, moment: BackwardMoment, c: &CategoryBytes) -> CategoryBytes {
+        let s = &self.state;
+        let shards = s.parameter_bytes.saturating_add(self.root);
+        match moment {
+            // no layer has reduced yet. A loss inside the model's forward (transformers')
+            // runs its backward after the root's pre-backward gathered the root (and the
+            // last layer's all-gather output is still held); a loss outside it
+            // (torchtitan's, which loss parallel implies) runs before
+            BackwardMoment::Loss if self.loss_outside => CategoryBytes {
+                parameters: s
+                    .parameter_bytes
+                    .saturating_add(if self.reshard_after_forward {
+                        0
+                    } else {
+                        self.root.saturating_add(self.layers)
+                    }),
+                gradients: 0,
+                optimizer_states: s.optimizer_state_bytes,
+                ..*c
+            },
+            BackwardMoment::Loss => CategoryBytes {
+                parameters: shards.saturating_add(self.layers_gathered(self.layer)),
+                gradients: 0,
+                optimizer_states: s.optimizer_state_bytes,
+                ..*c
+            },
+            // a layer's weights gathered again and the previous layer's prefetched, its
+            // gradients on their way to the reduce-scatter; the layers behind it reduced
+            // (their share of the tape's gradients, sharded)
+            BackwardMoment::Layers => CategoryBytes {
+                parameters: shards
+                    .saturating_add(self.layers_gathered(self.layer.saturating_mul(2))),
+                gradients: u64::try_from(
+                    u128::from(s.gradient_bytes) * u128::from(c.gradients)
+                        / u128::from(self.tape_gradients.max(1)),
+                )
+                .unwrap_or(u64::MAX)
+                .min(s.gradient_bytes),
+                optimizer_states: s.optimizer_state_bytes,
+                temporaries: c.temporaries.saturating_add(self.reduce),
+                ..*c
+            },
+            // the embeddings' gradients (the tape's, gathered dtype), then the root's
+            // reduce-scatter input once they are summed
+            BackwardMoment::Embedding => CategoryBytes {
+                parameters: shards,
+                gradients: s.gradient_bytes,
+                optimizer_states: s.optimizer_state_bytes,
+                temporaries: self
+                    .unsharded_gradients(c.temporaries)
+                    .max(self.root_reduce),
                 ..*c
             },
         }

@@ -754,12 +754,34 @@ pub(crate) fn shard_step(
                             step.precision,
                             n.saturating_mul(mesh.context.max(1)),
                             plan.reshard_after_forward,
+                            mesh.loss_parallel,
                         )
                     });
+            // FSDP2 gathers different units at each moment of the backward: weigh them all
+            let moments: Vec<(Phase, CategoryBytes)> = match &fsdp {
+                Some(f) => estimate
+                    .phase_peaks
+                    .iter()
+                    .flat_map(|(phase, c)| {
+                        let backward: Vec<_> =
+                            if *phase == Phase::Backward && !estimate.backward_moments.is_empty() {
+                                estimate
+                                    .backward_moments
+                                    .iter()
+                                    .map(|(m, c)| (*phase, f.at_backward(*m, c)))
+                                    .collect()
+                            } else {
+                                vec![(*phase, f.at(*phase, c))]
+                            };
+                        backward
+                    })
+                    .collect(),
+                None => estimate.phase_peaks.clone(),
+            };
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
-            for (phase, c) in &estimate.phase_peaks {
-                let sharded = if let Some(f) = &fsdp {
-                    f.at(*phase, c)
+            for (phase, c) in &moments {
+                let sharded = if fsdp.is_some() {
+                    *c
                 } else {
                     let state = shard(
                         ShardedState {

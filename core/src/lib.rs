@@ -55,8 +55,8 @@ mod arch;
 
 pub use arch::{
     estimate_peak, estimate_peak_with, estimate_rank, parse_hf_config, Architecture,
-    AttentionKernel, CategoryBytes, Checkpointing, ConfigError, EstimateError, LoraTargets,
-    LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate, Peft, Phase,
+    AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing, ConfigError, EstimateError,
+    LoraTargets, LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate, Peft, Phase,
     PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage, TargetsError,
     TrainingStep,
 };

@@ -5,6 +5,7 @@ use super::error::{ConfigError, EstimateError};
 use super::family::ModelFamily;
 use super::mesh::Mesh;
 use super::model::{Head, ModelSpec};
+use super::ops::FeedForward;
 use super::peft::{LoraTargets, Naming, TargetsError};
 use crate::json::{Map, Value};
 
@@ -33,6 +34,30 @@ pub struct ParameterUnits {
     pub largest_layer: u64,
     /// Every layer.
     pub layers: u64,
+    /// Of those, the routed experts' (one 3-D tensor per projection, split on the expert
+    /// dimension).
+    pub routed: u64,
+    /// Routed experts per layer (the most of any layer; 0 without).
+    pub experts: u64,
+}
+
+impl ParameterUnits {
+    /// Elements of one rank's shards over `group` ranks: FSDP2 pads each tensor's first
+    /// dimension to a multiple of the group, which only the experts' (60 over 8 ranks: 8
+    /// each) make visible.
+    #[must_use]
+    pub fn sharded_elements(&self, group: u64) -> u64 {
+        let group = group.max(1);
+        let rest = self
+            .root
+            .saturating_add(self.layers)
+            .saturating_sub(self.routed);
+        let experts = match self.experts {
+            0 => 0,
+            e => (self.routed / e).saturating_mul(e.div_ceil(group)),
+        };
+        rest.div_ceil(group).saturating_add(experts)
+    }
 }
 
 impl Architecture {
@@ -253,10 +278,19 @@ impl Architecture {
         }
         let sum = |v: Vec<u64>| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
         let layers: Vec<u64> = spec.layers.iter().map(|l| sum(l.params())).collect();
+        let moe = spec.layers.iter().filter_map(|l| match &l.mlp {
+            FeedForward::Moe(m) => Some((m.routed_params(), m.experts)),
+            _ => None,
+        });
+        let (routed, experts) = moe.fold((0u64, 0u64), |(r, e), (lr, le)| {
+            (r.saturating_add(lr), e.max(le))
+        });
         Ok(ParameterUnits {
             root: sum(spec.outside_parameter_tensors()),
             largest_layer: layers.iter().copied().max().unwrap_or(0),
             layers: sum(layers),
+            routed,
+            experts,
         })
     }
 

@@ -60,6 +60,18 @@ pub enum Phase {
     OptimizerStep,
 }
 
+/// A moment of the backward pass whose tape figures a data-parallel engine adds its own
+/// buffers to: FSDP2 holds different units gathered at each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackwardMoment {
+    /// The loss's and the head's backward, before any layer's.
+    Loss,
+    /// Inside a layer's backward.
+    Layers,
+    /// The embeddings' backward, the last.
+    Embedding,
+}
+
 impl Phase {
     /// Short stable key.
     #[must_use]
@@ -127,6 +139,9 @@ pub struct PeakEstimate {
     pub at_peak: CategoryBytes,
     /// The peak of each phase that runs.
     pub phase_peaks: Vec<(Phase, CategoryBytes)>,
+    /// Every backward moment the tape weighed for the backward's peak (empty without
+    /// backward).
+    pub backward_moments: Vec<(BackwardMoment, CategoryBytes)>,
     /// Bytes saved by the forward for backward (alive at its end).
     pub saved_activation_bytes: u64,
     /// What those bytes are for (in inference: the forward's working set), summing to the
@@ -587,6 +602,7 @@ fn estimate_on(
             peak_phase: Phase::Forward,
             at_peak: fwd,
             phase_peaks: vec![(Phase::Forward, fwd)],
+            backward_moments: Vec::new(),
             // what stays alive after a no-grad forward: the logits
             saved_activation_bytes: storage(kept, p.activation_bytes())?,
             trainable_params: 0,
@@ -950,6 +966,49 @@ fn estimate_on(
             bwd = inside;
         }
     }
+    let mut moments = vec![
+        (
+            BackwardMoment::Loss,
+            CategoryBytes {
+                temporaries: acts.loss_buffers,
+                ..bwd_start
+            },
+        ),
+        (
+            BackwardMoment::Layers,
+            CategoryBytes {
+                temporaries: bwd_inner,
+                ..bwd_start
+            },
+        ),
+        (BackwardMoment::Embedding, bwd_end),
+    ];
+    // The first layer's backward: the later layers' saved tensors are gone, their gradients
+    // exist (in `gradients`: the layers' only; the head's wait in `temporaries`, as in
+    // `layer_backward`). Never a single GPU's peak (the embeddings' backward holds all
+    // that and more), but where a sharded engine's reduced gradients add up.
+    if trains && peft.is_none() && !in_backward {
+        let embedding = sum_storages(&spec.embedding_parameter_tensors(), p.gradient_bytes())?;
+        let first_saved = match step.checkpointing {
+            Checkpointing::None => largest_layer,
+            _ => add(largest_layer, layer_input)?,
+        };
+        moments.push((
+            BackwardMoment::Layers,
+            CategoryBytes {
+                activations: add(acts.outside.saturating_sub(acts.head_saved), first_saved)?,
+                gradients: grads.saturating_sub(add(head_grads, embedding)?),
+                temporaries: add(layer_transient, head_grads)?,
+                ..base
+            },
+        ));
+    }
+    moments.extend(
+        [bwd_attention, bwd_first_attention]
+            .into_iter()
+            .flatten()
+            .map(|c| (BackwardMoment::Layers, c)),
+    );
     let opt = CategoryBytes {
         gradients: grads,
         temporaries: opt_temp,
@@ -957,19 +1016,22 @@ fn estimate_on(
     };
     // after the first micro-batch's backward, a 1F1B pipeline's gradients accumulate through
     // every later forward and backward
-    let (fwd, bwd) = match mesh.stage {
-        Some(s) if s.schedule != PipelineSchedule::Gpipe && s.microbatches > 1 => (
+    let accumulating = matches!(mesh.stage,
+        Some(s) if s.schedule != PipelineSchedule::Gpipe && s.microbatches > 1);
+    let accumulated = |c: CategoryBytes| {
+        if accumulating {
             CategoryBytes {
-                gradients: fwd.gradients.max(grads),
-                ..fwd
-            },
-            CategoryBytes {
-                gradients: bwd.gradients.max(grads),
-                ..bwd
-            },
-        ),
-        _ => (fwd, bwd),
+                gradients: c.gradients.max(grads),
+                ..c
+            }
+        } else {
+            c
+        }
     };
+    let (fwd, bwd) = (accumulated(fwd), accumulated(bwd));
+    for (_, c) in &mut moments {
+        *c = accumulated(*c);
+    }
     let mut phases = vec![(Phase::Forward, fwd), (Phase::Backward, bwd)];
     if !in_backward {
         phases.push((Phase::OptimizerStep, opt));
@@ -1012,6 +1074,7 @@ fn estimate_on(
         peak_phase: best.0,
         at_peak: best.1,
         phase_peaks: phases,
+        backward_moments: moments,
         saved_activation_bytes: saved,
         trainable_params: if trains { trainable_params } else { 0 },
         paged_bytes: optimizer.paged,

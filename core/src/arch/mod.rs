@@ -75,8 +75,8 @@ mod shape;
 pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
 pub use estimate::{
-    estimate_peak, estimate_peak_with, estimate_rank, CategoryBytes, PeakEstimate, Phase,
-    TrainingStep,
+    estimate_peak, estimate_peak_with, estimate_rank, BackwardMoment, CategoryBytes, PeakEstimate,
+    Phase, TrainingStep,
 };
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
