@@ -740,8 +740,26 @@ fn estimate_on(
         ),
     };
     // a pipeline stage holds the saved tensors of the micro-batches in flight
-    let microbatches_held = mesh.stage.map_or(1, |s| s.in_flight());
-    let saved = mul(saved, microbatches_held)?;
+    // and, for each, the stage's output (the logits on the last stage, the hidden states
+    // on the others), which the schedule keeps until that micro-batch's backward; it
+    // allocates a receive buffer per micro-batch for the activations coming in and for
+    // the gradients coming back (measured: validation/pipeline.py)
+    let saved = match mesh.stage {
+        Some(stage) => {
+            let hidden_states = storage(tokens, mul(spec.hidden(), d.act)?)?;
+            let output = if spec.heads {
+                storage(tokens, mul(shape.loss_vocab, d.act)?)?
+            } else {
+                hidden_states
+            };
+            let receives = u64::from(!spec.embeds) + u64::from(!spec.heads);
+            add(
+                mul(add(saved, output)?, stage.in_flight())?,
+                mul(mul(hidden_states, receives)?, stage.microbatches)?,
+            )?
+        }
+        None => saved,
+    };
     // under checkpointing + autocast the forward's weight-cast cache holds every layer's
     // 16-bit copies until autocast exits (only the head's are saved for backward)
     let cached = if step.checkpointing.recomputes() {
