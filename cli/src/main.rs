@@ -62,7 +62,7 @@ hardware:
 {gpu_line}                        (mac-N: Apple silicon, N GB unified memory; cpu: the CPU's RAM)
   --capacity-mib N      capacity of a custom GPU
   --ram-gib N           capacity of the CPU RAM in GiB, with --gpu cpu (default 64)
-  --gpus N              data-parallel GPUs (in all: gpus x tp x cp x pp)
+  --gpus N              GPUs in all (a multiple of tp x cp x pp; the rest data parallel)
   --engine E            data-parallel engine: ddp, fsdp2 (fully_shard per layer),
                         deepspeed (with --zero)
   --zero 1|2|3          DeepSpeed ZeRO stage (implies --engine deepspeed)
@@ -79,7 +79,8 @@ hardware:
   --pp N                pipeline stages (the busiest stage's GPU is shown)
   --pp-schedule S       1f1b (default), gpipe, interleaved (two chunks per GPU)
   --microbatches N      micro-batches per step through the pipeline (default: --pp)
-  --ep N                expert-parallel group size (mixtures of experts; divides --gpus)
+  --ep N                expert-parallel group size (mixtures of experts; divides the
+                        data-parallel GPUs)
   --global-batch N      samples per optimizer step to reach with accumulation
 
 output:
@@ -391,10 +392,7 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
             serde_json::json!({
                 "peak_bytes": e.step.peak_bytes,
                 "stage": e.step.stage,
-                "gpus": e.plan.num_gpus
-                    * e.plan.tensor_parallel.max(1)
-                    * e.plan.context_parallel.max(1)
-                    * e.plan.pipeline_parallel.max(1),
+                "gpus": e.plan.total_gpus(),
             })
         } else {
             serde_json::Value::Bool(false)

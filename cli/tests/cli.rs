@@ -254,7 +254,7 @@ fn an_expert_parallel_group_that_does_not_divide_the_gpus_fails_clearly() {
     assert_ne!(code, 0);
     assert!(stdout.is_empty(), "{stdout}");
     assert!(
-        stderr.starts_with("memest: expert parallelism: Must divide the number of GPUs (8)"),
+        stderr.starts_with("memest: expert parallelism: Must divide the data-parallel GPUs (8)"),
         "{stderr}"
     );
     let (code, _, stderr) = memest(&["--preset", "qwen3-30b-a3b", "--ep", "0"]);

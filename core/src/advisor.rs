@@ -952,7 +952,7 @@ impl<'a> Search<'a> {
             give_up,
             gpus: self
                 .gpus_at(l[GPUS])
-                .saturating_mul(self.plan.tensor_parallel.max(1)),
+                .saturating_mul(self.plan.model_parallel_gpus()),
             changes: level(l.iter().filter(|&&x| x > 0).count()),
             compute_overhead_percent: if l[CKPT] > 0 {
                 Change::Checkpointing(Checkpointing::Full).compute_overhead_percent()
@@ -1157,7 +1157,8 @@ impl<'a> Search<'a> {
             next.step.batch = knobs.batch.to_string();
         }
         if l[GPUS] > 0 {
-            next.parallel.num_gpus = n.to_string();
+            // the field holds the job's GPUs: the data-parallel ones times the other groups
+            next.parallel.num_gpus = n.saturating_mul(plan.model_parallel_gpus()).to_string();
         }
         if l[EP] > 0 {
             next.parallel.expert_parallel = plan.expert_parallel.to_string();

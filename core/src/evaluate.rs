@@ -1167,7 +1167,7 @@ mod tests {
             "m=arch&model=gemma2-2b&b=2&s=2048&r=bf16",
             "m=arch&model=gemma3-1b&b=2&s=2048&r=amp-bf16&gc=full",
             "m=arch&model=qwen3-8b&b=1&s=2048&r=bf16&o=none",
-            "m=arch&model=llama3-8b&b=3&s=2048&r=amp-bf16&tp=4",
+            "m=arch&model=llama3-8b&b=3&s=2048&r=amp-bf16&tp=4&gpus=4",
             "m=arch&model=llama3-8b&b=1&s=2048&r=bf16",
         ] {
             let (activations, parts) = activations_and_parts(query);

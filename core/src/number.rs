@@ -35,6 +35,13 @@ pub enum FieldError {
         /// Its value.
         total: u64,
     },
+    /// The value must be a multiple of another's.
+    MustBeMultiple {
+        /// What it must be a multiple of.
+        of: &'static str,
+        /// Its value.
+        factor: u64,
+    },
 }
 
 impl fmt::Display for FieldError {
@@ -54,6 +61,9 @@ impl fmt::Display for FieldError {
             FieldError::Other(message) => f.write_str(message),
             FieldError::MustDivide { what, total } => {
                 write!(f, "Must divide {what} ({total}).")
+            }
+            FieldError::MustBeMultiple { of, factor } => {
+                write!(f, "Must be a multiple of {of} ({factor}).")
             }
         }
     }

@@ -4,6 +4,7 @@
 //! dropped, its default kept, and a notice says what was ignored.
 
 use crate::state::{Field, PageState};
+use crate::FieldError;
 
 /// The result of reading a query string or stored state.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -37,6 +38,7 @@ pub fn decode_query(query: &str) -> Decoded {
     let mut decoded = Decoded::default();
     let mut seen: Vec<Field> = Vec::new();
     let mut notices = Vec::new();
+    let mut legacy_data_parallel: Option<String> = None;
     let query = query.strip_prefix('?').unwrap_or(query);
     for part in query.split('&').filter(|p| !p.is_empty()) {
         let (raw_key, raw_value) = part.split_once('=').unwrap_or((part, ""));
@@ -47,6 +49,11 @@ pub fn decode_query(query: &str) -> Decoded {
                 continue;
             }
         };
+        // before the job's GPUs (`gpus`), links gave the data-parallel GPUs (`n`)
+        if key == "n" && legacy_data_parallel.is_none() {
+            legacy_data_parallel = Some(percent_decode(raw_value).unwrap_or_default());
+            continue;
+        }
         let Some(field) = Field::from_key(&key) else {
             notices.push(format!("Ignored unknown setting “{}”.", shorten(&key)));
             continue;
@@ -77,6 +84,30 @@ pub fn decode_query(query: &str) -> Decoded {
             ));
         }
     }
+    let seen_legacy = legacy_data_parallel.is_some();
+    // a link without either gave one data-parallel replica
+    let legacy_data_parallel = legacy_data_parallel.or_else(|| Some("1".to_owned()));
+    if let Some(n) = legacy_data_parallel.filter(|_| !seen.contains(&Field::NumGpus)) {
+        let p = &decoded.state.parallel;
+        let group = |text: &str| text.trim().parse::<u64>().unwrap_or(1).max(1);
+        let groups = group(&p.tensor_parallel)
+            .saturating_mul(group(&p.context_parallel))
+            .saturating_mul(group(&p.pipeline_parallel));
+        let total = match n.trim().parse::<u64>() {
+            Ok(n) => n.saturating_mul(groups).to_string(),
+            Err(_) => n,
+        };
+        if groups > 1 && seen_legacy {
+            notices.push(format!(
+                "Read the link's {} data-parallel GPUs as {} GPUs in all (times tensor, context and pipeline parallel).",
+                shorten(n_text(&total, groups).as_str()),
+                shorten(&total)
+            ));
+        }
+        if decoded.state.set(Field::NumGpus, &total).is_ok() && seen_legacy {
+            seen.push(Field::NumGpus);
+        }
+    }
     for (field, why) in decoded.state.invalid_text_fields() {
         if seen.contains(&field) {
             let typed = decoded.state.get(field).unwrap_or_default();
@@ -86,7 +117,13 @@ pub fn decode_query(query: &str) -> Decoded {
                 shorten(&typed)
             ));
         }
-        decoded.state.reset(field);
+        match why {
+            // the GPUs must hold the groups: the fewest that do
+            FieldError::MustBeMultiple { factor, .. } if field == Field::NumGpus => {
+                let _ = decoded.state.set(field, &factor.to_string());
+            }
+            _ => decoded.state.reset(field),
+        }
     }
     if decoded.state.model.preset.is_some() && !decoded.state.model.config_json.is_empty() {
         notices.push("Ignored the link's config.json: the link names a preset model.".to_owned());
@@ -108,6 +145,13 @@ pub fn decode_query(query: &str) -> Decoded {
     }
     decoded.notices = notices;
     decoded
+}
+
+/// The data-parallel count a legacy link gave, back from its total.
+fn n_text(total: &str, groups: u64) -> String {
+    total
+        .parse::<u64>()
+        .map_or_else(|_| total.to_owned(), |t| (t / groups.max(1)).to_string())
 }
 
 fn shorten(value: &str) -> String {
@@ -201,6 +245,35 @@ mod tests {
             "{query}: {:?}",
             d.notices
         );
+    }
+
+    #[test]
+    fn the_gpus_are_the_job_s_and_old_links_keep_their_data_parallel_count() {
+        let gpus = |query: &str| decode_query(query).state.parallel.num_gpus;
+        // `n` was the data-parallel GPUs: times the tensor and pipeline groups
+        assert_eq!(gpus("n=2&tp=8&pp=4"), "64");
+        assert_eq!(gpus("n=4"), "4");
+        // without either, one replica of the groups
+        assert_eq!(gpus("tp=8"), "8");
+        assert_eq!(gpus("gpus=64&tp=8&pp=4"), "64");
+        assert_eq!(gpus("gpus=64&n=3"), "64");
+        let d = decode_query("n=2&tp=8");
+        assert_eq!(d.notices.len(), 1, "{:?}", d.notices);
+        assert!(d.notices[0].contains("16 GPUs in all"), "{:?}", d.notices);
+        // not a multiple of the groups: the field says why, a link falls back to the fewest
+        let mut state = PageState::default();
+        state.set(Field::TensorParallel, "4").unwrap();
+        state.set(Field::NumGpus, "6").unwrap();
+        let errors = state.plan_field_errors();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].0, Field::NumGpus);
+        assert_eq!(
+            errors[0].1.to_string(),
+            "Must be a multiple of tensor × context × pipeline parallel (4)."
+        );
+        let d = decode_query("gpus=6&tp=4");
+        assert_eq!(d.state.parallel.num_gpus, "4");
+        assert!(decode_query(&encode_query(&d.state)).notices.is_empty());
     }
 
     #[test]

@@ -576,7 +576,7 @@ impl Section for HardwareSettings {
 /// Several GPUs: data parallelism, sharding, tensor and expert parallelism, the global batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParallelSettings {
-    /// Data-parallel GPUs, as typed.
+    /// Every GPU of the job (data-parallel groups x tensor x context x pipeline), as typed.
     pub num_gpus: String,
     /// How model state is sharded across them.
     pub sharding: Sharding,
@@ -624,7 +624,7 @@ impl Default for ParallelSettings {
 
 impl Section for ParallelSettings {
     const KEYS: &'static [(Field, &'static str)] = &[
-        (Field::NumGpus, "n"),
+        (Field::NumGpus, "gpus"),
         (Field::Sharding, "shard"),
         (Field::TensorParallel, "tp"),
         (Field::ExpertParallel, "ep"),
@@ -692,7 +692,7 @@ pub struct PlanInputs {
     pub capacity_bytes: Option<u64>,
     /// Overheads.
     pub overheads: crate::Overheads,
-    /// Data-parallel GPUs.
+    /// Data-parallel GPUs: the job's GPUs over its tensor, context and pipeline groups.
     pub num_gpus: u64,
     /// Sharding.
     pub sharding: Sharding,
@@ -716,6 +716,25 @@ pub struct PlanInputs {
     pub microbatches: u64,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
+}
+
+impl PlanInputs {
+    /// GPUs of one data-parallel replica: tensor x context x pipeline parallel.
+    #[must_use]
+    pub fn model_parallel_gpus(&self) -> u64 {
+        self.tensor_parallel
+            .max(1)
+            .saturating_mul(self.context_parallel.max(1))
+            .saturating_mul(self.pipeline_parallel.max(1))
+    }
+
+    /// Every GPU of the job.
+    #[must_use]
+    pub fn total_gpus(&self) -> u64 {
+        self.num_gpus
+            .max(1)
+            .saturating_mul(self.model_parallel_gpus())
+    }
 }
 
 /// One input of the page, with its URL key.
@@ -1214,18 +1233,46 @@ impl PageState {
                 parse_count(&self.parallel.microbatches, 4096, "micro-batches", false),
             )
         };
-        let ep = check(
-            Field::ExpertParallel,
-            parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false).and_then(|ep| {
-                match parse_count(&self.parallel.num_gpus, MAX_GPUS, "GPUs", false) {
-                    Ok(n) if ep > 1 && n % ep != 0 => Err(FieldError::MustDivide {
-                        what: "the number of GPUs",
-                        total: n,
-                    }),
-                    _ => Ok(ep),
+        let mut late = Vec::new();
+        // the GPUs are the data-parallel groups times the tensor, context and pipeline
+        // groups: the groups must divide them
+        let groups = [tp, cp, pp]
+            .into_iter()
+            .try_fold(1u64, |acc, g| acc.checked_mul(g.unwrap_or(1)))
+            .unwrap_or(u64::MAX);
+        let gpus = gpus.and_then(|total| {
+            if total % groups == 0 {
+                Some(total / groups)
+            } else {
+                late.push((
+                    Field::NumGpus,
+                    FieldError::MustBeMultiple {
+                        of: "tensor × context × pipeline parallel",
+                        factor: groups,
+                    },
+                ));
+                None
+            }
+        });
+        let ep = match parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false) {
+            Ok(ep) => match gpus {
+                Some(n) if ep > 1 && n % ep != 0 => {
+                    late.push((
+                        Field::ExpertParallel,
+                        FieldError::MustDivide {
+                            what: "the data-parallel GPUs",
+                            total: n,
+                        },
+                    ));
+                    None
                 }
-            }),
-        );
+                _ => Some(ep),
+            },
+            Err(e) => {
+                late.push((Field::ExpertParallel, e));
+                None
+            }
+        };
         let global = if self.parallel.global_batch.trim().is_empty() {
             Some(None)
         } else {
@@ -1240,6 +1287,7 @@ impl PageState {
             )
             .map(Some)
         };
+        errors.extend(late);
         match (
             capacity_mib,
             context,

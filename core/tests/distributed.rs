@@ -7,21 +7,15 @@ use serde_json::Value;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
-/// The page query of a measured row: the harness writes the world size as `n` and 0/1 for
-/// the switches; the page takes the data-parallel GPUs and on/off.
+/// The page query of a measured row: the harness writes the world size as `n` (the page's
+/// `gpus`) and 0/1 for the switches (the page's on/off).
 fn page_query(row: &Value) -> String {
     let query = row["query"].as_str().expect("query");
-    let mut world = 1;
-    let mut groups = 1;
     let mut parts = Vec::new();
     for part in query.split('&') {
         let (key, value) = part.split_once('=').unwrap_or((part, ""));
         match key {
-            "n" => world = value.parse::<u64>().expect("n"),
-            "tp" | "cp" | "pp" => {
-                groups *= value.parse::<u64>().expect("group");
-                parts.push(part.to_owned());
-            }
+            "n" => parts.push(format!("gpus={value}")),
             "sp" | "lp" | "raf" => parts.push(format!(
                 "{key}={}",
                 if value == "1" || value == "on" {
@@ -34,8 +28,6 @@ fn page_query(row: &Value) -> String {
             _ => parts.push(part.to_owned()),
         }
     }
-    assert_eq!(world % groups, 0, "{query}: world size over tp x cp x pp");
-    parts.push(format!("n={}", world / groups));
     parts.join("&")
 }
 

@@ -16,7 +16,7 @@ function prng(seed) {
   };
 }
 
-const keys = ['m', 'p', 'pu', 'pr', 'o', 'b', 'a', 'u', 'model', 'cfg', 's', 'r', 'attn', 'gc', 'gen', 'gpu', 'cap', 'ctx', 'res', 'margin', 'n', 'shard', 'tp', 'gb'];
+const keys = ['m', 'p', 'pu', 'pr', 'o', 'b', 'a', 'u', 'model', 'cfg', 's', 'r', 'attn', 'gc', 'gen', 'gpu', 'cap', 'ctx', 'res', 'margin', 'n', 'gpus', 'shard', 'tp', 'pp', 'gb'];
 const payloads = [
   '<script>window.__pwned=1</script>',
   '"><img src=x onerror="window.__pwned=1">',

@@ -97,7 +97,7 @@ test('expert parallelism lowers the per-GPU weights, travels in the URL and refu
   await page.waitForFunction(() => new URLSearchParams(location.search).get('ep') === '8');
   const params = new URL(page.url()).searchParams;
   assert.equal(params.get('model'), 'qwen3-30b-a3b');
-  assert.equal(params.get('n'), '8');
+  assert.equal(params.get('gpus'), '8');
 
   // A reload restores the group and the same figures.
   await urlSettled(page);
