@@ -70,6 +70,13 @@ hardware:
   --reshard-after-forward on|off
                         FSDP2: free each layer's gathered weights after its forward
                         (default on)
+  --offload O           none (default), optimizer (DeepSpeed offload_optimizer),
+                        optimizer+params (ZeRO-3 offload_param, FSDP2 CPUOffloadPolicy):
+                        the host RAM it needs is printed
+  --reduce-bucket N     DeepSpeed reduce_bucket_size, elements (default 5e8)
+  --prefetch-bucket N   DeepSpeed stage3_prefetch_bucket_size, elements (default 5e7)
+  --nccl-mib N          NCCL buffers per communicator, one per parallel dimension
+                        (default 512: NCCL_BUFFSIZE 4 MiB x 32 channels x 2 peers x 2)
   --tp N                tensor-parallel group size (torchtitan's plan)
   --sp on|off           sequence parallelism in the tensor-parallel group (default off)
   --loss-parallel on|off
@@ -161,7 +168,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 38] = [
+const FIELD_FLAGS: [(&str, Field); 42] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -189,6 +196,10 @@ const FIELD_FLAGS: [(&str, Field); 38] = [
     ("--pp-schedule", Field::PipelineSchedule),
     ("--microbatches", Field::Microbatches),
     ("--reshard-after-forward", Field::ReshardAfterForward),
+    ("--offload", Field::Offload),
+    ("--nccl-mib", Field::NcclMib),
+    ("--reduce-bucket", Field::ReduceBucket),
+    ("--prefetch-bucket", Field::PrefetchBucket),
     ("--ep", Field::ExpertParallel),
     ("--global-batch", Field::GlobalBatch),
     ("--method", Field::Method),
@@ -400,6 +411,8 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "query": estimator_core::encode_query(state),
     });
     out["trainable_params"] = e.step.trainable_params.into();
+    // host RAM per GPU process for what FSDP2 or DeepSpeed offloads
+    out["host_bytes"] = e.step.host_bytes.into();
     if e.step.paged_bytes > 0 {
         out["paged_bytes"] = e.step.paged_bytes.into();
     }
@@ -411,6 +424,7 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         out["verdict"] = serde_json::json!({
             "fits": v.fits(),
             "needed_bytes": v.needed_bytes,
+            "communication_bytes": v.communication_bytes,
             "usable_bytes": v.usable_bytes,
             "capacity_bytes": v.capacity_bytes,
             "bytes_left": v.bytes_left(),
@@ -486,7 +500,19 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         if e.per_gpu { "peak per GPU" } else { "peak" },
         fmt(e.step.peak_bytes)
     ));
+    if e.step.host_bytes > 0 {
+        out.push_str(&format!(
+            "host RAM per GPU  {} (offloaded state)\n",
+            fmt(e.step.host_bytes)
+        ));
+    }
     if let Some(v) = e.verdict {
+        if v.communication_bytes > 0 {
+            out.push_str(&format!(
+                "NCCL buffers      {} per GPU (counted in the verdict)\n",
+                format_bytes(v.communication_bytes, unit)
+            ));
+        }
         if v.fits() {
             out.push_str(&format!(
                 "verdict           fits, {} left\n",

@@ -764,7 +764,8 @@ impl<'a> Search<'a> {
             sharding: pick(&o.sharding, l, SHARD, self.plan.sharding),
             expert_parallel: pick(&o.ep, l, EP, self.plan.expert_parallel),
             ..self.plan.clone()
-        };
+        }
+        .with_communication();
         (knobs, plan)
     }
 
@@ -833,18 +834,32 @@ impl<'a> Search<'a> {
         Ok((step, verdict, max_batch))
     }
 
-    fn fits_peak(&self, peak: u64) -> bool {
-        fit_verdict(peak, self.capacity, &self.plan.overheads).fits()
+    /// Whether `peak` fits with the overheads of `l`'s groups (NCCL's grow with them).
+    fn fits_peak(&self, l: &Levels, peak: u64) -> bool {
+        let overheads = self.config(l).1.overheads;
+        fit_verdict(peak, self.capacity, &overheads).fits()
     }
 
     fn fits(&mut self, l: &Levels) -> bool {
-        self.peak(l).is_some_and(|p| self.fits_peak(p))
+        self.peak(l).is_some_and(|p| self.fits_peak(l, p))
     }
 
-    /// Whether `l` might fit: false only when it misses by more than the slack.
+    /// Whether `l` might fit: false only when it misses by more than the slack. NCCL's
+    /// buffers are left out: they grow with the groups, not with what the pruning assumes
+    /// saves memory (more GPUs, expert parallelism), so without them the bound holds.
     fn might_fit(&mut self, l: &Levels) -> bool {
-        self.peak(l)
-            .is_some_and(|p| self.fits_peak(p.saturating_sub(PRUNE_SLACK_BYTES)))
+        let overheads = crate::Overheads {
+            communication_bytes: 0,
+            ..self.plan.overheads
+        };
+        self.peak(l).is_some_and(|p| {
+            fit_verdict(
+                p.saturating_sub(PRUNE_SLACK_BYTES),
+                self.capacity,
+                &overheads,
+            )
+            .fits()
+        })
     }
 
     /// `l` with the same-math knobs that are monotone (micro-batch, sharding, expert
@@ -878,7 +893,22 @@ impl<'a> Search<'a> {
         }
         corner[GPUS] = level(counts[GPUS].saturating_sub(1));
         let corner = self.most_saving(&corner);
-        self.might_fit(&corner)
+        self.might_fit_sharded(&corner)
+    }
+
+    /// Whether `l` might fit with one of the sharding options: none saves the most in
+    /// every case (ZeRO's buckets against FSDP2's gathered units, ZeRO-1's whole
+    /// gradients against ZeRO-2's reductions).
+    fn might_fit_sharded(&mut self, l: &Levels) -> bool {
+        if self.gpus_at(l[GPUS]) <= 1 {
+            return self.might_fit(l);
+        }
+        let options = level(self.options.sharding.len());
+        (0..options).any(|shard| {
+            let mut probe = *l;
+            probe[SHARD] = shard;
+            self.valid(&probe) && self.might_fit(&probe)
+        })
     }
 
     /// The fewest GPUs (level) with which `l`'s give-ups and checkpointing might fit, with
@@ -890,26 +920,14 @@ impl<'a> Search<'a> {
             return None;
         }
         let top = level(self.options.gpus.len().saturating_sub(1));
-        let mut at = |g: u8| {
+        // one level after the other: more GPUs add NCCL's buffers, so a small model may
+        // fit one GPU and not two
+        (0..=top).find(|&g| {
             let mut probe = *l;
             probe[GPUS] = g;
             let probe = self.most_saving(&probe);
-            self.might_fit(&probe)
-        };
-        if !at(top) {
-            return None;
-        }
-        // the first level that might fit is in lo..=hi
-        let (mut lo, mut hi) = (0u8, top);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if at(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        Some(hi)
+            self.might_fit_sharded(&probe)
+        })
     }
 
     fn rank(&self, l: &Levels) -> RankKey {

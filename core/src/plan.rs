@@ -279,6 +279,8 @@ pub struct Overheads {
     pub allocator_reserve_percent: u64,
     /// Capacity held back for safety, in percent of the GPU's capacity.
     pub safety_margin_percent: u64,
+    /// NCCL's buffers and communicators, outside PyTorch's allocator (0 on one GPU).
+    pub communication_bytes: u64,
 }
 
 impl Default for Overheads {
@@ -287,6 +289,58 @@ impl Default for Overheads {
             cuda_context_bytes: 500 * BYTES_PER_MIB,
             allocator_reserve_percent: 5,
             safety_margin_percent: 15,
+            communication_bytes: 0,
+        }
+    }
+}
+
+/// The default GPU memory of one NCCL communicator, in MiB: NCCL's documented defaults,
+/// `NCCL_BUFFSIZE` 4 MiB per channel and peer, up to 32 channels on NVLink GPUs
+/// (`NCCL_MAX_NCHANNELS`), a send and a receive peer in a ring, for two algorithms
+/// (ring and tree): 4 x 32 x 2 x 2. An upper estimate for one communicator per parallel
+/// dimension; NVLink SHARP (NVLS) buffers on H100/H200/B200 can add more. Editable.
+pub const NCCL_MIB_PER_COMMUNICATOR: u64 = 512;
+
+/// Where ZeRO-Offload (DeepSpeed) or `CPUOffloadPolicy` (FSDP2) keeps state in host RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Offload {
+    /// Everything on the GPU.
+    #[default]
+    None,
+    /// The optimizer: fp32 master weights, moments and the gradient partition in host RAM,
+    /// stepped by the CPU (DeepSpeed `offload_optimizer`; FSDP2's policy moves the
+    /// parameters too).
+    Optimizer,
+    /// The optimizer and the parameters' shards (DeepSpeed ZeRO-3 `offload_param`; FSDP2
+    /// `CPUOffloadPolicy`).
+    OptimizerAndParams,
+}
+
+impl Offload {
+    /// Every choice, in the order the page lists them.
+    pub const ALL: [Offload; 3] = [
+        Offload::None,
+        Offload::Optimizer,
+        Offload::OptimizerAndParams,
+    ];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+            Offload::OptimizerAndParams => "optimizer+params",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Offload::None => "None",
+            Offload::Optimizer => "Optimizer to CPU",
+            Offload::OptimizerAndParams => "Optimizer + parameters to CPU",
         }
     }
 }
@@ -300,7 +354,9 @@ pub struct FitVerdict {
     pub allocator_reserve_bytes: u64,
     /// The CUDA context.
     pub cuda_context_bytes: u64,
-    /// Peak + reserve + context.
+    /// NCCL's buffers and communicators.
+    pub communication_bytes: u64,
+    /// Peak + reserve + context + communication.
     pub needed_bytes: u64,
     /// The GPU's capacity.
     pub capacity_bytes: u64,
@@ -352,12 +408,14 @@ pub fn fit_verdict(peak_bytes: u64, capacity_bytes: u64, overheads: &Overheads) 
     let allocator_reserve_bytes = percent_of(peak_bytes, overheads.allocator_reserve_percent);
     let needed_bytes = peak_bytes
         .saturating_add(allocator_reserve_bytes)
-        .saturating_add(overheads.cuda_context_bytes);
+        .saturating_add(overheads.cuda_context_bytes)
+        .saturating_add(overheads.communication_bytes);
     let safety_margin_bytes = percent_of(capacity_bytes, overheads.safety_margin_percent.min(100));
     FitVerdict {
         peak_bytes,
         allocator_reserve_bytes,
         cuda_context_bytes: overheads.cuda_context_bytes,
+        communication_bytes: overheads.communication_bytes,
         needed_bytes,
         capacity_bytes,
         safety_margin_bytes,

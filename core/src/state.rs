@@ -3,8 +3,9 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Optimizer, ParamUnit,
-    Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding, WeightFormat,
+    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Offload, Optimizer,
+    ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding,
+    WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -15,6 +16,10 @@ pub const MAX_CONFIG_CHARS: usize = 20_000;
 pub const MAX_SEQ_LEN: u64 = 1 << 24;
 /// Most GPUs accepted.
 pub const MAX_GPUS: u64 = 100_000;
+/// DeepSpeed's default `reduce_bucket_size` (elements; `zero/config.py`, 0.19.8).
+pub const DEEPSPEED_REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
+/// DeepSpeed's default `stage3_prefetch_bucket_size` (elements).
+pub const DEEPSPEED_PREFETCH_BUCKET_ELEMENTS: u64 = 50_000_000;
 /// Largest custom capacity accepted: 100 TiB.
 pub const MAX_CAPACITY_MIB: u64 = 100 << 20;
 /// MiB in one GiB: the CPU RAM field is typed in GiB.
@@ -599,6 +604,14 @@ pub struct ParallelSettings {
     /// Micro-batches per optimizer step through the pipeline, as typed (empty: one per
     /// stage).
     pub microbatches: String,
+    /// What FSDP2 or DeepSpeed keeps in host RAM.
+    pub offload: Offload,
+    /// GPU memory of one NCCL communicator in MiB, as typed.
+    pub nccl_mib: String,
+    /// DeepSpeed's `reduce_bucket_size` in elements, as typed.
+    pub reduce_bucket: String,
+    /// DeepSpeed's `stage3_prefetch_bucket_size` in elements, as typed.
+    pub prefetch_bucket: String,
     /// Samples per optimizer step to reach with accumulation, as typed (empty: none).
     pub global_batch: String,
 }
@@ -617,6 +630,10 @@ impl Default for ParallelSettings {
             pipeline_parallel: "1".to_owned(),
             pipeline_schedule: PipelineSchedule::OneFOneB,
             microbatches: String::new(),
+            offload: Offload::None,
+            nccl_mib: crate::plan::NCCL_MIB_PER_COMMUNICATOR.to_string(),
+            reduce_bucket: DEEPSPEED_REDUCE_BUCKET_ELEMENTS.to_string(),
+            prefetch_bucket: DEEPSPEED_PREFETCH_BUCKET_ELEMENTS.to_string(),
             global_batch: String::new(),
         }
     }
@@ -635,6 +652,10 @@ impl Section for ParallelSettings {
         (Field::PipelineParallel, "pp"),
         (Field::PipelineSchedule, "pps"),
         (Field::Microbatches, "mb"),
+        (Field::Offload, "off"),
+        (Field::NcclMib, "nccl"),
+        (Field::ReduceBucket, "rbs"),
+        (Field::PrefetchBucket, "pf"),
         (Field::GlobalBatch, "gb"),
     ];
 
@@ -651,6 +672,10 @@ impl Section for ParallelSettings {
             Field::PipelineParallel => self.pipeline_parallel.clone(),
             Field::PipelineSchedule => self.pipeline_schedule.key().to_owned(),
             Field::Microbatches => self.microbatches.clone(),
+            Field::Offload => self.offload.key().to_owned(),
+            Field::NcclMib => self.nccl_mib.clone(),
+            Field::ReduceBucket => self.reduce_bucket.clone(),
+            Field::PrefetchBucket => self.prefetch_bucket.clone(),
             Field::GlobalBatch => self.global_batch.clone(),
             _ => return None,
         })
@@ -678,6 +703,10 @@ impl Section for ParallelSettings {
                     choice(value, &PipelineSchedule::ALL, PipelineSchedule::key)?;
             }
             Field::Microbatches => self.microbatches = text(value)?,
+            Field::Offload => self.offload = choice(value, &Offload::ALL, Offload::key)?,
+            Field::NcclMib => self.nccl_mib = text(value)?,
+            Field::ReduceBucket => self.reduce_bucket = text(value)?,
+            Field::PrefetchBucket => self.prefetch_bucket = text(value)?,
             Field::GlobalBatch => self.global_batch = text(value)?,
             _ => {}
         }
@@ -714,6 +743,14 @@ pub struct PlanInputs {
     pub pipeline_schedule: PipelineSchedule,
     /// Micro-batches per optimizer step through the pipeline.
     pub microbatches: u64,
+    /// What FSDP2 or DeepSpeed keeps in host RAM.
+    pub offload: Offload,
+    /// NCCL's buffers per communicator (0 off CUDA).
+    pub nccl_bytes_per_communicator: u64,
+    /// DeepSpeed's `reduce_bucket_size`, elements.
+    pub reduce_bucket_elements: u64,
+    /// DeepSpeed's `stage3_prefetch_bucket_size`, elements.
+    pub prefetch_bucket_elements: u64,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
 }
@@ -734,6 +771,25 @@ impl PlanInputs {
         self.num_gpus
             .max(1)
             .saturating_mul(self.model_parallel_gpus())
+    }
+
+    /// These inputs with the NCCL overhead of their groups: one communicator per parallel
+    /// dimension of more than one GPU (data, tensor, context, pipeline, expert).
+    #[must_use]
+    pub fn with_communication(mut self) -> Self {
+        let dimensions = [
+            self.num_gpus,
+            self.tensor_parallel,
+            self.context_parallel,
+            self.pipeline_parallel,
+            self.expert_parallel,
+        ]
+        .iter()
+        .filter(|&&g| g > 1)
+        .count() as u64;
+        self.overheads.communication_bytes =
+            dimensions.saturating_mul(self.nccl_bytes_per_communicator);
+        self
     }
 }
 
@@ -836,6 +892,14 @@ pub enum Field {
     PipelineSchedule,
     /// [`ParallelSettings::microbatches`].
     Microbatches,
+    /// [`ParallelSettings::offload`].
+    Offload,
+    /// [`ParallelSettings::nccl_mib`].
+    NcclMib,
+    /// [`ParallelSettings::reduce_bucket`].
+    ReduceBucket,
+    /// [`ParallelSettings::prefetch_bucket`].
+    PrefetchBucket,
     /// [`PageState::global_batch`].
     GlobalBatch,
 }
@@ -845,7 +909,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 49] = [
+    pub const ALL: [Field; 53] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -893,6 +957,10 @@ impl Field {
         Field::PipelineParallel,
         Field::PipelineSchedule,
         Field::Microbatches,
+        Field::Offload,
+        Field::NcclMib,
+        Field::ReduceBucket,
+        Field::PrefetchBucket,
         Field::GlobalBatch,
         Field::Config,
     ];
@@ -963,6 +1031,10 @@ impl Field {
             Field::PipelineParallel => "pipeline parallelism",
             Field::PipelineSchedule => "pipeline schedule",
             Field::Microbatches => "micro-batches",
+            Field::Offload => "offload",
+            Field::NcclMib => "NCCL memory per communicator",
+            Field::ReduceBucket => "reduce bucket",
+            Field::PrefetchBucket => "prefetch bucket",
             Field::GlobalBatch => "global batch",
         }
     }
@@ -1254,6 +1326,18 @@ impl PageState {
                 None
             }
         });
+        let nccl = check(
+            Field::NcclMib,
+            parse_count(&self.parallel.nccl_mib, MAX_CONTEXT_MIB, "MiB", true),
+        );
+        let reduce_bucket = check(
+            Field::ReduceBucket,
+            parse_count(&self.parallel.reduce_bucket, 1 << 40, "elements", false),
+        );
+        let prefetch_bucket = check(
+            Field::PrefetchBucket,
+            parse_count(&self.parallel.prefetch_bucket, 1 << 40, "elements", true),
+        );
         let ep = match parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false) {
             Ok(ep) => match gpus {
                 Some(n) if ep > 1 && n % ep != 0 => {
@@ -1287,6 +1371,25 @@ impl PageState {
             )
             .map(Some)
         };
+        if self.parallel.offload != Offload::None
+            && !matches!(
+                self.parallel.sharding,
+                Sharding::Fsdp2 | Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+            )
+        {
+            late.push((
+                Field::Offload,
+                FieldError::Other("Offload needs FSDP2 or DeepSpeed ZeRO.".to_owned()),
+            ));
+        }
+        if self.parallel.offload == Offload::OptimizerAndParams
+            && matches!(self.parallel.sharding, Sharding::Zero1 | Sharding::Zero2)
+        {
+            late.push((
+                Field::Offload,
+                FieldError::Other("DeepSpeed offloads parameters only under ZeRO-3.".to_owned()),
+            ));
+        }
         errors.extend(late);
         match (
             capacity_mib,
@@ -1298,6 +1401,7 @@ impl PageState {
             ep,
             global,
             (cp, pp, microbatches),
+            (nccl, reduce_bucket, prefetch_bucket),
         ) {
             (
                 Some(cap),
@@ -1309,6 +1413,7 @@ impl PageState {
                 Some(ep),
                 Some(global),
                 (Some(cp), Some(pp), Some(microbatches)),
+                (Some(nccl), Some(reduce_bucket), Some(prefetch_bucket)),
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.hardware.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
@@ -1320,6 +1425,7 @@ impl PageState {
                     },
                     allocator_reserve_percent: reserve,
                     safety_margin_percent: margin,
+                    communication_bytes: 0,
                 },
                 num_gpus: gpus,
                 sharding: self.parallel.sharding,
@@ -1332,8 +1438,19 @@ impl PageState {
                 pipeline_parallel: pp,
                 pipeline_schedule: self.parallel.pipeline_schedule,
                 microbatches,
+                offload: self.parallel.offload,
+                // NCCL runs on CUDA (and ROCm) GPUs only
+                nccl_bytes_per_communicator: if self.hardware.gpu.is_none_or(Gpu::has_cuda_context)
+                {
+                    nccl * crate::BYTES_PER_MIB
+                } else {
+                    0
+                },
+                reduce_bucket_elements: reduce_bucket,
+                prefetch_bucket_elements: prefetch_bucket,
                 global_batch: global,
-            }),
+            }
+            .with_communication()),
             _ => Err(errors),
         }
     }

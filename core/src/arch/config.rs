@@ -39,6 +39,8 @@ pub struct ParameterUnits {
     pub routed: u64,
     /// Routed experts per layer (the most of any layer; 0 without).
     pub experts: u64,
+    /// The largest tensor outside the layers (the embedding or the head).
+    pub largest_root_tensor: u64,
 }
 
 impl ParameterUnits {
@@ -285,8 +287,10 @@ impl Architecture {
         let (routed, experts) = moe.fold((0u64, 0u64), |(r, e), (lr, le)| {
             (r.saturating_add(lr), e.max(le))
         });
+        let outside = spec.outside_parameter_tensors();
         Ok(ParameterUnits {
-            root: sum(spec.outside_parameter_tensors()),
+            largest_root_tensor: outside.iter().copied().max().unwrap_or(0),
+            root: sum(outside),
             largest_layer: layers.iter().copied().max().unwrap_or(0),
             layers: sum(layers),
             routed,
