@@ -739,6 +739,30 @@ fn estimate_on(
             add(add(largest_layer, layer_backward)?, layer_input)?,
         ),
     };
+    // Ring attention (torch's context_parallel, `_templated_ring_attention[_backward]`):
+    // each step sends a `cat` of the local keys and values and receives the next rank's
+    // into a new buffer, and merges the partial outputs in fp32 (`convert_to_f32`); the
+    // backward accumulates the query's, keys' and values' gradients in fp32 and rotates
+    // the keys and values (16-bit) and their gradients (fp32) the same way.
+    let (ring_forward, ring_backward) = match (mesh.context > 1, spec.layers.last()) {
+        (true, Some(last)) => {
+            let a = &last.attention;
+            let q = mul(tokens, a.heads * a.head_dim.max(a.v_head_dim))?;
+            let kv = mul(tokens, a.kv_heads * (a.head_dim + a.v_head_dim))?;
+            let lse = mul(tokens, a.heads)?;
+            let forward = add(
+                add(storage(kv, mul(d.act, 2)?)?, storage(q, add(4, d.act)?)?)?,
+                storage(lse, 8)?,
+            )?;
+            let backward = add(
+                storage(q, add(4, d.act)?)?,
+                storage(kv, add(add(4, mul(d.act, 3)?)?, 8)?)?,
+            )?;
+            (forward, backward)
+        }
+        _ => (0, 0),
+    };
+    let bwd_inner = add(bwd_inner, ring_backward)?;
     // a pipeline stage holds the saved tensors of the micro-batches in flight
     // and, for each, the stage's output (the logits on the last stage, the hidden states
     // on the others), which the schedule keeps until that micro-batch's backward; it
@@ -770,7 +794,9 @@ fn estimate_on(
     let fwd = CategoryBytes {
         activations: saved,
         // after the model's forward (autocast's cache gone) the trainer may hold more
-        temporaries: add(acts.loss_forward, cached)?.max(acts.after_forward),
+        temporaries: add(acts.loss_forward, cached)?
+            .max(acts.after_forward)
+            .max(ring_forward),
         ..base
     };
     let bwd_start = CategoryBytes {
