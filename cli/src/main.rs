@@ -82,6 +82,9 @@ hardware:
   --loss-parallel on|off
                         logits left split over the vocabulary for the loss (default off:
                         gathered whole on every rank)
+  --tp-plan P           torchtitan (default) or megatron (Megatron-LM's
+                        vocabulary-parallel cross-entropy, in place: implies
+                        --loss-parallel on)
   --cp N                context-parallel group size (ring attention over SDPA)
   --pp N                pipeline stages (the busiest stage's GPU is shown)
   --pp-schedule S       1f1b (default), gpipe, interleaved (two chunks per GPU)
@@ -168,7 +171,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 42] = [
+const FIELD_FLAGS: [(&str, Field); 43] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -191,6 +194,7 @@ const FIELD_FLAGS: [(&str, Field); 42] = [
     ("--tp", Field::TensorParallel),
     ("--sp", Field::SequenceParallel),
     ("--loss-parallel", Field::LossParallel),
+    ("--tp-plan", Field::TpPlan),
     ("--cp", Field::ContextParallel),
     ("--pp", Field::PipelineParallel),
     ("--pp-schedule", Field::PipelineSchedule),

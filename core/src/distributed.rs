@@ -4,7 +4,7 @@
 use crate::state::PlanInputs;
 use crate::{
     BackwardMoment, CategoryBytes, Mesh, Offload, ParameterUnits, PeakEstimate, Phase,
-    PrecisionRecipe, ShardedState,
+    PrecisionRecipe, ShardedState, TpPlan,
 };
 
 /// The mesh the op kinds see for `plan`: tensor parallelism (with sequence and loss
@@ -14,8 +14,10 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
     Mesh {
         tensor,
         sequence_parallel: tensor > 1 && plan.sequence_parallel,
-        loss_parallel: tensor > 1 && plan.loss_parallel,
+        // Megatron's loss is vocabulary-parallel whatever the switch says
+        loss_parallel: tensor > 1 && (plan.loss_parallel || plan.tp_plan == TpPlan::Megatron),
         context: plan.context_parallel.max(1),
+        plan: plan.tp_plan,
         stage: None,
     }
 }

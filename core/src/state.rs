@@ -5,7 +5,7 @@ use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs
 use crate::{
     AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Offload, Optimizer,
     ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding,
-    WeightFormat,
+    TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -593,6 +593,8 @@ pub struct ParallelSettings {
     pub sequence_parallel: bool,
     /// Loss parallelism: the logits stay split over the vocabulary for the loss.
     pub loss_parallel: bool,
+    /// Whose tensor-parallel plan.
+    pub tp_plan: TpPlan,
     /// Context-parallel group size (architecture mode), as typed.
     pub context_parallel: String,
     /// FSDP2's `reshard_after_forward`: free each layer's gathered weights after its forward.
@@ -625,6 +627,7 @@ impl Default for ParallelSettings {
             expert_parallel: "1".to_owned(),
             sequence_parallel: false,
             loss_parallel: false,
+            tp_plan: TpPlan::Torchtitan,
             context_parallel: "1".to_owned(),
             reshard_after_forward: true,
             pipeline_parallel: "1".to_owned(),
@@ -647,6 +650,7 @@ impl Section for ParallelSettings {
         (Field::ExpertParallel, "ep"),
         (Field::SequenceParallel, "sp"),
         (Field::LossParallel, "lp"),
+        (Field::TpPlan, "tpp"),
         (Field::ContextParallel, "cp"),
         (Field::ReshardAfterForward, "raf"),
         (Field::PipelineParallel, "pp"),
@@ -667,6 +671,7 @@ impl Section for ParallelSettings {
             Field::ExpertParallel => self.expert_parallel.clone(),
             Field::SequenceParallel => on_off(self.sequence_parallel).to_owned(),
             Field::LossParallel => on_off(self.loss_parallel).to_owned(),
+            Field::TpPlan => self.tp_plan.key().to_owned(),
             Field::ContextParallel => self.context_parallel.clone(),
             Field::ReshardAfterForward => on_off(self.reshard_after_forward).to_owned(),
             Field::PipelineParallel => self.pipeline_parallel.clone(),
@@ -693,6 +698,7 @@ impl Section for ParallelSettings {
                 self.sequence_parallel = choice(value, &[true, false], on_off)?;
             }
             Field::LossParallel => self.loss_parallel = choice(value, &[true, false], on_off)?,
+            Field::TpPlan => self.tp_plan = choice(value, &TpPlan::ALL, TpPlan::key)?,
             Field::ContextParallel => self.context_parallel = text(value)?,
             Field::ReshardAfterForward => {
                 self.reshard_after_forward = choice(value, &[true, false], on_off)?;
@@ -733,6 +739,8 @@ pub struct PlanInputs {
     pub sequence_parallel: bool,
     /// Loss parallelism inside the tensor-parallel group.
     pub loss_parallel: bool,
+    /// Whose tensor-parallel plan.
+    pub tp_plan: TpPlan,
     /// Context-parallel group size.
     pub context_parallel: u64,
     /// FSDP2's `reshard_after_forward`.
@@ -882,6 +890,8 @@ pub enum Field {
     SequenceParallel,
     /// [`ParallelSettings::loss_parallel`].
     LossParallel,
+    /// [`ParallelSettings::tp_plan`].
+    TpPlan,
     /// [`ParallelSettings::context_parallel`].
     ContextParallel,
     /// [`ParallelSettings::reshard_after_forward`].
@@ -909,7 +919,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 53] = [
+    pub const ALL: [Field; 54] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -952,6 +962,7 @@ impl Field {
         Field::ExpertParallel,
         Field::SequenceParallel,
         Field::LossParallel,
+        Field::TpPlan,
         Field::ContextParallel,
         Field::ReshardAfterForward,
         Field::PipelineParallel,
@@ -1026,6 +1037,7 @@ impl Field {
             Field::ExpertParallel => "expert parallelism",
             Field::SequenceParallel => "sequence parallelism",
             Field::LossParallel => "loss parallelism",
+            Field::TpPlan => "tensor-parallel plan",
             Field::ContextParallel => "context parallelism",
             Field::ReshardAfterForward => "reshard after forward",
             Field::PipelineParallel => "pipeline parallelism",
@@ -1433,6 +1445,7 @@ impl PageState {
                 expert_parallel: ep,
                 sequence_parallel: self.parallel.sequence_parallel,
                 loss_parallel: self.parallel.loss_parallel,
+                tp_plan: self.parallel.tp_plan,
                 context_parallel: cp,
                 reshard_after_forward: self.parallel.reshard_after_forward,
                 pipeline_parallel: pp,

@@ -265,3 +265,27 @@ fn fsdp2_offload_moves_the_shards_to_the_host() {
         offloaded.step.peak_bytes + on_gpu.step.model_state_bytes / 2 < on_gpu.step.peak_bytes + 1
     );
 }
+
+/// Megatron-LM's plan: its vocabulary-parallel cross-entropy keeps the logits split (as
+/// loss parallel does, whatever `lp` says) and turns the saved softmax into the gradient in
+/// place, so its loss backward holds one 16-bit slice where torch's `loss_parallel` holds
+/// three fp32 slices (derived from `megatron/core/tensor_parallel/cross_entropy.py`, not
+/// measured).
+#[test]
+fn megatron_s_loss_is_vocabulary_parallel_and_in_place() {
+    let base = "m=arch&model=llama3.2-1b&b=1&s=4096&r=bf16&o=adamw&gc=full&gpus=4&tp=4&sp=on";
+    let gathered = step(&format!("{base}&lp=off")).step.peak_bytes;
+    let split = step(&format!("{base}&lp=on")).step.peak_bytes;
+    let megatron = step(&format!("{base}&lp=off&tpp=megatron")).step.peak_bytes;
+    assert_eq!(
+        step(&format!("{base}&lp=on&tpp=megatron")).step.peak_bytes,
+        megatron
+    );
+    assert!(
+        megatron < split && split < gathered,
+        "{megatron} {split} {gathered}"
+    );
+    // V/tp x tokens fp32 slices: three in torch's backward against none new in Megatron's
+    let slice = 4096 * 128_256 / 4 * 4;
+    assert!(split - megatron > slice, "{split} - {megatron}");
+}

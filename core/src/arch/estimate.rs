@@ -2,7 +2,7 @@
 
 use super::config::Architecture;
 use super::error::EstimateError;
-use super::mesh::{Mesh, PipelineSchedule};
+use super::mesh::{Mesh, PipelineSchedule, TpPlan};
 use super::model::Kernel;
 use super::model::{Layer, Placement};
 use super::ops::{
@@ -373,6 +373,7 @@ fn estimate_on(
             vocab
         },
         loss_parallel: mesh.loss_parallel,
+        in_place_loss: mesh.loss_parallel && mesh.plan == TpPlan::Megatron,
     };
     let groups = spec.layer_groups();
     // sums `per_layer` over the layers, each distinct layer computed once

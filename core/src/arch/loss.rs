@@ -109,10 +109,17 @@ impl CausalHead {
         // together, one fp32 slice more than `nll_loss` and `log_softmax`'s backward (measured:
         // validation/distributed.py)
         let backward_slices = if s.loss_parallel { 3 } else { 2 };
+        // Megatron's backward turns the saved softmax into the gradient in place: only the
+        // 16-bit cast of it for the head's backward is new
+        let backward = if s.in_place_loss {
+            logits_w
+        } else {
+            mul(logits_32, backward_slices)?
+        };
         Ok(LossCosts {
             forward: at_loss,
             after_forward: forward,
-            backward: mul(logits_32, backward_slices)?,
+            backward,
             keeps_head_cast: true,
         })
     }
@@ -343,6 +350,7 @@ mod tests {
             seq_shards: 1,
             loss_vocab: v,
             loss_parallel: false,
+            in_place_loss: false,
         };
         let head = CausalHead {
             hidden: h,

@@ -26,8 +26,49 @@ pub struct Mesh {
     pub loss_parallel: bool,
     /// Context-parallel ranks (ring attention): each holds a slice of the sequence.
     pub context: u64,
+    /// Whose tensor-parallel plan: torchtitan's, or Megatron-LM's (whose
+    /// vocabulary-parallel cross-entropy keeps the logits split and works in place).
+    pub plan: TpPlan,
     /// The pipeline stage this rank runs, `None` without pipeline parallelism.
     pub stage: Option<Stage>,
+}
+
+/// Whose tensor-parallel plan a rank follows. Both split q/k/v and gate/up by columns, the
+/// output projections by rows and the embedding and head over the vocabulary; they differ
+/// in the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum TpPlan {
+    /// torchtitan's Llama plan: the logits gathered whole on every rank for the loss,
+    /// unless loss parallelism (PyTorch's `loss_parallel`) keeps them split.
+    #[default]
+    Torchtitan,
+    /// Megatron-LM: `vocab_parallel_cross_entropy` on each rank's slice of the fp32 logits,
+    /// the softmax computed in place of them, saved, and turned into the gradient in place
+    /// (`megatron/core/tensor_parallel/cross_entropy.py`).
+    Megatron,
+}
+
+impl TpPlan {
+    /// Both plans, in the order the page lists them.
+    pub const ALL: [TpPlan; 2] = [TpPlan::Torchtitan, TpPlan::Megatron];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            TpPlan::Torchtitan => "torchtitan",
+            TpPlan::Megatron => "megatron",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            TpPlan::Torchtitan => "torchtitan",
+            TpPlan::Megatron => "Megatron-LM (vocabulary-parallel loss)",
+        }
+    }
 }
 
 /// How a pipeline orders its micro-batches' forwards and backwards.
@@ -134,6 +175,7 @@ impl Mesh {
         sequence_parallel: false,
         loss_parallel: false,
         context: 1,
+        plan: TpPlan::Torchtitan,
         stage: None,
     };
 

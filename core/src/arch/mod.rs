@@ -80,7 +80,7 @@ pub use estimate::{
 };
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
-pub use mesh::{Mesh, PipelineSchedule, Stage};
+pub use mesh::{Mesh, PipelineSchedule, Stage, TpPlan};
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;

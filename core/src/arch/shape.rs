@@ -35,6 +35,9 @@ pub(crate) struct StepShape {
     /// Loss parallelism (PyTorch's `loss_parallel`): the cross-entropy runs on each rank's
     /// slice of the vocabulary.
     pub loss_parallel: bool,
+    /// Megatron-LM's vocabulary-parallel cross-entropy: softmax and gradient in place of
+    /// the fp32 logits slice.
+    pub in_place_loss: bool,
 }
 
 impl StepShape {
