@@ -67,9 +67,9 @@ hardware:
                         deepspeed (with --zero)
   --zero 1|2|3          DeepSpeed ZeRO stage (implies --engine deepspeed)
   --sharding S          the same as one key: ddp, fsdp2, zero1, zero2, zero3
-  --reshard-after-forward on|off
+  --reshard-after-forward on|off|N
                         FSDP2: free each layer's gathered weights after its forward
-                        (default on)
+                        (default on), keep them, or reshard them over N GPUs
   --offload O           none (default), optimizer (DeepSpeed offload_optimizer),
                         optimizer+params (ZeRO-3 offload_param, FSDP2 CPUOffloadPolicy):
                         the host RAM it needs is printed

@@ -4,7 +4,7 @@
 use crate::state::PlanInputs;
 use crate::{
     BackwardMoment, CategoryBytes, Mesh, Offload, ParameterUnits, PeakEstimate, Phase,
-    PrecisionRecipe, ShardedState, TpPlan,
+    PrecisionRecipe, Reshard, ShardedState, TpPlan,
 };
 
 /// The mesh the op kinds see for `plan`: tensor parallelism (with sequence and loss
@@ -34,8 +34,11 @@ pub(crate) struct Fsdp2Rank {
     root: u64,
     /// The largest layer gathered.
     layer: u64,
-    /// Every layer gathered (kept from forward to backward without `reshard_after_forward`).
+    /// Every layer gathered.
     layers: u64,
+    /// What every layer keeps from its forward to its backward: nothing, all of it
+    /// (`reshard_after_forward=False`) or its share of a smaller group (an int).
+    kept: u64,
     /// One layer's gradients before their reduce-scatter: unsharded, then copied into the
     /// reduce-scatter input (in `reduce_dtype`).
     reduce: u64,
@@ -47,7 +50,7 @@ pub(crate) struct Fsdp2Rank {
     tape_gradient: u64,
     /// The tape's gradients, all of them.
     tape_gradients: u64,
-    reshard_after_forward: bool,
+    reshard_after_forward: Reshard,
     /// The loss is computed outside the model's forward (and so outside the root unit).
     loss_outside: bool,
     /// `CPUOffloadPolicy`: the shards live in host RAM and the CPU steps them.
@@ -67,7 +70,7 @@ impl Fsdp2Rank {
         units: &ParameterUnits,
         recipe: PrecisionRecipe,
         group: u64,
-        reshard_after_forward: bool,
+        reshard_after_forward: Reshard,
         loss_outside: bool,
         offloaded: bool,
     ) -> Self {
@@ -118,6 +121,11 @@ impl Fsdp2Rank {
             root: units.root.saturating_mul(gathered),
             layer: units.largest_layer.saturating_mul(gathered),
             layers: units.layers.saturating_mul(gathered),
+            kept: match reshard_after_forward {
+                Reshard::On => 0,
+                Reshard::Off => units.layers.saturating_mul(gathered),
+                Reshard::To(r) => units.layers.div_ceil(r.max(1)).saturating_mul(gathered),
+            },
             reduce: units
                 .largest_layer
                 .saturating_mul(gathered.saturating_add(reduced)),
@@ -133,12 +141,12 @@ impl Fsdp2Rank {
         }
     }
 
-    /// The layers gathered: every one without `reshard_after_forward`, else `resharded`.
-    fn layers_gathered(&self, resharded: u64) -> u64 {
-        if self.reshard_after_forward {
-            resharded
-        } else {
-            self.layers
+    /// The layers gathered: every one without `reshard_after_forward`, else what they kept
+    /// and the `running` ones.
+    fn layers_gathered(&self, running: u64) -> u64 {
+        match self.reshard_after_forward {
+            Reshard::Off => self.layers,
+            _ => self.kept.saturating_add(running),
         }
     }
 
@@ -195,10 +203,9 @@ impl Fsdp2Rank {
             BackwardMoment::Loss if self.loss_outside => CategoryBytes {
                 parameters: s
                     .parameter_bytes
-                    .saturating_add(if self.reshard_after_forward {
-                        0
-                    } else {
-                        self.root.saturating_add(self.layers)
+                    .saturating_add(match self.reshard_after_forward {
+                        Reshard::Off => self.root.saturating_add(self.layers),
+                        _ => self.kept,
                     }),
                 gradients: 0,
                 optimizer_states: s.optimizer_state_bytes,

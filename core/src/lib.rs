@@ -31,7 +31,7 @@ pub use optimizer::Optimizer;
 pub use plan::{
     apple_gpu_share_mib, fit_verdict, largest_peak_that_fits, max_batch_that_fits,
     plan_accumulation, shard_model_state, AccumulationPlan, DeviceKind, FitVerdict, Gpu, MaxBatch,
-    Offload, Overheads, ShardedState, Sharding, BYTES_PER_MIB, NCCL_MIB_PER_COMMUNICATOR,
+    Offload, Overheads, Reshard, ShardedState, Sharding, BYTES_PER_MIB, NCCL_MIB_PER_COMMUNICATOR,
 };
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use scenario::{parse_page, Page, Scenario};

@@ -301,6 +301,64 @@ impl Default for Overheads {
 /// dimension; NVLink SHARP (NVLS) buffers on H100/H200/B200 can add more. Editable.
 pub const NCCL_MIB_PER_COMMUNICATOR: u64 = 512;
 
+/// FSDP2's `reshard_after_forward`: what each layer keeps gathered from its forward to its
+/// backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Reshard {
+    /// `True`: nothing; each layer is gathered again for its backward.
+    #[default]
+    On,
+    /// `False`: the whole layer, gathered (no all-gather in backward).
+    Off,
+    /// An int: the layer resharded over this many GPUs (within a node), gathered from
+    /// them for its backward.
+    To(u64),
+}
+
+impl Reshard {
+    /// The choices the page lists.
+    pub const PAGE: [Reshard; 5] = [
+        Reshard::On,
+        Reshard::Off,
+        Reshard::To(2),
+        Reshard::To(4),
+        Reshard::To(8),
+    ];
+
+    /// Short stable key used in URLs and the CLI: `on`, `off` or the number of GPUs.
+    #[must_use]
+    pub fn key(self) -> String {
+        match self {
+            Reshard::On => "on".to_owned(),
+            Reshard::Off => "off".to_owned(),
+            Reshard::To(n) => n.to_string(),
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub fn label(self) -> String {
+        match self {
+            Reshard::On => "On".to_owned(),
+            Reshard::Off => "Off (kept gathered)".to_owned(),
+            Reshard::To(n) => format!("To {n} GPUs"),
+        }
+    }
+
+    /// The choice a key names: `on`, `off`, or a number of GPUs of at least 2.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        match key {
+            "on" => Some(Reshard::On),
+            "off" => Some(Reshard::Off),
+            n => match n.parse::<u64>() {
+                Ok(n) if (2..=1024).contains(&n) && n.to_string() == key => Some(Reshard::To(n)),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// Where ZeRO-Offload (DeepSpeed) or `CPUOffloadPolicy` (FSDP2) keeps state in host RAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Offload {

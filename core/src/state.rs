@@ -4,8 +4,8 @@ use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
     AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Offload, Optimizer,
-    ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding,
-    TpPlan, WeightFormat,
+    ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reshard,
+    Sharding, TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -597,8 +597,8 @@ pub struct ParallelSettings {
     pub tp_plan: TpPlan,
     /// Context-parallel group size (architecture mode), as typed.
     pub context_parallel: String,
-    /// FSDP2's `reshard_after_forward`: free each layer's gathered weights after its forward.
-    pub reshard_after_forward: bool,
+    /// FSDP2's `reshard_after_forward`.
+    pub reshard_after_forward: Reshard,
     /// Pipeline stages (architecture mode), as typed.
     pub pipeline_parallel: String,
     /// The pipeline's schedule.
@@ -629,7 +629,7 @@ impl Default for ParallelSettings {
             loss_parallel: false,
             tp_plan: TpPlan::Torchtitan,
             context_parallel: "1".to_owned(),
-            reshard_after_forward: true,
+            reshard_after_forward: Reshard::On,
             pipeline_parallel: "1".to_owned(),
             pipeline_schedule: PipelineSchedule::OneFOneB,
             microbatches: String::new(),
@@ -673,7 +673,7 @@ impl Section for ParallelSettings {
             Field::LossParallel => on_off(self.loss_parallel).to_owned(),
             Field::TpPlan => self.tp_plan.key().to_owned(),
             Field::ContextParallel => self.context_parallel.clone(),
-            Field::ReshardAfterForward => on_off(self.reshard_after_forward).to_owned(),
+            Field::ReshardAfterForward => self.reshard_after_forward.key(),
             Field::PipelineParallel => self.pipeline_parallel.clone(),
             Field::PipelineSchedule => self.pipeline_schedule.key().to_owned(),
             Field::Microbatches => self.microbatches.clone(),
@@ -701,7 +701,8 @@ impl Section for ParallelSettings {
             Field::TpPlan => self.tp_plan = choice(value, &TpPlan::ALL, TpPlan::key)?,
             Field::ContextParallel => self.context_parallel = text(value)?,
             Field::ReshardAfterForward => {
-                self.reshard_after_forward = choice(value, &[true, false], on_off)?;
+                self.reshard_after_forward = Reshard::from_key(value)
+                    .ok_or_else(|| "Enter on, off or a number of GPUs.".to_owned())?;
             }
             Field::PipelineParallel => self.pipeline_parallel = text(value)?,
             Field::PipelineSchedule => {
@@ -744,7 +745,7 @@ pub struct PlanInputs {
     /// Context-parallel group size.
     pub context_parallel: u64,
     /// FSDP2's `reshard_after_forward`.
-    pub reshard_after_forward: bool,
+    pub reshard_after_forward: Reshard,
     /// Pipeline stages.
     pub pipeline_parallel: u64,
     /// The pipeline's schedule.
@@ -1383,6 +1384,18 @@ impl PageState {
             )
             .map(Some)
         };
+        if let (Reshard::To(r), Some(n)) = (self.parallel.reshard_after_forward, gpus) {
+            let group = n.saturating_mul(cp.unwrap_or(1));
+            if group % r != 0 {
+                late.push((
+                    Field::ReshardAfterForward,
+                    FieldError::MustDivide {
+                        what: "the data-parallel GPUs",
+                        total: group,
+                    },
+                ));
+            }
+        }
         if self.parallel.offload != Offload::None
             && !matches!(
                 self.parallel.sharding,

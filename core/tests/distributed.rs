@@ -289,3 +289,22 @@ fn megatron_s_loss_is_vocabulary_parallel_and_in_place() {
     let slice = 4096 * 128_256 / 4 * 4;
     assert!(split - megatron > slice, "{split} - {megatron}");
 }
+
+/// FSDP2's `reshard_after_forward` as an int: each layer keeps its share of a smaller group
+/// from its forward to its backward, between resharding fully (on) and not at all (off).
+#[test]
+fn reshard_after_forward_to_a_smaller_group_sits_between_on_and_off() {
+    let base = "m=arch&model=llama3.2-1b&b=2&s=2048&r=bf16&o=adamw&gc=full&shard=fsdp2&gpus=8";
+    let peak = |raf: &str| step(&format!("{base}&raf={raf}")).step.peak_bytes;
+    let (on, four, two, off) = (peak("on"), peak("4"), peak("2"), peak("off"));
+    assert!(
+        on < four && four < two && two < off,
+        "{on} {four} {two} {off}"
+    );
+    // the layers' bf16 weights, halved against a quarter
+    let layers = off - on;
+    assert!(
+        (two - four).abs_diff(layers / 4) < layers / 50,
+        "{two} - {four} vs {layers} / 4"
+    );
+}
