@@ -788,6 +788,24 @@ pub(crate) fn shard_step(
                 Some(e) => e.moments(estimate),
                 None => estimate.phase_peaks.clone(),
             };
+            // DDP's reducer allocates a flat bucket per ~25 MB of gradients at construction:
+            // a second copy of every gradient, unless `gradient_as_bucket_view=True` (off by
+            // default in torch, Accelerate and the HF Trainer; torch's DDP docstring: it
+            // "saves memory equal to the total gradients size")
+            let ddp_buckets = if plan.sharding == Sharding::Ddp && n > 1 && step.optimizer.trains()
+            {
+                // the rank's gradients: an expert-parallel rank holds its experts' only
+                shard(
+                    ShardedState {
+                        gradient_bytes: persistent(|c| c.gradients),
+                        ..ShardedState::default()
+                    },
+                    0,
+                )
+                .gradient_bytes
+            } else {
+                0
+            };
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
             for (phase, c) in &moments {
                 let sharded = if engine.is_some() {
@@ -815,7 +833,7 @@ pub(crate) fn shard_step(
                     };
                     CategoryBytes {
                         parameters: state.parameter_bytes,
-                        gradients: state.gradient_bytes,
+                        gradients: state.gradient_bytes.saturating_add(ddp_buckets),
                         optimizer_states: state.optimizer_state_bytes,
                         activations: c.activations,
                         temporaries,
@@ -849,14 +867,20 @@ pub(crate) fn shard_step(
             }
             let model_state = match &engine {
                 Some(e) => e.state(),
-                None => shard(
+                None => {
+                    let state = shard(
+                        ShardedState {
+                            parameter_bytes: whole_params,
+                            gradient_bytes: persistent(|c| c.gradients),
+                            optimizer_state_bytes: persistent(|c| c.optimizer_states),
+                        },
+                        gathered,
+                    );
                     ShardedState {
-                        parameter_bytes: whole_params,
-                        gradient_bytes: persistent(|c| c.gradients),
-                        optimizer_state_bytes: persistent(|c| c.optimizer_states),
-                    },
-                    gathered,
-                ),
+                        gradient_bytes: state.gradient_bytes.saturating_add(ddp_buckets),
+                        ..state
+                    }
+                }
             };
             let activation_bytes = if step.optimizer.trains() {
                 estimate.saved_activation_bytes

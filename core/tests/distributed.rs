@@ -308,3 +308,15 @@ fn reshard_after_forward_to_a_smaller_group_sits_between_on_and_off() {
         "{two} - {four} vs {layers} / 4"
     );
 }
+
+/// DDP on several GPUs: the reducer's buckets are a second copy of the gradients, there from
+/// construction (`gradient_as_bucket_view=False`, torch's default).
+#[test]
+fn ddp_buckets_copy_the_gradients() {
+    let base = "m=arch&model=llama3.2-1b&b=2&s=2048&r=bf16&o=adamw&gc=full&shard=ddp";
+    let one = step(&format!("{base}&gpus=1")).step;
+    let eight = step(&format!("{base}&gpus=8")).step;
+    let gradients = 1_235_814_400u64 * 2;
+    assert!((eight.model_state_bytes - one.model_state_bytes).abs_diff(gradients) < 1 << 20);
+    assert!(eight.peak_bytes >= one.peak_bytes + gradients - (1 << 20));
+}
