@@ -309,14 +309,14 @@ def build_query(o, world):
         q["model"] = o.preset
     q.update({"b": o.batch, "s": o.seq, "r": o.precision.replace("_", "-"), "o": "adamw",
               "gc": "full" if o.gc else "none", "attn": o.attn, "n": world})
-    shard = "fsdp2" if o.strategy in ("fsdp2", "fsdp2-tp") else "ddp"
+    shard = "fsdp2" if o.strategy in ("fsdp2", "fsdp2-tp", "fsdp2-cp") else "ddp"
     q["shard"] = shard
     q["tp"] = o.tp if o.strategy in ("tp", "fsdp2-tp") else 1
     q["sp"] = int(bool(o.sp))
     q["lp"] = int(bool(o.lp))
     if shard == "fsdp2":
         q["raf"] = int(bool(o.raf))
-    q["cp"] = 1
+    q["cp"] = o.cp if o.strategy in ("cp", "fsdp2-cp") else 1
     q["ep"] = 1
     q["off"] = "none"
     s = "&".join(f"{k}={v}" for k, v in q.items())
@@ -341,6 +341,30 @@ def install_propagation_mode():
         sp.detect_fake_mode = lambda *a, **k: _PROP_MODE
 
 
+def cp_context(cp_mesh, buffers, o):
+    """torchtitan's train context for context parallelism: torch's context_parallel(cp_mesh,
+    buffers=[inputs, labels, position ids], buffer_seq_dims=[1, 1, 1]) around forward and backward.
+    It shards the buffers in place along the sequence (after the head-tail "round-robin" reorder
+    when load balancing is on) and monkey-patches F.scaled_dot_product_attention (here measure.py's
+    CUDA emulation, so the kernel choice stays) to wrap q/k/v as Shard(2) DTensors; the flash /
+    efficient SDPA ops then dispatch to _templated_ring_attention[_backward]."""
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+    set_rotate_method(o.cp_rotate)
+    buffers = [b for b in buffers if b is not None]
+    # _distribute_function patches `setattr(F, fn.__name__, wrapper)`: measure.py's emulation is
+    # named _cuda_sdpa, so without this the patch lands on F._cuda_sdpa and HF's call to
+    # F.scaled_dot_product_attention never reaches ring attention (plain local SDPA, silently).
+    F.scaled_dot_product_attention.__name__ = "scaled_dot_product_attention"
+
+    @contextlib.contextmanager
+    def ctx():
+        _cp_options.enable_load_balance = bool(o.cp_lb)  # context_parallel reads it at entry
+        with context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers)):
+            yield
+    return ctx
+
+
 def measure(o):
     M.install_cuda_emulation()
     if not o.naive_prop:
@@ -354,10 +378,12 @@ def measure(o):
     t0 = time.time()
     torch.manual_seed(0)
     tp = o.tp if o.strategy in ("tp", "fsdp2-tp") else 1
+    cp = o.cp if o.strategy in ("cp", "fsdp2-cp") else 1
     world = o.world
-    if world % tp:
-        raise SystemExit("world must be a multiple of tp")
-    dp = world // tp
+    if world % (tp * cp):
+        raise SystemExit("world must be a multiple of tp x cp")
+    dp = world // (tp * cp)
+    cp_mesh = None
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     if o.strategy == "fsdp2":
         mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
@@ -370,6 +396,15 @@ def measure(o):
     elif o.strategy == "fsdp2-tp":
         mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
         dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+    elif o.strategy == "cp":
+        if dp != 1:
+            raise SystemExit("--strategy cp: world must equal cp (no DDP on the fake group)")
+        mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+        dp_mesh, tp_mesh, cp_mesh = None, None, mesh
+    elif o.strategy == "fsdp2-cp":
+        # torchtitan: FSDP2 shards over the flattened (dp, cp) mesh; ring attention runs on "cp"
+        mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
+        dp_mesh, tp_mesh, cp_mesh = mesh["dp", "cp"]._flatten("dp_cp"), None, mesh["cp"]
     else:
         raise SystemExit(f"unknown strategy {o.strategy}")
 
@@ -395,7 +430,9 @@ def measure(o):
         ids = torch.randint(0, M.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
         labels = ids
         # with SP the embedding output is (B, S/tp, H): HF would derive the positions from it
-        pos = torch.arange(o.seq, dtype=torch.long).unsqueeze(0) if o.sp else None
+        pos = torch.arange(o.seq, dtype=torch.long).unsqueeze(0) if (o.sp or cp_mesh is not None) else None
+        if cp_mesh is not None:
+            labels = ids.clone()  # context_parallel shards its buffers in place, one by one
         shift_labels = None
         if o.lp:
             # what HF's ForCausalLMLoss does (pad with -100, shift by one), done by the data loader
@@ -422,18 +459,23 @@ def measure(o):
                     return F.cross_entropy(logits.flatten(0, 1).float(), shift_labels.flatten(0, 1))
 
         bwd_ctx = loss_parallel if o.lp else contextlib.nullcontext
+        train_ctx = contextlib.nullcontext
+        if cp_mesh is not None:
+            train_ctx = cp_context(cp_mesh, [ids, labels, pos], o)
+
 
         # warm-up (untracked): optimizer states, FSDP lazy init
-        loss = fwd()
-        with bwd_ctx():
-            loss.backward()
-        del loss
+        with train_ctx():
+            loss = fwd()
+            with bwd_ctx():
+                loss.backward()
+            del loss
         opt.step()
         opt.zero_grad(set_to_none=True)
 
         if dp_mesh is not None:
             mt = FSDPTracker(model, opt)
-            mt.track_inputs((ids, shift_labels, pos))
+            mt.track_inputs((ids, shift_labels, pos) + ((labels,) if labels is not ids else ()))
         else:
             mt = TPTracker()
             mt.track_external(model, ids)
@@ -441,18 +483,21 @@ def measure(o):
                 mt.track_external(shift_labels)
             if pos is not None:
                 mt.track_external(pos)
+            if labels is not ids:
+                mt.track_external(labels)
             mt.track_external(opt)
         phase_peaks = {}
         with mt:
             start = mt.snap()
             mt.reset_peak()
-            loss = fwd()
-            end_fwd = mt.snap()
-            phase_peaks["fwd"] = mt.peak()
-            mt.reset_peak()
-            with bwd_ctx():
-                loss.backward()
-            del loss
+            with train_ctx():
+                loss = fwd()
+                end_fwd = mt.snap()
+                phase_peaks["fwd"] = mt.peak()
+                mt.reset_peak()
+                with bwd_ctx():
+                    loss.backward()
+                del loss
             phase_peaks["bwd"] = mt.peak()
             after_bwd = mt.snap()
             grad_bytes_local = local_bytes([p.grad for p in model.parameters()])
@@ -484,11 +529,16 @@ def measure(o):
             "tp_plan": "torchtitan-llama (HF names)" if tp_mesh is not None else None,
             "tied_embeddings": tied, "process_group": "fake",
             "dtensor_prop_isolated": not o.naive_prop,
+            **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
+                "cp_rotate_method": o.cp_rotate,
+                "cp_buffers": "input_ids, labels, position_ids (seq dim 1)",
+                "loss": "hf (labels = the local slice, shifted by HF within it)"}
+               if cp_mesh is not None else {}),
         },
         "query": build_query(o, world),
         "rank": 0,
         "world_size": world,
-        "mesh": {"dp": dp, "tp": tp, "cp": 1},
+        "mesh": {"dp": dp, "tp": tp, "cp": cp},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "torchvision": None},
         "n_params": n_params,
@@ -524,9 +574,14 @@ def parser():
     ap.add_argument("--config")
     ap.add_argument("--model-name")
     ap.add_argument("--preset", help="the estimator's preset key for the query (else config_file)")
-    ap.add_argument("--strategy", choices=["fsdp2", "tp", "fsdp2-tp"], default="fsdp2")
+    ap.add_argument("--strategy", choices=["fsdp2", "tp", "fsdp2-tp", "cp", "fsdp2-cp"], default="fsdp2")
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1, help="context-parallel degree (--strategy cp / fsdp2-cp)")
+    ap.add_argument("--cp-lb", type=int, default=1,
+                    help="ring attention load balancing (head-tail round robin, torchtitan's default) 1/0")
+    ap.add_argument("--cp-rotate", choices=["allgather", "alltoall"], default="allgather",
+                    help="set_rotate_method (torchtitan's default: allgather)")
     ap.add_argument("--sp", type=int, default=0)
     ap.add_argument("--lp", type=int, default=0)
     ap.add_argument("--raf", type=int, default=1, help="FSDP2 reshard_after_forward (1/0)")
@@ -567,8 +622,8 @@ def main(argv=None):
     return 0
 
 
-GRID_KEYS = ["config", "model", "preset", "strategy", "world", "tp", "sp", "lp", "raf", "batch", "seq",
-             "precision", "attn", "gc"]
+GRID_KEYS = ["config", "model", "preset", "strategy", "world", "tp", "cp", "cp_lb", "cp_rotate", "sp", "lp",
+             "raf", "batch", "seq", "precision", "attn", "gc"]
 
 
 def run_grid(grid_path, out):
@@ -584,9 +639,10 @@ def run_grid(grid_path, out):
         cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp, "--model-name", g["model"]]
         if g.get("preset"):
             cmd += ["--preset", g["preset"]]
-        for k in ["strategy", "world", "tp", "sp", "lp", "raf", "batch", "seq", "precision", "attn"]:
+        for k in ["strategy", "world", "tp", "cp", "cp_lb", "cp_rotate", "sp", "lp", "raf", "batch", "seq",
+                  "precision", "attn"]:
             if k in g:
-                cmd += [f"--{k}", str(int(g[k]) if isinstance(g[k], bool) else g[k])]
+                cmd += [f"--{k.replace('_', '-')}", str(int(g[k]) if isinstance(g[k], bool) else g[k])]
         if g.get("gc"):
             cmd.append("--gc")
         if out:

@@ -74,8 +74,56 @@ def _pipe_tracker_cls():
     return _PipeTracker
 
 
+def apply_stage_tp(stage, tp_mesh, sp):
+    """torchtitan's Llama TP plan (validation/distributed.py apply_tp, lp off) on one pipeline
+    stage's modules, as torchtitan parallelizes each stage's model part: the embedding on the
+    first stage, the final norm and lm_head on the last, the decoder layers everywhere."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, \
+        parallelize_module
+    import distributed as D
+    root_plan = {}
+    if stage.embed_tokens is not None:
+        root_plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(),
+                                                    output_layouts=Shard(1) if sp else Replicate())
+    if stage.lm_head is not None:
+        root_plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                                               output_layouts=Replicate(), use_local_output=True)
+        if sp:
+            root_plan["norm"] = SequenceParallel()
+    if root_plan:
+        parallelize_module(stage, tp_mesh, root_plan)
+    # the decoder layers: distributed.apply_tp's per-layer plan (on a wrapper whose .model.layers
+    # are this stage's layers; the root plan above replaces its embed/lm_head part)
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+    for layer in stage.layers:
+        plan = {
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+        }
+        if sp:
+            plan.update({
+                "input_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(layer, tp_mesh, plan)
+    from torch.distributed.tensor import DTensor
+    NoParallel = D._no_parallel_style()
+    for mod in stage.modules():
+        if any(not isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
+            NoParallel()._apply(mod, tp_mesh)
+
+
 def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq=2048, micro_batch=1,
-                  virtual=1, preset=None):
+                  virtual=1, preset=None, tp=1, sp=1):
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -93,7 +141,19 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
     cfg, arch = M.load_config(config_path, "sdpa")
     n_stages = pp * virtual
     my_stages = [stage_rank + k * pp for k in range(virtual)]  # interleaved: rank r holds r, r+pp, ...
-    dist.init_process_group("fake", store=FakeStore(), rank=stage_rank, world_size=pp)
+    pp_group = None
+    tp_mesh = None
+    if tp > 1:
+        # a (pp, tp) mesh: global rank = stage * tp + tp_rank; this process is tp rank 0 of its stage
+        # (TP shards are even here). The schedule's sends/receives go over the "pp" group.
+        import distributed as D
+        from torch.distributed.device_mesh import init_device_mesh
+        D.install_propagation_mode()  # DTensor's global-shape propagation is not counted
+        dist.init_process_group("fake", store=FakeStore(), rank=stage_rank * tp, world_size=pp * tp)
+        mesh = init_device_mesh("cpu", (pp, tp), mesh_dim_names=("pp", "tp"))
+        pp_group, tp_mesh = mesh["pp"].get_group(), mesh["tp"]
+    else:
+        dist.init_process_group("fake", store=FakeStore(), rank=stage_rank, world_size=pp)
 
     class Stage(nn.Module):
         def __init__(self, model, idx, lo, hi):
@@ -115,7 +175,8 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
 
         def forward(self, x):
             h = self.embed_tokens(x) if self.first else x
-            pos = torch.arange(h.shape[1]).unsqueeze(0)
+            # the full sequence's positions (with sequence parallelism h holds seq / tp of them)
+            pos = torch.arange(seq).unsqueeze(0)
             pe = self.rotary_emb(h, pos)
             for layer in self.layers:
                 h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
@@ -133,19 +194,26 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
         bounds = split_layers(cfg.num_hidden_layers, n_stages)
         mods = [Stage(model, i, *bounds[i]) for i in my_stages]
         del model
+        if tp_mesh is not None:
+            for m in mods:
+                apply_stage_tp(m, tp_mesh, sp)
         batch = mb * micro_batch
         ids = torch.randint(0, cfg.vocab_size, (batch, seq), dtype=torch.long)
         labels = ids.clone()
         h = cfg.hidden_size
         stages = []
         for i, m in zip(my_stages, mods):
+            # with sequence parallelism the stages pass the local (seq / tp) slice of the residual
+            # stream (the last layer's RowwiseParallel output, a local tensor); lm_head's output is
+            # replicated (lp off): the full logits
+            hs = seq // tp if (tp > 1 and sp) else seq
             inp = (torch.empty(micro_batch, seq, dtype=torch.long) if i == 0
-                   else torch.empty(micro_batch, seq, h, dtype=torch.bfloat16, requires_grad=True))
+                   else torch.empty(micro_batch, hs, h, dtype=torch.bfloat16, requires_grad=True))
             outp = (torch.empty(micro_batch, seq, cfg.vocab_size, dtype=torch.bfloat16, requires_grad=True)
-                    if i == n_stages - 1 else torch.empty(micro_batch, seq, h, dtype=torch.bfloat16,
+                    if i == n_stages - 1 else torch.empty(micro_batch, hs, h, dtype=torch.bfloat16,
                                                           requires_grad=True))
             stages.append(pl.PipelineStage(m, i, n_stages, torch.device("cpu"), input_args=(inp,),
-                                           output_args=(outp,)))
+                                           output_args=(outp,), group=pp_group))
             del inp, outp
 
         def loss_fn(logits, target):
@@ -173,7 +241,7 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-        param_cdata = {p.untyped_storage()._cdata for p in params}
+        param_cdata = {getattr(p, "_local_tensor", p).untyped_storage()._cdata for p in params}
         mt = _PipeTracker(param_cdata)
         for m in mods:
             mt.track_external(m)
@@ -193,11 +261,12 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
             end = mt.snap()
     dist.destroy_process_group()
 
-    n_params = sum(p.numel() for p in params)
+    n_params = sum(p.numel() for p in params)  # global (unsharded) count with TP
     opt_state_bytes = start["optstate"]
     peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(phase_peaks, opt_state_bytes)
     query = (f"m=arch&model={preset or model_name}&b={micro_batch}&s={seq}&r=bf16&o=adamw&gc={'full' if gc else 'none'}"
-             f"&attn=sdpa&n={pp}&shard=ddp&pp={pp}&pps={schedule}&mb={mb}" + (f"&ppv={virtual}" if virtual > 1 else ""))
+             f"&attn=sdpa&n={pp * tp}&shard=ddp" + (f"&tp={tp}&sp={int(bool(sp))}&lp=0" if tp > 1 else "")
+             + f"&pp={pp}&pps={schedule}&mb={mb}" + (f"&ppv={virtual}" if virtual > 1 else ""))
     row = {
         "config": {
             "model": model_name, "batch": micro_batch, "seq": seq, "image": 224, "precision": "bf16",
@@ -207,6 +276,8 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
             "stage_layers": [list(split_layers(cfg.num_hidden_layers, n_stages)[i]) for i in my_stages],
             "pg": "fake", "return_outputs": False,
             "lm_head": "own weight on the last stage" if cfg.tie_word_embeddings else "untied",
+            **({"tp": tp, "sp": bool(sp), "lp": False, "tp_plan": "torchtitan-llama (HF names), per stage",
+                "rank": stage_rank * tp, "world_size": pp * tp} if tp > 1 else {}),
         },
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "query": query,
@@ -237,7 +308,8 @@ def run_all_stages(a):
     for s in range(a.pp):
         cmd = [sys.executable, os.path.abspath(__file__), "--config", a.config, "--model-name", a.model_name,
                "--pp", str(a.pp), "--mb", str(a.mb), "--schedule", a.schedule, "--stage", str(s),
-               "--seq", str(a.seq), "--virtual", str(a.virtual)] + (["--gc"] if a.gc else []) + \
+               "--seq", str(a.seq), "--virtual", str(a.virtual), "--tp", str(a.tp), "--sp", str(a.sp)] + \
+              (["--gc"] if a.gc else []) + \
               (["--preset", a.preset] if a.preset else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -254,6 +326,8 @@ def run_all_stages(a):
 
 GRID = [dict(pp=pp, mb=mb, schedule=sc, gc=gc) for pp in (2, 4) for mb in (4, 8) for sc in ("gpipe", "1f1b")
         for gc in (True, False)]
+# TP x PP: each stage tensor-parallel over tp=2 (sp on, lp off)
+GRID_TP = [dict(pp=2, mb=4, schedule=sc, gc=gc, tp=2, sp=1) for sc in ("gpipe", "1f1b") for gc in (True, False)]
 
 
 def main():
@@ -267,6 +341,9 @@ def main():
     ap.add_argument("--virtual", type=int, default=1, help="stages per rank (interleaved1f1b)")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--gc", action="store_true")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of every stage (torchtitan plan)")
+    ap.add_argument("--sp", type=int, default=1, help="sequence parallelism with --tp (1/0)")
+    ap.add_argument("--grid-tp", action="store_true", help="the TP x PP grid (pp 2 x tp 2, mb 4)")
     ap.add_argument("--stage", type=int, default=None)
     ap.add_argument("--grid", action="store_true", help="the pp/mb/schedule/gc grid on Llama-3.2-1B")
     ap.add_argument("--out", default=None)
@@ -275,10 +352,11 @@ def main():
         a.virtual = 2
     if a.stage is not None:
         row = measure_stage(a.config, a.model_name, a.pp, a.mb, a.schedule, a.gc, a.stage, seq=a.seq,
-                            virtual=a.virtual, preset=a.preset)
+                            virtual=a.virtual, preset=a.preset, tp=a.tp, sp=a.sp)
         print(json.dumps(row))
         return
-    configs = GRID if a.grid else [dict(pp=a.pp, mb=a.mb, schedule=a.schedule, gc=a.gc)]
+    configs = GRID if a.grid else GRID_TP if a.grid_tp else \
+        [dict(pp=a.pp, mb=a.mb, schedule=a.schedule, gc=a.gc, tp=a.tp, sp=a.sp)]
     for c in configs:
         b = argparse.Namespace(**{**vars(a), **c})
         rows = run_all_stages(b)
@@ -288,7 +366,7 @@ def main():
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(line + "\n")
-        sys.stderr.write(f"pp={b.pp} mb={b.mb} {b.schedule} gc={b.gc}: stage peaks GiB "
+        sys.stderr.write(f"pp={b.pp} tp={b.tp} mb={b.mb} {b.schedule} gc={b.gc}: stage peaks GiB "
                          f"{[round(r['peak_bytes'] / 2**30, 2) for r in rows]}\n")
 
 
