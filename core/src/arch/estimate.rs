@@ -764,6 +764,18 @@ fn estimate_on(
         _ => (0, 0),
     };
     let bwd_inner = add(bwd_inner, ring_backward)?;
+    // ring attention's merged output is laid out (B, H, S, D): the layer's
+    // `transpose(1, 2).contiguous()` copies it, and the copy (the output projection's input)
+    // is saved beside it, where one GPU's flash output is already in place (measured:
+    // validation/distributed.py)
+    let saved = match (mesh.context > 1, step.checkpointing, spec.layers.last()) {
+        (true, Checkpointing::None, Some(last)) => {
+            let a = &last.attention;
+            let copy = storage(tokens, mul(a.heads * a.v_head_dim, d.act)?)?;
+            add(saved, mul(copy, arch.num_layers())?)?
+        }
+        _ => saved,
+    };
     // a pipeline stage holds the saved tensors of the micro-batches in flight
     // and, for each, the stage's output (the logits on the last stage, the hidden states
     // on the others), which the schedule keeps until that micro-batch's backward; it
