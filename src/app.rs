@@ -15,6 +15,7 @@ use crate::components::{
     MemoryChart, ModelNotes, Notices, NumberField, OptionGroup, RadioGroup, SelectField,
     SweepTable, VerdictCard,
 };
+use crate::markup::{when, Markup};
 
 /// The inputs the page opens with: the URL's if it has any, else the saved ones, else the
 /// defaults; with a notice for every part that could not be used.
@@ -354,52 +355,112 @@ pub fn App() -> impl IntoView {
         });
     });
 
+    // The parameter count, the peak's phase and the share link, above the breakdown.
     let summary = move || {
+        let mut m = Markup::default();
         evaluation.with(|e| {
-            e.as_ref().ok().map(|e| {
-                let phase = e
-                    .step
-                    .peak_phase
-                    .map(|p| view! {
-                        " · peak in the "
-                        <strong data-testid="peak-phase" data-phase=p.key()>{p.label().to_ascii_lowercase()}</strong>
-                        " phase"
-                    });
-                let per_gpu = e.per_gpu.then_some(" · figures are per GPU");
-                // LoRA / QLoRA train only the adapters
-                let trainable = (is_arch() && is_peft()).then(|| {
-                    let n = e.step.trainable_params;
-                    view! {
-                        " "
-                        <span data-testid="trainable-params" data-value=n.to_string()>
-                            {format!("({} trainable)", group_thousands(n))}
-                        </span>
-                    }
-                });
-                // A mixture of experts runs only some of its parameters for each token.
-                let active = page.with(|p| p.active_params).map(|active| view! {
-                    " "
-                    <span data-testid="active-params" data-value=active.to_string()>
-                        {format!("({} active per token)", group_thousands(active))}
-                    </span>
-                });
-                view! {
-                    <p class="summary-line">
-                        <span data-testid="n-params" data-value=e.n_params.to_string()>
-                            {format!("{} parameters", group_thousands(e.n_params))}
-                        </span>
-                        {active}
-                        {trainable}
-                        {phase}
-                        <span data-testid="per-gpu-note">{per_gpu}</span>
-                        " · "
-                        <a data-testid="share-link" href=move || format!("?{}", query.get())>
-                            "Link to these inputs"
-                        </a>
-                    </p>
+            let Ok(e) = e else { return };
+            m.el(
+                "span",
+                &[
+                    ("data-testid", "n-params"),
+                    ("data-value", &e.n_params.to_string()),
+                ],
+                &format!("{} parameters", group_thousands(e.n_params)),
+            );
+            // A mixture of experts runs only some of its parameters for each token.
+            if let Some(active) = page.with(|p| p.active_params) {
+                m.text(" ").el(
+                    "span",
+                    &[
+                        ("data-testid", "active-params"),
+                        ("data-value", &active.to_string()),
+                    ],
+                    &format!("({} active per token)", group_thousands(active)),
+                );
+            }
+            // LoRA / QLoRA train only the adapters
+            if is_arch() && is_peft() {
+                let n = e.step.trainable_params;
+                m.text(" ").el(
+                    "span",
+                    &[
+                        ("data-testid", "trainable-params"),
+                        ("data-value", &n.to_string()),
+                    ],
+                    &format!("({} trainable)", group_thousands(n)),
+                );
+            }
+            if let Some(p) = e.step.peak_phase {
+                m.text(" · peak in the ")
+                    .el(
+                        "strong",
+                        &[("data-testid", "peak-phase"), ("data-phase", p.key())],
+                        &p.label().to_ascii_lowercase(),
+                    )
+                    .text(" phase");
+            }
+            m.el(
+                "span",
+                &[("data-testid", "per-gpu-note")],
+                if e.per_gpu {
+                    " · figures are per GPU"
+                } else {
+                    ""
+                },
+            )
+            .text(" · ")
+            .el(
+                "a",
+                &[
+                    ("data-testid", "share-link"),
+                    ("href", &query.with(|q| format!("?{q}"))),
+                ],
+                "Link to these inputs",
+            );
+        });
+        m.finish()
+    };
+    let has_figures = Memo::new(move |_| evaluation.with(Result::is_ok));
+    // The peak and the verdict, kept in view on a phone.
+    let sticky = move || {
+        let mut m = Markup::default();
+        evaluation.with(|e| match e {
+            Ok(e) => {
+                let unit = unit.get();
+                let fits = e.verdict.as_ref().map(|v| v.fits());
+                m.el(
+                    "span",
+                    &[],
+                    &format!(
+                        "{} {}",
+                        total_label.get(),
+                        format_bytes(e.step.peak_bytes, unit)
+                    ),
+                )
+                .text(" · ")
+                .el(
+                    "span",
+                    &[(
+                        when(fits.is_some(), "class"),
+                        if fits == Some(true) { "fits" } else { "no-fit" },
+                    )],
+                    &e.verdict_text(unit).unwrap_or_default(),
+                );
+                if fits == Some(false) {
+                    m.text(" ")
+                        .el("a", &[("href", "#advice-title")], "What to change");
                 }
-            })
-        })
+            }
+            Err(_) => {
+                m.el(
+                    "span",
+                    &[],
+                    "Fix the highlighted fields to see the figures.",
+                );
+            }
+        });
+        m.finish()
     };
 
     view! {
@@ -411,23 +472,7 @@ pub fn App() -> impl IntoView {
         </header>
         <Notices notices=notices />
         // On a phone the results come after the form: the peak and the verdict stay in view.
-        <div class="sticky-summary" data-testid="sticky-summary" aria-hidden="true">
-            {move || evaluation.with(|e| match e {
-                Ok(e) => {
-                    let unit = unit.get();
-                    let verdict = e.verdict_text(unit).unwrap_or_default();
-                    let fits = e.verdict.as_ref().map(|v| v.fits());
-                    view! {
-                        <span>{format!("{} {}", total_label.get(), format_bytes(e.step.peak_bytes, unit))}</span>
-                        " · "
-                        <span class:fits=fits == Some(true) class:no-fit=fits == Some(false)>{verdict}</span>
-                        {(fits == Some(false)).then(|| view! { " " <a href="#advice-title">"What to change"</a> })}
-                    }
-                    .into_any()
-                }
-                Err(_) => view! { <span>"Fix the highlighted fields to see the figures."</span> }.into_any(),
-            })}
-        </div>
+        <div class="sticky-summary" data-testid="sticky-summary" aria-hidden="true" inner_html=sticky></div>
         <main class="layout">
             <form class="card inputs" aria-labelledby="inputs-title" on:submit=|ev| ev.prevent_default()>
                 <h2 id="inputs-title">"Model and training step"</h2>
@@ -637,7 +682,7 @@ pub fn App() -> impl IntoView {
                     value=value_of(Field::ByteUnit) on_change=setter(Field::ByteUnit) />
             </form>
             <div class="results">
-                {summary}
+                {move || has_figures.get().then(|| view! { <p class="summary-line" inner_html=summary></p> })}
                 <ModelNotes notes=model_notes />
                 <BreakdownCard parts=parts total=total problem=problem unit=unit total_label=total_label />
                 {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}

@@ -6,5 +6,6 @@
 mod app;
 pub mod browser;
 pub mod components;
+mod markup;
 
 pub use app::App;

@@ -3,6 +3,8 @@
 use estimator_core::{format_bytes, group_thousands, ByteUnit};
 use leptos::prelude::*;
 
+use crate::markup::Markup;
+
 /// One line of the breakdown.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BreakdownPart {
@@ -36,6 +38,16 @@ fn per_mille(part: u64, total: u64) -> u64 {
     u64::try_from(share).unwrap_or(1000)
 }
 
+/// A share in tenths of a percent as `12.3%`.
+fn percent(per_mille: u64) -> String {
+    format!("{}.{}%", per_mille / 10, per_mille % 10)
+}
+
+/// The exact count for a figure's tooltip: `1,234 bytes`.
+fn exact(bytes: u64) -> String {
+    format!("{} bytes", group_thousands(bytes))
+}
+
 /// The figures of one step with a bar of each part's share of the total.
 ///
 /// Each figure carries its exact byte count in `data-bytes`; the unit switch changes only
@@ -58,119 +70,124 @@ pub fn BreakdownCard(
     #[prop(into)]
     total_label: Signal<&'static str>,
 ) -> impl IntoView {
-    let bar = move || {
-        let (Some(parts), Some(total)) = (parts.get(), total.get()) else {
-            return ().into_any();
-        };
-        // An SVG bar: its geometry is attributes, not inline styles, so the page needs no
-        // 'unsafe-inline' in its Content-Security-Policy.
+    let has_bar = Memo::new(move |_| total.with(Option::is_some) && parts.with(Option::is_some));
+    let segments = move || {
+        let mut m = Markup::default();
+        let total = total.get().unwrap_or(0);
         let mut offset = 0u64;
-        let segments = parts
-            .into_iter()
-            .map(|p| {
+        parts.with(|parts| {
+            for p in parts.iter().flatten() {
                 let share = per_mille(p.bytes, total);
                 let x = offset;
                 offset += share;
-                view! {
-                    <rect class=format!("bar-part part-{}", p.testid) x=x y="0" width=share height="10">
-                        <title>{format!("{}: {}.{}%", p.label, share / 10, share % 10)}</title>
-                    </rect>
-                }
-            })
-            .collect_view();
-        view! {
-            <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true" data-testid="breakdown-bar">
-                {segments}
-            </svg>
-        }
-        .into_any()
+                m.open(
+                    "rect",
+                    &[
+                        ("class", &format!("bar-part part-{}", p.testid)),
+                        ("x", &x.to_string()),
+                        ("y", "0"),
+                        ("width", &share.to_string()),
+                        ("height", "10"),
+                    ],
+                )
+                .el("title", &[], &format!("{}: {}", p.label, percent(share)))
+                .close("rect");
+            }
+        });
+        m.finish()
     };
     let rows = move || {
         let unit = unit.get();
         let total_bytes = total.get();
-        parts
-            .get()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|p| {
-                let share = total_bytes.map(|t| per_mille(p.bytes, t)).unwrap_or(0);
-                let details = (!p.details.is_empty()).then(|| {
-                    let items = p
-                        .details
-                        .into_iter()
-                        .map(|d| {
-                            view! {
-                                <li>
-                                    <span>{d.label}</span>
-                                    <span
-                                        data-testid=format!("saved-part-{}", d.key)
-                                        data-bytes=d.bytes.to_string()
-                                        title=format!("{} bytes", group_thousands(d.bytes))
-                                    >
-                                        {format_bytes(d.bytes, unit)}
-                                    </span>
-                                </li>
-                            }
-                        })
-                        .collect_view();
-                    view! {
-                        <dd class="details">
-                            <ul data-testid=format!("{}-details", p.testid)>{items}</ul>
-                        </dd>
+        let mut m = Markup::default();
+        parts.with(|parts| {
+            for p in parts.iter().flatten() {
+                let share = total_bytes.map_or(0, |t| per_mille(p.bytes, t));
+                m.open("div", &[("class", "row")])
+                    .open("dt", &[])
+                    .el(
+                        "span",
+                        &[("class", &format!("swatch part-{}", p.testid))],
+                        "",
+                    )
+                    .text(p.label)
+                    .close("dt")
+                    .open(
+                        "dd",
+                        &[
+                            ("data-testid", p.testid),
+                            ("data-bytes", &p.bytes.to_string()),
+                            ("title", &exact(p.bytes)),
+                        ],
+                    )
+                    .text(&format_bytes(p.bytes, unit))
+                    .el("span", &[("class", "share")], &percent(share))
+                    .close("dd");
+                if !p.details.is_empty() {
+                    m.open("dd", &[("class", "details")])
+                        .open("ul", &[("data-testid", &format!("{}-details", p.testid))]);
+                    for d in &p.details {
+                        m.open("li", &[])
+                            .el("span", &[], d.label)
+                            .el(
+                                "span",
+                                &[
+                                    ("data-testid", &format!("saved-part-{}", d.key)),
+                                    ("data-bytes", &d.bytes.to_string()),
+                                    ("title", &exact(d.bytes)),
+                                ],
+                                &format_bytes(d.bytes, unit),
+                            )
+                            .close("li");
                     }
-                });
-                view! {
-                    <div class="row">
-                        <dt>
-                            <span class=format!("swatch part-{}", p.testid)></span>
-                            {p.label}
-                        </dt>
-                        <dd
-                            data-testid=p.testid
-                            data-bytes=p.bytes.to_string()
-                            title=format!("{} bytes", group_thousands(p.bytes))
-                        >
-                            {format_bytes(p.bytes, unit)}
-                            <span class="share">{format!("{}.{}%", share / 10, share % 10)}</span>
-                        </dd>
-                        {details}
-                    </div>
+                    m.close("ul").close("dd");
                 }
-            })
-            .collect_view()
+                m.close("div");
+            }
+        });
+        m.finish()
+    };
+    let figure = move || {
+        let mut m = Markup::default();
+        match total.get() {
+            Some(bytes) => {
+                m.open("p", &[("class", "total")])
+                    .el("span", &[("class", "total-label")], total_label.get())
+                    .el(
+                        "strong",
+                        &[
+                            ("data-testid", "total"),
+                            ("data-bytes", &bytes.to_string()),
+                            ("title", &exact(bytes)),
+                        ],
+                        &format_bytes(bytes, unit.get()),
+                    )
+                    .close("p");
+            }
+            None => {
+                let problem = problem.get();
+                m.el(
+                    "p",
+                    &[("class", "total unavailable"), ("data-testid", "total")],
+                    problem
+                        .as_deref()
+                        .unwrap_or("Fix the highlighted fields to see the figures."),
+                );
+            }
+        }
+        m.finish()
     };
     view! {
         <section class="card breakdown" aria-labelledby="breakdown-title">
             <h2 id="breakdown-title">"Memory for one training step"</h2>
-            <div aria-live="polite" aria-atomic="true" data-testid="breakdown">
-                {move || match (total.get(), problem.get()) {
-                    (Some(bytes), _) => {
-                        view! {
-                            <p class="total">
-                                <span class="total-label">{move || total_label.get()}</span>
-                                <strong
-                                    data-testid="total"
-                                    data-bytes=bytes.to_string()
-                                    title=format!("{} bytes", group_thousands(bytes))
-                                >
-                                    {move || format_bytes(bytes, unit.get())}
-                                </strong>
-                            </p>
-                        }
-                            .into_any()
-                    }
-                    (None, problem) => {
-                        view! {
-                            <p class="total unavailable" data-testid="total">
-                                {problem.unwrap_or_else(|| "Fix the highlighted fields to see the figures.".to_owned())}
-                            </p>
-                        }
-                            .into_any()
-                    }
-                }}
-            </div>
-            {bar}
-            <dl class="parts">{rows}</dl>
+            <div aria-live="polite" aria-atomic="true" data-testid="breakdown" inner_html=figure></div>
+            // An SVG bar: its geometry is attributes, not inline styles, so the page needs no
+            // 'unsafe-inline' in its Content-Security-Policy.
+            {move || has_bar.get().then(|| view! {
+                <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true"
+                    data-testid="breakdown-bar" inner_html=segments></svg>
+            })}
+            <dl class="parts" inner_html=rows></dl>
         </section>
     }
 }

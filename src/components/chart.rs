@@ -3,6 +3,8 @@
 use estimator_core::{format_bytes, format_in_unit, ByteUnit, SweepRow};
 use leptos::prelude::*;
 
+use crate::markup::Markup;
+
 const WIDTH: u64 = 640;
 const HEIGHT: u64 = 300;
 const LEFT: u64 = 64;
@@ -19,6 +21,229 @@ fn scale(value: u64, max: u64, span: u64) -> u64 {
     u64::try_from(u128::from(value) * u128::from(span) / u128::from(max)).unwrap_or(span)
 }
 
+/// The chart's markup: its title and text alternative, the grid, one stacked bar per row
+/// and the capacity line.
+fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> String {
+    let mut m = Markup::default();
+    m.el(
+        "title",
+        &[("id", "chart-svg-title")],
+        "Peak memory by batch size",
+    );
+    let mut description = rows
+        .iter()
+        .map(|r| format!("batch {}: {}", r.batch, format_bytes(r.total_bytes, unit)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if let Some(line) = line {
+        description.push_str(". The largest peak that fits on the GPU is ");
+        description.push_str(&format_bytes(line, unit));
+        description.push('.');
+    }
+    m.el("desc", &[("id", "chart-svg-desc")], &description);
+
+    let tallest = rows
+        .iter()
+        .map(|r| r.total_bytes.max(r.model_state_bytes))
+        .chain(line)
+        .max()
+        .unwrap_or(0);
+    // When large batches dwarf the line, the axis stops at twice the line and taller bars
+    // are clipped (marked, with their value in the tooltip and the text alternative).
+    let clip_at = line.filter(|l| *l > 0 && tallest / 4 > *l).map(|l| l * 2);
+    let max_value = clip_at.unwrap_or(tallest);
+    // Headroom above the tallest bar, rounded to a tick of whole units.
+    let per_unit = unit.bytes_per_unit();
+    let top_units = (max_value / per_unit + 1).max(1);
+    let tick_units = top_units.div_ceil(TICKS).max(1);
+    let axis_max = tick_units * TICKS * per_unit;
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let n = rows.len().max(1) as u64;
+    let slot = plot_w / n;
+    let bar_w = slot * 3 / 5;
+    let y = |bytes: u64| TOP + plot_h - scale(bytes, axis_max, plot_h);
+    let num = |v: u64| v.to_string();
+    let symbol = unit.symbol();
+    let (left, right) = (num(LEFT), num(WIDTH - RIGHT));
+    for i in 0..=TICKS {
+        let value = i * tick_units * per_unit;
+        let ty = y(value);
+        m.open("g", &[("class", "tick")])
+            .open(
+                "line",
+                &[
+                    ("x1", &left),
+                    ("x2", &right),
+                    ("y1", &num(ty)),
+                    ("y2", &num(ty)),
+                    ("class", "grid"),
+                ],
+            )
+            .close("line")
+            .el(
+                "text",
+                &[
+                    ("x", &num(LEFT - 6)),
+                    ("y", &num(ty + 4)),
+                    ("text-anchor", "end"),
+                ],
+                &format!("{} {symbol}", i * tick_units),
+            )
+            .close("g");
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let x = LEFT + i as u64 * slot + (slot - bar_w) / 2;
+        let clip = |b: u64| clip_at.map_or(b, |c| b.min(c));
+        let state_top = y(clip(r.model_state_bytes.min(r.total_bytes)));
+        let total_top = y(clip(r.total_bytes));
+        let base = y(0);
+        let over = r.fits == Some(false);
+        let clipped = clip_at.is_some_and(|c| r.total_bytes > c);
+        let class = match (r.is_selected, over) {
+            (false, false) => "bar-group",
+            (true, false) => "bar-group selected",
+            (false, true) => "bar-group over",
+            (true, true) => "bar-group selected over",
+        };
+        let (x_attr, w_attr, batch) = (num(x), num(bar_w), num(r.batch));
+        let middle = num(x + bar_w / 2);
+        m.open(
+            "g",
+            &[
+                ("class", class),
+                ("data-testid", "chart-bar"),
+                ("data-batch", &batch),
+            ],
+        )
+        .open(
+            "rect",
+            &[
+                ("class", "chart-state"),
+                ("x", &x_attr),
+                ("y", &num(state_top)),
+                ("width", &w_attr),
+                ("height", &num(base - state_top)),
+            ],
+        )
+        .el(
+            "title",
+            &[],
+            &format!(
+                "batch {batch}: model state {}",
+                format_bytes(r.model_state_bytes, unit)
+            ),
+        )
+        .close("rect")
+        .open(
+            "rect",
+            &[
+                ("class", "chart-activations"),
+                ("x", &x_attr),
+                ("y", &num(total_top)),
+                ("width", &w_attr),
+                ("height", &num(state_top - total_top)),
+            ],
+        )
+        .el(
+            "title",
+            &[],
+            &format!("batch {batch}: peak {}", format_bytes(r.total_bytes, unit)),
+        )
+        .close("rect");
+        if clipped {
+            m.el(
+                "text",
+                &[
+                    ("class", "clip-mark"),
+                    ("data-testid", "chart-clipped"),
+                    ("x", &middle),
+                    ("y", &num(total_top + 12)),
+                    ("text-anchor", "middle"),
+                ],
+                "\u{2191}",
+            );
+        }
+        m.el(
+            "text",
+            &[
+                ("x", &middle),
+                ("y", &num(HEIGHT - BOTTOM + 16)),
+                ("text-anchor", "middle"),
+            ],
+            &batch,
+        )
+        .close("g");
+    }
+    if let Some(bytes) = line {
+        let ly = num(y(bytes));
+        m.open(
+            "g",
+            &[
+                ("class", "capacity"),
+                ("data-testid", "chart-capacity"),
+                ("data-bytes", &num(bytes)),
+            ],
+        )
+        .open(
+            "line",
+            &[("x1", &left), ("x2", &right), ("y1", &ly), ("y2", &ly)],
+        )
+        .close("line")
+        .el(
+            "text",
+            &[
+                ("x", &right),
+                ("y", &num(y(bytes) - 4)),
+                ("text-anchor", "end"),
+            ],
+            &format!(
+                "Largest peak that fits: {} {symbol}",
+                format_in_unit(bytes, unit)
+            ),
+        )
+        .close("g");
+    }
+    if let Some(c) = clip_at {
+        m.el(
+            "text",
+            &[
+                ("class", "clip-note"),
+                ("data-testid", "chart-clip-note"),
+                ("x", &num(LEFT + 4)),
+                ("y", &num(TOP + 10)),
+            ],
+            &format!(
+                "Axis cut at {} {symbol}: taller bars (\u{2191}) are clipped",
+                format_in_unit(c, unit)
+            ),
+        );
+    }
+    m.el(
+        "text",
+        &[
+            ("x", &num(LEFT + plot_w / 2)),
+            ("y", &num(HEIGHT - 6)),
+            ("text-anchor", "middle"),
+            ("class", "axis-label"),
+        ],
+        "Batch size (samples per GPU)",
+    );
+    let middle = TOP + plot_h / 2;
+    m.el(
+        "text",
+        &[
+            ("x", "14"),
+            ("y", &num(middle)),
+            ("text-anchor", "middle"),
+            ("class", "axis-label"),
+            ("transform", &format!("rotate(-90 14 {middle})")),
+        ],
+        &format!("Memory ({symbol})"),
+    );
+    m.finish()
+}
+
 /// Stacked bars of model state and activations per batch, drawn as SVG by the app itself,
 /// with the largest peak that fits on the chosen GPU as a dashed line.
 #[component]
@@ -33,135 +258,17 @@ pub fn MemoryChart(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    let description = move || {
-        let unit = unit.get();
-        let mut text = rows.with(|rows| {
-            rows.iter()
-                .map(|r| format!("batch {}: {}", r.batch, format_bytes(r.total_bytes, unit)))
-                .collect::<Vec<_>>()
-                .join("; ")
-        });
-        if let Some(line) = capacity_line.get() {
-            text.push_str(&format!(
-                ". The largest peak that fits on the GPU is {}.",
-                format_bytes(line, unit)
-            ));
-        }
-        text
-    };
-    let plot = move || {
-        let rows = rows.get();
-        let unit = unit.get();
-        let line = capacity_line.get();
-        let tallest = rows
-            .iter()
-            .map(|r| r.total_bytes.max(r.model_state_bytes))
-            .chain(line)
-            .max()
-            .unwrap_or(0);
-        // When large batches dwarf the line, the axis stops at twice the line and taller bars
-        // are clipped (marked, with their value in the tooltip and the text alternative).
-        let clip_at = line.filter(|l| *l > 0 && tallest / 4 > *l).map(|l| l * 2);
-        let max_value = clip_at.unwrap_or(tallest);
-        // Headroom above the tallest bar, rounded to a tick of whole units.
-        let per_unit = unit.bytes_per_unit();
-        let top_units = (max_value / per_unit + 1).max(1);
-        let tick_units = top_units.div_ceil(TICKS).max(1);
-        let axis_max = tick_units * TICKS * per_unit;
-        let plot_w = WIDTH - LEFT - RIGHT;
-        let plot_h = HEIGHT - TOP - BOTTOM;
-        let n = rows.len().max(1) as u64;
-        let slot = plot_w / n;
-        let bar_w = slot * 3 / 5;
-        let y = move |bytes: u64| TOP + plot_h - scale(bytes, axis_max, plot_h);
-        let ticks = (0..=TICKS)
-            .map(|i| {
-                let value = i * tick_units * per_unit;
-                let ty = y(value);
-                view! {
-                    <g class="tick">
-                        <line x1=LEFT x2=WIDTH - RIGHT y1=ty y2=ty class="grid" />
-                        <text x=LEFT - 6 y=ty + 4 text-anchor="end">
-                            {format!("{} {}", i * tick_units, unit.symbol())}
-                        </text>
-                    </g>
-                }
-            })
-            .collect_view();
-        let bars = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let x = LEFT + i as u64 * slot + (slot - bar_w) / 2;
-                let clip = |b: u64| clip_at.map_or(b, |c| b.min(c));
-                let state_top = y(clip(r.model_state_bytes.min(r.total_bytes)));
-                let total_top = y(clip(r.total_bytes));
-                let base = y(0);
-                let over = r.fits == Some(false);
-                let clipped = clip_at.is_some_and(|c| r.total_bytes > c);
-                let marker = clipped.then(|| {
-                    view! {
-                        <text class="clip-mark" data-testid="chart-clipped" x=x + bar_w / 2 y=total_top + 12 text-anchor="middle">
-                            "\u{2191}"
-                        </text>
-                    }
-                });
-                view! {
-                    <g class="bar-group" class:selected=r.is_selected class:over=over data-testid="chart-bar" data-batch=r.batch.to_string()>
-                        <rect class="chart-state" x=x y=state_top width=bar_w height=base - state_top>
-                            <title>{format!("batch {}: model state {}", r.batch, format_bytes(r.model_state_bytes, unit))}</title>
-                        </rect>
-                        <rect class="chart-activations" x=x y=total_top width=bar_w height=state_top - total_top>
-                            <title>{format!("batch {}: peak {}", r.batch, format_bytes(r.total_bytes, unit))}</title>
-                        </rect>
-                        {marker}
-                        <text x=x + bar_w / 2 y=HEIGHT - BOTTOM + 16 text-anchor="middle">{r.batch.to_string()}</text>
-                    </g>
-                }
-            })
-            .collect_view();
-        let capacity = line.map(|bytes| {
-            let ly = y(bytes);
-            view! {
-                <g class="capacity" data-testid="chart-capacity" data-bytes=bytes.to_string()>
-                    <line x1=LEFT x2=WIDTH - RIGHT y1=ly y2=ly />
-                    <text x=WIDTH - RIGHT y=ly - 4 text-anchor="end">
-                        {format!("Largest peak that fits: {} {}", format_in_unit(bytes, unit), unit.symbol())}
-                    </text>
-                </g>
-            }
-        });
-        let clip_note = clip_at.map(|c| {
-            view! {
-                <text class="clip-note" data-testid="chart-clip-note" x=LEFT + 4 y=TOP + 10>
-                    {format!("Axis cut at {} {}: taller bars (\u{2191}) are clipped", format_in_unit(c, unit), unit.symbol())}
-                </text>
-            }
-        });
-        view! {
-            {ticks}
-            {bars}
-            {capacity}
-            {clip_note}
-            <text x=LEFT + plot_w / 2 y=HEIGHT - 6 text-anchor="middle" class="axis-label">"Batch size (samples per GPU)"</text>
-            <text x=14 y=TOP + plot_h / 2 text-anchor="middle" class="axis-label" transform=format!("rotate(-90 14 {})", TOP + plot_h / 2)>
-                {format!("Memory ({})", unit.symbol())}
-            </text>
-        }
-    };
+    let chart = move || rows.with(|rows| chart_markup(rows, capacity_line.get(), unit.get()));
     view! {
         <section class="card chart" aria-labelledby="chart-title">
             <h2 id="chart-title">"Batch Size vs. Memory, as a chart"</h2>
             <svg
                 data-testid="memory-chart"
-                viewBox=format!("0 0 {WIDTH} {HEIGHT}")
+                viewBox="0 0 640 300"
                 role="img"
                 aria-labelledby="chart-svg-title chart-svg-desc"
-            >
-                <title id="chart-svg-title">"Peak memory by batch size"</title>
-                <desc id="chart-svg-desc">{description}</desc>
-                {plot}
-            </svg>
+                inner_html=chart
+            ></svg>
             <p class="legend" data-testid="chart-legend">
                 <span class="swatch chart-state-swatch"></span>"Weights + gradients + optimizer states "
                 <span class="swatch chart-activations-swatch"></span>"Activations and temporaries at the peak "

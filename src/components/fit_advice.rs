@@ -3,6 +3,8 @@
 use estimator_core::{encode_query, format_bytes, ByteUnit, FitPlan, MaxBatch};
 use leptos::prelude::*;
 
+use crate::markup::Markup;
+
 /// The plans that fit, best first: what changes, what it costs, the peak at its batch and
 /// the largest batch, each a link that opens the page with those settings.
 #[component]
@@ -22,63 +24,70 @@ pub fn FitAdvice(
 ) -> impl IntoView {
     let list = move || {
         let unit = unit.get();
+        let mut m = Markup::default();
         if fits_now.get() && !show.get() {
-            return ().into_any();
+            return m.finish();
         }
-        match plans.get() {
-            None => ().into_any(),
-            Some(Err(why)) => view! { <p class="hint">{why}</p> }.into_any(),
-            Some(Ok(plans)) if plans.is_empty() => view! {
-                <p data-testid="fit-advice-none">
-                    "Nothing the advisor tries fits this device: not 64 times the GPUs with ZeRO-3, "
-                    "nor lower precision, a lighter optimizer, QLoRA or a sixteenth of the sequence. "
-                    "Choose a device with more memory."
-                </p>
+        plans.with(|plans| match plans {
+            None => {}
+            Some(Err(why)) => {
+                m.el("p", &[("class", "hint")], why);
             }
-            .into_any(),
+            Some(Ok(plans)) if plans.is_empty() => {
+                m.el(
+                    "p",
+                    &[("data-testid", "fit-advice-none")],
+                    "Nothing the advisor tries fits this device: not 64 times the GPUs with ZeRO-3, \
+                     nor lower precision, a lighter optimizer, QLoRA or a sixteenth of the sequence. \
+                     Choose a device with more memory.",
+                );
+            }
             Some(Ok(plans)) => {
-                let items = plans
-                    .into_iter()
-                    .map(|p| {
-                        let href = format!("?{}", encode_query(&p.state));
-                        let what = if p.changes.is_empty() {
-                            "As it is: it fits.".to_owned()
-                        } else {
-                            p.changes
-                                .iter()
-                                .map(|c| c.label())
-                                .collect::<Vec<_>>()
-                                .join(" · ")
-                        };
-                        let costs = p
-                            .changes
+                m.open("ol", &[("class", "plans")]);
+                for p in plans {
+                    let what = if p.changes.is_empty() {
+                        "As it is: it fits.".to_owned()
+                    } else {
+                        p.changes
                             .iter()
-                            .map(|c| view! { <li>{c.cost()}</li> })
-                            .collect_view();
-                        let largest = match p.max_batch {
-                            MaxBatch::Fits(b) => format!("largest batch {b}"),
-                            MaxBatch::NoneFits(_) => String::new(),
-                        };
-                        view! {
-                            <li data-testid="fit-plan" data-tier=p.rank.tier.label()
-                                data-peak-bytes=p.peak_bytes.to_string()>
-                                <span class="tier">{p.rank.tier.label()}</span>
-                                <a href=href>{what}</a>
-                                <span class="plan-figures">
-                                    {format!(
-                                        " — peak {} at batch {}, {largest}",
-                                        format_bytes(p.peak_bytes, unit),
-                                        p.batch
-                                    )}
-                                </span>
-                                <ul class="costs">{costs}</ul>
-                            </li>
-                        }
-                    })
-                    .collect_view();
-                view! { <ol class="plans">{items}</ol> }.into_any()
+                            .map(|c| c.label())
+                            .collect::<Vec<_>>()
+                            .join(" · ")
+                    };
+                    let largest = match p.max_batch {
+                        MaxBatch::Fits(b) => format!("largest batch {b}"),
+                        MaxBatch::NoneFits(_) => String::new(),
+                    };
+                    let tier = p.rank.tier.label();
+                    m.open(
+                        "li",
+                        &[
+                            ("data-testid", "fit-plan"),
+                            ("data-tier", tier),
+                            ("data-peak-bytes", &p.peak_bytes.to_string()),
+                        ],
+                    )
+                    .el("span", &[("class", "tier")], tier)
+                    .el("a", &[("href", &format!("?{}", encode_query(&p.state)))], &what)
+                    .el(
+                        "span",
+                        &[("class", "plan-figures")],
+                        &format!(
+                            " — peak {} at batch {}, {largest}",
+                            format_bytes(p.peak_bytes, unit),
+                            p.batch
+                        ),
+                    )
+                    .open("ul", &[("class", "costs")]);
+                    for c in &p.changes {
+                        m.el("li", &[], &c.cost());
+                    }
+                    m.close("ul").close("li");
+                }
+                m.close("ol");
             }
-        }
+        });
+        m.finish()
     };
     view! {
         <section class="card fit-advice" aria-labelledby="advice-title" data-testid="fit-advice"
@@ -97,7 +106,7 @@ pub fn FitAdvice(
                 "accumulation, sharding, more GPUs), then precision, the optimizer, LoRA, QLoRA, and last the "
                 "sequence length. Each link opens the page with that plan."
             </p>
-            <div aria-live="polite">{list}</div>
+            <div aria-live="polite" inner_html=list></div>
         </section>
     }
 }

@@ -4,6 +4,7 @@ use estimator_core::{sweep_cells, sweep_header, sweep_markdown, sweep_tsv, ByteU
 use leptos::prelude::*;
 
 use super::CopyButton;
+use crate::markup::{when, Markup};
 
 /// The sweep table, the chosen batch highlighted, with Markdown and TSV copy buttons.
 #[component]
@@ -17,6 +18,55 @@ pub fn SweepTable(
 ) -> impl IntoView {
     let markdown = Signal::derive(move || rows.with(|r| sweep_markdown(r, unit.get())));
     let tsv = Signal::derive(move || rows.with(|r| sweep_tsv(r, unit.get())));
+    let head = move || {
+        let mut m = Markup::default();
+        for cell in rows.with(|r| sweep_header(r, unit.get())) {
+            m.el("th", &[("scope", "col")], &cell);
+        }
+        m.finish()
+    };
+    let body = move || {
+        let unit = unit.get();
+        let mut m = Markup::default();
+        rows.with(|all| {
+            for row in all {
+                let mut figures = sweep_cells(all, row, unit);
+                // the last cell is the Fits column, drawn with its class
+                if row.fits.is_some() {
+                    figures.pop();
+                }
+                let mut figures = figures.into_iter();
+                let batch = figures.next().unwrap_or_default();
+                let (batch_attr, total_attr) = (row.batch.to_string(), row.total_bytes.to_string());
+                m.open(
+                    "tr",
+                    &[
+                        ("data-testid", "sweep-row"),
+                        ("data-batch", &batch_attr),
+                        ("data-total-bytes", &total_attr),
+                        (when(row.is_selected, "class"), "selected"),
+                        (when(row.is_selected, "aria-current"), "true"),
+                    ],
+                )
+                .el("th", &[("scope", "row")], &batch);
+                for cell in figures {
+                    m.el("td", &[], &cell);
+                }
+                if let Some(fits) = row.fits {
+                    m.el(
+                        "td",
+                        &[
+                            ("class", if fits { "fits" } else { "no-fit" }),
+                            ("data-testid", "sweep-fits"),
+                        ],
+                        if fits { "yes" } else { "no" },
+                    );
+                }
+                m.close("tr");
+            }
+        });
+        m.finish()
+    };
     view! {
         <section class="card sweep" aria-labelledby="sweep-title">
             <div class="card-header">
@@ -32,54 +82,9 @@ pub fn SweepTable(
                         "Memory of one training step at batch sizes around the chosen one, every column at the peak"
                     </caption>
                     <thead>
-                        <tr>
-                            {move || {
-                                rows.with(|r| sweep_header(r, unit.get()))
-                                    .into_iter()
-                                    .map(|cell| view! { <th scope="col">{cell}</th> })
-                                    .collect_view()
-                            }}
-                        </tr>
+                        <tr inner_html=head></tr>
                     </thead>
-                    <tbody>
-                        {move || {
-                            let unit = unit.get();
-                            rows.with(|all| {
-                                all.iter()
-                                    .map(|row| {
-                                        let mut figures = sweep_cells(all, row, unit);
-                                        let fits = row.fits;
-                                        // the last cell is the Fits column, drawn with its class
-                                        if fits.is_some() {
-                                            figures.pop();
-                                        }
-                                        let batch = if figures.is_empty() {
-                                            String::new()
-                                        } else {
-                                            figures.remove(0)
-                                        };
-                                        view! {
-                                            <tr
-                                                data-testid="sweep-row"
-                                                data-batch=row.batch.to_string()
-                                                data-total-bytes=row.total_bytes.to_string()
-                                                class:selected=row.is_selected
-                                                aria-current=if row.is_selected { Some("true") } else { None }
-                                            >
-                                                <th scope="row">{batch}</th>
-                                                {figures.into_iter().map(|c| view! { <td>{c}</td> }).collect_view()}
-                                                {fits.map(|fits| view! {
-                                                    <td class:fits=fits class:no-fit=!fits data-testid="sweep-fits">
-                                                        {if fits { "yes" } else { "no" }}
-                                                    </td>
-                                                })}
-                                            </tr>
-                                        }
-                                    })
-                                    .collect_view()
-                            })
-                        }}
-                    </tbody>
+                    <tbody inner_html=body></tbody>
                 </table>
             </div>
         </section>
