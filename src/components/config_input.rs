@@ -1,4 +1,7 @@
 //! Pasting or uploading a Hugging Face `config.json`.
+//!
+//! The page's form draws the same markup from data (`form.rs`); this component is the
+//! same control on its own.
 
 use estimator_core::ModelFamily;
 use leptos::prelude::*;

@@ -1,4 +1,7 @@
 //! Labelled form controls that show their own validation message.
+//!
+//! The page draws its own form from data tables as the same markup (`form.rs`, one
+//! listener for all fields); these components draw one control each, for views that want one.
 
 use leptos::prelude::*;
 

@@ -1,0 +1,1141 @@
+//! The form, drawn from data and wired with one listener.
+//!
+//! Every field is a row of a table ([`Spec`]): the state field it edits, its label and
+//! `data-testid`, and how it is edited. The form is written once as markup from those tables
+//! (the same elements and attributes as the [`NumberField`](crate::components::NumberField),
+//! [`SelectField`](crate::components::SelectField) and
+//! [`RadioGroup`](crate::components::RadioGroup) components draw); one `input` and one
+//! `change` listener on the form (capture phase) turn edits into state changes; two effects
+//! write back what the state changes (the texts and choices, the parts shown for the mode,
+//! device and method, each field's message) and touch only what differs. A field costs a row
+//! of data instead of a view of its own, and a keystroke re-renders none of the others.
+
+use estimator_core::{
+    AttentionKernel, ByteUnit, Checkpointing, Field, Gpu, KvDtype, LossKind, Method, Mode,
+    ModelFamily, Optimizer, Page, PageState, ParamUnit, PipelineSchedule, Precision,
+    PrecisionRecipe, Preset, Quant4, Sharding, Trainer, WeightFormat, CUSTOM_MODEL_KEY,
+    SIMPLE_OPTIMIZERS,
+};
+use leptos::{html, prelude::*, task::spawn_local};
+use wasm_bindgen::JsCast;
+
+use crate::markup::{when, Markup};
+
+/// `(key, label)` choices of a drop-down.
+pub type Options = Vec<(&'static str, &'static str)>;
+
+/// `(key, label)` pairs of a choice enum.
+pub fn options<T: Copy>(
+    all: &[T],
+    key: fn(T) -> &'static str,
+    label: fn(T) -> &'static str,
+) -> Options {
+    all.iter().map(|&v| (key(v), label(v))).collect()
+}
+
+/// How a field is edited.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    /// Typed text with its message: a number (decimal keyboard) unless `text`, with a hint
+    /// below (empty for none).
+    Typed { hint: &'static str, text: bool },
+    /// A drop-down of fixed `(key, label)` choices.
+    Choice(&'static [(&'static str, &'static str)]),
+    /// A drop-down of a choice enum's values.
+    ChoiceOf(fn() -> Options),
+}
+
+/// One field of the form.
+#[derive(Clone, Copy)]
+pub struct Spec {
+    /// The state field it edits.
+    pub field: Field,
+    /// The visible label.
+    pub label: &'static str,
+    /// `id` and `data-testid` of the control.
+    pub testid: &'static str,
+    /// How it is edited.
+    pub kind: Kind,
+}
+
+/// A number field with a hint.
+const fn typed(
+    field: Field,
+    label: &'static str,
+    testid: &'static str,
+    hint: &'static str,
+) -> Spec {
+    Spec {
+        field,
+        label,
+        testid,
+        kind: Kind::Typed { hint, text: false },
+    }
+}
+
+/// A drop-down of fixed choices.
+const fn choice(
+    field: Field,
+    label: &'static str,
+    testid: &'static str,
+    options: &'static [(&'static str, &'static str)],
+) -> Spec {
+    Spec {
+        field,
+        label,
+        testid,
+        kind: Kind::Choice(options),
+    }
+}
+
+/// A drop-down of an enum's values.
+const fn choice_of(
+    field: Field,
+    label: &'static str,
+    testid: &'static str,
+    options: fn() -> Options,
+) -> Spec {
+    Spec {
+        field,
+        label,
+        testid,
+        kind: Kind::ChoiceOf(options),
+    }
+}
+
+/// The model, the trainer, the sequence and the expert-parallel group: fields with behaviour
+/// or texts of their own.
+const MODEL: Spec = choice_of(Field::Model, "Model", "model", || {
+    vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")]
+});
+// The trainer is no field of the state: it names the defaults the inputs have
+// (`Source::Trainer`), and a choice applies its defaults.
+const TRAINER_CHOICE: Spec = choice_of(
+    Field::Loss,
+    "Trainer (sets attention, checkpointing, loss, packing)",
+    "trainer",
+    || {
+        let mut all = options(&Trainer::ALL, Trainer::key, Trainer::label);
+        all.push(("custom", "Custom (defaults changed below)"));
+        all
+    },
+);
+const SEQ: Spec = typed(
+    Field::SeqLen,
+    "Sequence length (tokens)",
+    "seq",
+    "Tokens per sample; for ViT the image side in pixels.",
+);
+const EXPERT_PARALLEL: Spec = typed(
+    Field::ExpertParallel,
+    "Expert-parallel GPUs",
+    "expert-parallel",
+    "",
+);
+
+/// The presets under one heading per family, in the order of [`Preset::ALL`].
+fn preset_groups() -> Vec<(&'static str, Options)> {
+    let mut groups: Vec<(ModelFamily, (&'static str, Options))> = Vec::new();
+    for preset in Preset::ALL {
+        let family = preset.family();
+        let option = (preset.key(), preset.label());
+        match groups.iter_mut().find(|(f, _)| *f == family) {
+            Some((_, (_, options))) => options.push(option),
+            None => groups.push((family, (family.label(), vec![option]))),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// A part of the form shown only when the inputs call for it (a `div.when`, hidden
+/// otherwise).
+#[derive(Clone, Copy, PartialEq)]
+enum Shown {
+    Simple,
+    Architecture,
+    CustomModel,
+    Training,
+    Inference,
+    Peft,
+    Qlora,
+    CpuRam,
+    CustomGpu,
+}
+
+impl Shown {
+    fn holds(self, s: &PageState) -> bool {
+        let trains = s.step.optimizer.trains();
+        match self {
+            Self::Simple => s.mode == Mode::Simple,
+            Self::Architecture => s.mode == Mode::Architecture,
+            Self::CustomModel => s.model.preset.is_none(),
+            Self::Training => trains,
+            Self::Inference => !trains,
+            Self::Peft => s.training.method != Method::Full && trains,
+            Self::Qlora => s.training.method == Method::Qlora && trains,
+            Self::CpuRam => s.hardware.gpu == Some(Gpu::CpuRam),
+            Self::CustomGpu => s.hardware.gpu == Some(Gpu::Custom),
+        }
+    }
+}
+
+/// Where the text of a control comes from.
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    /// A state field's text.
+    Field(Field),
+    /// The pasted config, as pasted.
+    Config,
+    /// The trainer whose defaults the inputs have, or `custom`.
+    Trainer,
+}
+
+impl Source {
+    fn text(self, s: &PageState) -> String {
+        match self {
+            Self::Field(f) => s.get(f).unwrap_or_default(),
+            Self::Config => s.model.config_json.clone(),
+            Self::Trainer => Trainer::matching(s)
+                .map_or("custom", Trainer::key)
+                .to_owned(),
+        }
+    }
+}
+
+/// A control of the form: its `id`, where its text comes from, and whether it is a radio
+/// group (`id` is then the group's name, each input `{name}-{key}`) or has a message.
+struct Control {
+    id: &'static str,
+    source: Source,
+    radios: Option<Options>,
+    message: bool,
+}
+
+/// The form's markup, the conditions of its `div.when` parts in document order, and its
+/// controls.
+struct Builder<'a> {
+    m: Markup,
+    state: &'a PageState,
+    shown: Vec<Shown>,
+    controls: Vec<Control>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(state: &'a PageState) -> Self {
+        Self {
+            m: Markup::default(),
+            state,
+            shown: Vec::new(),
+            controls: Vec::new(),
+        }
+    }
+
+    /// A `div.when` around `parts`, hidden unless `shown` holds.
+    fn when(&mut self, shown: Shown, parts: impl FnOnce(&mut Self)) {
+        self.shown.push(shown);
+        self.m.open(
+            "div",
+            &[
+                ("class", "when"),
+                (when(!shown.holds(self.state), "hidden"), ""),
+            ],
+        );
+        parts(self);
+        self.m.close("div");
+    }
+
+    /// `<tag class=...>` around `parts`.
+    fn group(&mut self, tag: &str, attrs: &[(&str, &str)], parts: impl FnOnce(&mut Self)) {
+        self.m.open(tag, attrs);
+        parts(self);
+        self.m.close(tag);
+    }
+
+    fn fields(&mut self, specs: &[Spec]) {
+        for spec in specs {
+            self.field(spec, None);
+        }
+    }
+
+    /// One field of the state; `groups` before a drop-down's options.
+    fn field(&mut self, spec: &Spec, groups: Option<Vec<(&'static str, Options)>>) {
+        self.control(spec, Source::Field(spec.field), groups);
+    }
+
+    /// One control as its component draws it, its text from `source`.
+    fn control(
+        &mut self,
+        spec: &Spec,
+        source: Source,
+        groups: Option<Vec<(&'static str, Options)>>,
+    ) {
+        let Spec {
+            label,
+            testid,
+            kind,
+            ..
+        } = *spec;
+        let m = &mut self.m;
+        match kind {
+            Kind::Typed { hint, text } => {
+                let (hint_id, error_id) = (format!("{testid}-hint"), format!("{testid}-error"));
+                m.open("div", &[("class", "field")])
+                    .el("label", &[("for", testid)], label)
+                    .open(
+                        "input",
+                        &[
+                            ("id", testid),
+                            ("data-testid", testid),
+                            ("type", "text"),
+                            ("inputmode", if text { "text" } else { "decimal" }),
+                            ("maxlength", "64"),
+                            ("autocomplete", "off"),
+                            ("spellcheck", "false"),
+                            ("aria-invalid", "false"),
+                            ("aria-describedby", &hint_id),
+                        ],
+                    )
+                    .el(
+                        "span",
+                        &[
+                            ("class", "hint"),
+                            ("id", &hint_id),
+                            ("data-testid", &hint_id),
+                        ],
+                        hint,
+                    )
+                    .el(
+                        "span",
+                        &[
+                            ("class", "error"),
+                            ("id", &error_id),
+                            ("data-testid", &error_id),
+                            ("role", "alert"),
+                        ],
+                        "",
+                    )
+                    .close("div");
+            }
+            Kind::Choice(_) | Kind::ChoiceOf(_) => {
+                let value = source.text(self.state);
+                let options = match kind {
+                    Kind::Choice(options) => options.to_vec(),
+                    Kind::ChoiceOf(options) => options(),
+                    Kind::Typed { .. } => Vec::new(),
+                };
+                m.open("div", &[("class", "field")])
+                    .el("label", &[("for", testid)], label)
+                    .open("select", &[("id", testid), ("data-testid", testid)]);
+                for (heading, options) in groups.unwrap_or_default() {
+                    m.open("optgroup", &[("label", heading)]);
+                    option_list(m, &options, &value);
+                    m.close("optgroup");
+                }
+                option_list(m, &options, &value);
+                m.close("select").close("div");
+            }
+        }
+        self.controls.push(Control {
+            id: testid,
+            source,
+            radios: None,
+            message: matches!(kind, Kind::Typed { .. }),
+        });
+    }
+
+    /// A fieldset of radio buttons (a [`RadioGroup`](crate::components::RadioGroup)).
+    fn radios(&mut self, legend: &str, name: &'static str, field: Field, options: Options) {
+        self.m
+            .open(
+                "fieldset",
+                &[("class", "radio-group"), ("data-testid", name)],
+            )
+            .el("legend", &[], legend);
+        for &(key, text) in &options {
+            let id = format!("{name}-{key}");
+            self.m
+                .open("label", &[("class", "radio")])
+                .open(
+                    "input",
+                    &[
+                        ("type", "radio"),
+                        ("name", name),
+                        ("id", &id),
+                        ("data-testid", &id),
+                        ("value", key),
+                    ],
+                )
+                .text(text)
+                .close("label");
+        }
+        self.m.close("fieldset");
+        self.controls.push(Control {
+            id: name,
+            source: Source::Field(field),
+            radios: Some(options),
+            message: false,
+        });
+    }
+
+    /// The pasted or uploaded `config.json` (a [`ConfigInput`](crate::components::ConfigInput)).
+    fn config(&mut self) {
+        self.m
+            .open("div", &[("class", "field")])
+            .el("label", &[("for", "config-json")], "config.json")
+            .el(
+                "textarea",
+                &[
+                    ("id", "config-json"),
+                    ("data-testid", "config-json"),
+                    ("spellcheck", "false"),
+                    ("placeholder", "Paste a Hugging Face config.json"),
+                    ("aria-invalid", "false"),
+                    ("aria-describedby", "config-json-hint config-json-error"),
+                ],
+                "",
+            )
+            .el(
+                "span",
+                &[
+                    ("class", "hint"),
+                    ("id", "config-json-hint"),
+                    ("data-testid", "config-json-types"),
+                ],
+                &format!(
+                    "Supported model_type values: {}.",
+                    ModelFamily::supported_model_types()
+                ),
+            )
+            .el(
+                "label",
+                &[("for", "config-file"), ("class", "file-label")],
+                "…or upload the file",
+            )
+            .open(
+                "input",
+                &[
+                    ("id", "config-file"),
+                    ("data-testid", "config-file"),
+                    ("type", "file"),
+                    ("accept", ".json,application/json"),
+                ],
+            )
+            .el(
+                "span",
+                &[
+                    ("class", "error"),
+                    ("id", "config-json-error"),
+                    ("data-testid", "config-json-error"),
+                    ("role", "alert"),
+                ],
+                "",
+            )
+            .close("div");
+        self.controls.push(Control {
+            id: "config-json",
+            source: Source::Config,
+            radios: None,
+            message: false,
+        });
+    }
+
+    /// The optimizer field of the mode the page is in: each mode has its own list, and only
+    /// one may be in the page.
+    fn optimizer(&mut self, mode: Mode) {
+        if self.state.mode == mode {
+            self.field(optimizer_spec(mode), None);
+        }
+    }
+}
+
+/// `<option>`s, `value` selected.
+fn option_list(m: &mut Markup, options: &[(&'static str, &'static str)], value: &str) {
+    for &(key, text) in options {
+        m.el(
+            "option",
+            &[("value", key), (when(key == value, "selected"), "")],
+            text,
+        );
+    }
+}
+
+fn optimizer_spec(mode: Mode) -> &'static Spec {
+    match mode {
+        Mode::Simple => &SIMPLE_OPTIMIZER[0],
+        Mode::Architecture => &OPTIMIZER[0],
+    }
+}
+
+/// The whole form as markup for `state`, with its parts' conditions and its controls.
+fn build(state: &PageState) -> Builder<'_> {
+    let mut b = Builder::new(state);
+    b.m.el("h2", &[("id", "inputs-title")], "Model and training step");
+    b.radios(
+        "Describe the model",
+        "mode",
+        Field::Mode,
+        options(&Mode::ALL, Mode::key, Mode::label),
+    );
+    b.when(Shown::Simple, |b| {
+        b.group("div", &[("class", "field-row")], |b| b.fields(PARAMS));
+        b.fields(PRECISION);
+        b.optimizer(Mode::Simple);
+    });
+    b.when(Shown::Architecture, |b| {
+        b.field(&MODEL, Some(preset_groups()));
+        b.when(Shown::CustomModel, Builder::config);
+        b.field(&SEQ, None);
+        b.fields(RECIPE);
+        b.optimizer(Mode::Architecture);
+        b.when(Shown::Training, |b| {
+            b.control(&TRAINER_CHOICE, Source::Trainer, None)
+        });
+        b.fields(KERNEL);
+        b.when(Shown::Training, |b| b.fields(TRAINER));
+        b.when(Shown::Training, |b| b.fields(METHOD));
+        b.when(Shown::Peft, |b| {
+            b.group(
+                "fieldset",
+                &[("class", "peft"), ("data-testid", "peft-settings")],
+                |b| {
+                    b.m.el("legend", &[], "LoRA adapters (peft)");
+                    b.fields(LORA);
+                    b.when(Shown::Qlora, |b| b.fields(QLORA));
+                },
+            );
+        });
+        b.when(Shown::Inference, |b| b.fields(INFERENCE));
+    });
+    b.fields(BATCH);
+    b.when(Shown::Simple, |b| b.fields(ACTIVATION_MB));
+    b.m.el("h3", &[("class", "section-title")], "Hardware");
+    b.fields(GPU);
+    b.when(Shown::CpuRam, |b| b.fields(RAM));
+    b.when(Shown::CustomGpu, |b| b.fields(CUSTOM_GPU));
+    b.group("div", &[("class", "overheads")], |b| b.fields(OVERHEADS));
+    b.group(
+        "fieldset",
+        &[("class", "parallelism"), ("data-testid", "parallelism")],
+        |b| {
+            b.m.el("legend", &[], "Parallelism (figures per GPU)");
+            b.fields(DATA_PARALLEL);
+            b.when(Shown::Architecture, |b| {
+                b.fields(MODEL_PARALLEL);
+                b.field(&EXPERT_PARALLEL, None);
+            });
+        },
+    );
+    b.fields(GLOBAL_BATCH);
+    b.radios(
+        "Show figures in",
+        "unit",
+        Field::ByteUnit,
+        options(&ByteUnit::ALL, ByteUnit::key, ByteUnit::label),
+    );
+    b
+}
+
+/// The element of `id`, if it is in the page.
+fn by_id(id: &str) -> Option<web_sys::Element> {
+    document().get_element_by_id(id)
+}
+
+/// Sets the `value` of an input, select or text area.
+fn set_value(el: &web_sys::Element, value: &str) {
+    if let Some(input) = el.dyn_ref::<web_sys::HtmlInputElement>() {
+        input.set_value(value);
+    } else if let Some(select) = el.dyn_ref::<web_sys::HtmlSelectElement>() {
+        select.set_value(value);
+    } else if let Some(area) = el.dyn_ref::<web_sys::HtmlTextAreaElement>() {
+        area.set_value(value);
+    }
+}
+
+/// Shows `message` at the field of `id` (`None`: valid): the text below it, `aria-invalid`,
+/// what the input is described by, and the field's `invalid` class.
+fn show_message(id: &str, message: Option<&str>) {
+    let Some(input) = by_id(id) else { return };
+    let invalid = message.is_some();
+    let _ = input.set_attribute("aria-invalid", if invalid { "true" } else { "false" });
+    if id == "config-json" {
+        // the text area is described by its hint and its message at once
+    } else {
+        let described_by = format!("{id}-{}", if invalid { "error" } else { "hint" });
+        let _ = input.set_attribute("aria-describedby", &described_by);
+    }
+    if let Some(field) = input.parent_element() {
+        let _ = field.class_list().toggle_with_force("invalid", invalid);
+    }
+    if let Some(error) = by_id(&format!("{id}-error")) {
+        error.set_text_content(Some(message.unwrap_or_default()));
+    }
+}
+
+/// Reads the file chosen in the file input `input` into the config.
+fn read_config(input: &web_sys::Element, state: RwSignal<PageState>) {
+    let Some(file) = input
+        .dyn_ref::<web_sys::HtmlInputElement>()
+        .and_then(web_sys::HtmlInputElement::files)
+        .and_then(|files| files.get(0))
+    else {
+        return;
+    };
+    spawn_local(async move {
+        let text = wasm_bindgen_futures::JsFuture::from(file.text())
+            .await
+            .ok()
+            .and_then(|t| t.as_string())
+            .unwrap_or_default();
+        state.update(|s| {
+            let _ = s.set(Field::Config, &text);
+        });
+    });
+}
+
+/// The form over `state`: edits change the state, and the form follows the state and
+/// `page`'s messages.
+pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView {
+    let (markup, shown, controls) = state.with_untracked(|s| {
+        let b = build(s);
+        (b.m.finish(), b.shown, b.controls)
+    });
+    let form = NodeRef::<html::Form>::new();
+    let count = controls.len();
+    let controls = StoredValue::new(controls);
+
+    // The state's changes, written into the form where they differ from what it shows.
+    let texts = StoredValue::new(vec![None::<String>; count]);
+    let parts = StoredValue::new(vec![None::<bool>; shown.len()]);
+    let mode = StoredValue::new(None::<Mode>);
+    Effect::new(move |_| {
+        let Some(form) = form.get() else { return };
+        state.with(|s| {
+            // the optimizer field of the mode
+            let previous = mode.get_value().replace(s.mode);
+            if previous.is_some_and(|m| m != s.mode) {
+                if let Some(old) = by_id("optimizer").and_then(|o| o.parent_element()) {
+                    old.remove();
+                }
+                let anchor = if s.mode == Mode::Simple {
+                    "precision"
+                } else {
+                    "recipe"
+                };
+                if let Some(anchor) = by_id(anchor).and_then(|a| a.parent_element()) {
+                    let mut b = Builder::new(s);
+                    b.field(optimizer_spec(s.mode), None);
+                    let _ = anchor.insert_adjacent_html("afterend", &b.m.finish());
+                }
+            }
+            mode.set_value(Some(s.mode));
+            // the parts shown
+            let wrappers = form.query_selector_all("div.when").ok();
+            parts.update_value(|parts| {
+                for (i, (part, was)) in shown.iter().zip(parts.iter_mut()).enumerate() {
+                    let now = part.holds(s);
+                    if *was != Some(now) {
+                        *was = Some(now);
+                        if let Some(el) = wrappers
+                            .as_ref()
+                            .and_then(|w| w.item(i as u32))
+                            .and_then(|n| n.dyn_into::<web_sys::Element>().ok())
+                        {
+                            let _ = el.toggle_attribute_with_force("hidden", !now);
+                        }
+                    }
+                }
+            });
+            // the texts and choices
+            controls.with_value(|controls| {
+                texts.update_value(|texts| {
+                    for (control, was) in controls.iter().zip(texts.iter_mut()) {
+                        let now = control.source.text(s);
+                        if was.as_deref() == Some(now.as_str()) {
+                            continue;
+                        }
+                        match &control.radios {
+                            Some(radios) => {
+                                for (key, _) in radios {
+                                    if let Some(radio) = by_id(&format!("{}-{key}", control.id))
+                                        .and_then(|r| {
+                                            r.dyn_into::<web_sys::HtmlInputElement>().ok()
+                                        })
+                                    {
+                                        radio.set_checked(*key == now);
+                                    }
+                                }
+                            }
+                            None => {
+                                if let Some(el) = by_id(control.id) {
+                                    set_value(&el, &now);
+                                }
+                            }
+                        }
+                        *was = Some(now);
+                    }
+                })
+            });
+        });
+    });
+
+    // The messages, and the texts that follow the model.
+    let messages = StoredValue::new(Vec::<(&'static str, String)>::new());
+    let model_texts = StoredValue::new(None::<(bool, bool)>);
+    Effect::new(move |_| {
+        if form.get().is_none() {
+            return;
+        }
+        page.with(|p| {
+            let mut now: Vec<(&'static str, String)> = p
+                .field_errors
+                .iter()
+                .filter_map(|(f, e)| {
+                    // the message of a field the form shows with one
+                    controls.with_value(|c| {
+                        c.iter()
+                            .find(|c| c.message && c.source == Source::Field(*f))
+                            .map(|c| (c.id, e.clone()))
+                    })
+                })
+                .collect();
+            // the first message of a field is the one shown
+            let mut seen = Vec::new();
+            now.retain(|(id, _)| {
+                let first = !seen.contains(id);
+                seen.push(*id);
+                first
+            });
+            if let Some(e) = &p.config_error {
+                now.push(("config-json", e.clone()));
+            }
+            messages.update_value(|was| {
+                for (id, _) in was.iter() {
+                    if !now.iter().any(|(i, _)| i == id) {
+                        show_message(id, None);
+                    }
+                }
+                for (id, e) in &now {
+                    if !was.iter().any(|(i, w)| i == id && w == e) {
+                        show_message(id, Some(e));
+                    }
+                }
+                *was = now;
+            });
+            let texts = (p.is_vision, p.is_moe);
+            if model_texts.get_value() != Some(texts) {
+                model_texts.set_value(Some(texts));
+                if let Some(label) = form.get().and_then(|f| f.query_selector("label[for=seq]").ok().flatten()) {
+                    label.set_text_content(Some(if p.is_vision {
+                        "Image size (pixels per side)"
+                    } else {
+                        "Sequence length (tokens)"
+                    }));
+                }
+                if let Some(hint) = by_id("expert-parallel-hint") {
+                    hint.set_text_content(Some(if p.is_moe {
+                        "Splits the routed experts across the group; must divide the number of GPUs."
+                    } else {
+                        "This model has no experts: no effect."
+                    }));
+                }
+            }
+        });
+    });
+
+    // Edits: text as it is typed, choices once made.
+    let edit = move |ev: web_sys::Event, typing: bool| {
+        let Some(target) = ev
+            .target()
+            .and_then(|t| t.dyn_into::<web_sys::Element>().ok())
+        else {
+            return;
+        };
+        let text_input = target.tag_name() == "TEXTAREA"
+            || target.get_attribute("type").as_deref() == Some("text");
+        if text_input != typing {
+            return;
+        }
+        let id = target.id();
+        if id == "config-file" {
+            read_config(&target, state);
+            return;
+        }
+        let value = event_target_value(&ev);
+        state.update(|s| {
+            // A choice from a list is always valid; a too-long text is refused by maxlength.
+            let _ = match id.as_str() {
+                "trainer" => {
+                    if let Some(t) = Trainer::from_key(&value) {
+                        t.apply(s);
+                    }
+                    Ok(())
+                }
+                "model" => s.set(Field::Model, &value).map(|()| {
+                    if let Some(preset) = s.model.preset {
+                        s.step.seq_len = preset.default_seq_len().to_string();
+                    }
+                }),
+                "config-json" => s.set(Field::Config, &value),
+                _ => match target.get_attribute("name").as_deref() {
+                    Some("mode") => s.set(Field::Mode, &value),
+                    Some("unit") => s.set(Field::ByteUnit, &value),
+                    _ => match controls
+                        .with_value(|c| c.iter().find(|c| c.id == id).map(|c| c.source))
+                    {
+                        Some(Source::Field(field)) => s.set(field, &value),
+                        _ => Ok(()),
+                    },
+                },
+            };
+        });
+    };
+
+    view! {
+        <form class="card inputs" aria-labelledby="inputs-title" node_ref=form inner_html=markup
+            on:submit=|ev| ev.prevent_default()
+            on:input:capture=move |ev| edit(ev, true)
+            on:change:capture=move |ev| edit(ev, false)></form>
+    }
+}
+/// Simple mode: the parameters and their unit, side by side.
+pub const PARAMS: &[Spec] = &[
+    typed(
+        Field::Params,
+        "Model parameters",
+        "params",
+        "Decimals allowed: 0.5 with B is 500 million.",
+    ),
+    choice_of(Field::ParamsUnit, "Unit", "params-unit", || {
+        options(&ParamUnit::ALL, ParamUnit::key, ParamUnit::label)
+    }),
+];
+
+/// Simple mode: the precision.
+pub const PRECISION: &[Spec] = &[choice_of(
+    Field::Precision,
+    "Numerical precision",
+    "precision",
+    || options(&Precision::ALL, Precision::key, Precision::label),
+)];
+
+/// Simple mode's optimizers.
+pub const SIMPLE_OPTIMIZER: &[Spec] = &[choice_of(
+    Field::Optimizer,
+    "Optimizer",
+    "optimizer",
+    || options(&SIMPLE_OPTIMIZERS, Optimizer::key, Optimizer::label),
+)];
+
+/// Architecture mode: the precision recipe.
+pub const RECIPE: &[Spec] = &[choice_of(
+    Field::Recipe,
+    "Precision recipe",
+    "recipe",
+    || {
+        options(
+            &PrecisionRecipe::ALL,
+            PrecisionRecipe::key,
+            PrecisionRecipe::label,
+        )
+    },
+)];
+
+/// Architecture mode's optimizers.
+pub const OPTIMIZER: &[Spec] = &[choice_of(
+    Field::Optimizer,
+    "Optimizer",
+    "optimizer",
+    || options(&Optimizer::ALL, Optimizer::key, Optimizer::label),
+)];
+
+/// The attention kernel and checkpointing.
+pub const KERNEL: &[Spec] = &[
+    choice_of(Field::Attention, "Attention kernel", "attention", || {
+        options(
+            &AttentionKernel::ALL,
+            AttentionKernel::key,
+            AttentionKernel::label,
+        )
+    }),
+    choice_of(
+        Field::Checkpointing,
+        "Activation checkpointing",
+        "checkpointing",
+        || {
+            options(
+                &Checkpointing::ALL,
+                Checkpointing::key,
+                Checkpointing::label,
+            )
+        },
+    ),
+];
+
+/// What the trainer sets (training only).
+pub const TRAINER: &[Spec] = &[
+    choice_of(Field::Loss, "Loss (trainer)", "loss", || {
+        options(&LossKind::ALL, LossKind::key, LossKind::label)
+    }),
+    choice(
+        Field::Packing,
+        "Sequence packing",
+        "packing",
+        &[
+            ("off", "Off: one sample per row"),
+            ("on", "On: documents packed, position ids restart"),
+        ],
+    ),
+    choice(
+        Field::OptimizerInBackward,
+        "Optimizer step",
+        "optimizer-in-backward",
+        &[
+            ("off", "After backward (all gradients kept)"),
+            ("on", "In backward (torchtune's optimizer_in_bwd)"),
+        ],
+    ),
+    choice(
+        Field::ActivationOffload,
+        "Activation offloading",
+        "activation-offload",
+        &[
+            ("off", "Off"),
+            ("on", "On: saved tensors in CPU memory (torchtune)"),
+        ],
+    ),
+    choice(
+        Field::Padding,
+        "Padded rows",
+        "padding",
+        &[
+            ("off", "Off: every token real (the mask is dropped)"),
+            ("on", "On: padding in the attention mask"),
+        ],
+    ),
+];
+
+/// The training method (training only).
+pub const METHOD: &[Spec] = &[choice_of(
+    Field::Method,
+    "Training method",
+    "method",
+    || options(&Method::ALL, Method::key, Method::label),
+)];
+
+/// LoRA's adapters.
+pub const LORA: &[Spec] = &[
+    typed(Field::LoraRank, "Rank r", "lora-rank", ""),
+    typed(
+        Field::LoraAlpha,
+        "lora_alpha",
+        "lora-alpha",
+        "Scales the adapters' output (alpha / r): no effect on memory.",
+    ),
+    typed(
+        Field::LoraDropout,
+        "lora_dropout",
+        "lora-dropout",
+        "Above 0, every adapted linear keeps a dropout mask.",
+    ),
+    Spec {
+        field: Field::LoraTargets,
+        label: "Target modules",
+        testid: "lora-targets",
+        kind: Kind::Typed {
+            hint: "all-linear, attention, mlp, or module names such as q_proj,v_proj.",
+            text: true,
+        },
+    },
+    choice(
+        Field::LoraDtype,
+        "Adapter dtype",
+        "lora-dtype",
+        &[
+            ("fp32", "fp32 (peft's default)"),
+            ("model", "The base model's dtype"),
+        ],
+    ),
+];
+
+/// QLoRA's quantization.
+pub const QLORA: &[Spec] = &[
+    choice_of(Field::Quant, "4-bit type (bitsandbytes)", "quant", || {
+        options(&Quant4::ALL, Quant4::key, Quant4::key)
+    }),
+    choice(
+        Field::DoubleQuant,
+        "Double quantization",
+        "double-quant",
+        &[("on", "On"), ("off", "Off")],
+    ),
+    choice(
+        Field::KbitPrepare,
+        "prepare_model_for_kbit_training",
+        "kbit-prepare",
+        &[("on", "On: unquantized weights in fp32"), ("off", "Off")],
+    ),
+];
+
+/// Inference: the generated tokens and how weights and cache are stored.
+pub const INFERENCE: &[Spec] = &[
+    typed(
+        Field::NewTokens,
+        "Generated tokens (KV cache)",
+        "new-tokens",
+        "Tokens generated after the prompt; 0 for a single forward pass.",
+    ),
+    choice_of(
+        Field::WeightFormat,
+        "Weight format",
+        "weight-format",
+        || options(&WeightFormat::ALL, WeightFormat::key, WeightFormat::label),
+    ),
+    choice_of(Field::KvDtype, "KV-cache dtype", "kv-dtype", || {
+        options(&KvDtype::ALL, KvDtype::key, KvDtype::label)
+    }),
+];
+
+/// The batch.
+pub const BATCH: &[Spec] = &[typed(
+    Field::Batch,
+    "Batch size",
+    "batch",
+    "Samples per step (per GPU), a whole number.",
+)];
+
+/// Simple mode: the activations of one sample.
+pub const ACTIVATION_MB: &[Spec] = &[typed(
+    Field::ActivationMb,
+    "Activation memory per sample (MB)",
+    "act-mb",
+    "Intermediate tensors one sample keeps for backward, in MB (10⁶ bytes).",
+)];
+
+/// The device.
+pub const GPU: &[Spec] = &[choice_of(Field::Gpu, "GPU", "gpu", || {
+    let mut all = vec![("none", "No GPU in particular")];
+    all.extend(options(&Gpu::ALL, Gpu::key, Gpu::label));
+    all
+})];
+
+/// The CPU's RAM, when the device is the CPU.
+pub const RAM: &[Spec] = &[typed(
+    Field::RamCapacity,
+    "CPU RAM (GiB)",
+    "ram-gib",
+    "The computer's memory; inference on the CPU has no CUDA context.",
+)];
+
+/// A custom device's capacity.
+pub const CUSTOM_GPU: &[Spec] = &[typed(
+    Field::CustomCapacity,
+    "Custom capacity (MiB)",
+    "gpu-capacity",
+    "Total memory as nvidia-smi reports it.",
+)];
+
+/// What the device holds beyond the tensors.
+pub const OVERHEADS: &[Spec] = &[
+    typed(Field::CudaContext, "CUDA context (MiB)", "cuda-context", ""),
+    typed(
+        Field::AllocatorReserve,
+        "Allocator reserve (%)",
+        "allocator-reserve",
+        "",
+    ),
+    typed(
+        Field::SafetyMargin,
+        "Safety margin (%)",
+        "safety-margin",
+        "",
+    ),
+];
+
+/// Data parallelism.
+pub const DATA_PARALLEL: &[Spec] = &[
+    typed(
+        Field::NumGpus,
+        "Data-parallel GPUs",
+        "num-gpus",
+        "Replicas of the step; GPUs in all = this x tensor x context.",
+    ),
+    choice_of(Field::Sharding, "Data-parallel engine", "sharding", || {
+        options(&Sharding::ALL, Sharding::key, Sharding::label)
+    }),
+];
+
+/// Architecture mode: FSDP2's resharding, tensor, sequence, loss, context and pipeline
+/// parallelism.
+pub const MODEL_PARALLEL: &[Spec] = &[
+    choice(
+        Field::ReshardAfterForward,
+        "FSDP2 reshard after forward",
+        "reshard-after-forward",
+        &[
+            ("on", "On: each layer re-gathered for backward"),
+            ("off", "Off: gathered layers kept until backward"),
+        ],
+    ),
+    typed(
+        Field::TensorParallel,
+        "Tensor parallelism (GPUs per group)",
+        "tensor-parallel",
+        "torchtitan's plan: heads, MLP and vocabulary split; norms and the residual stream whole.",
+    ),
+    choice(
+        Field::SequenceParallel,
+        "Sequence parallelism",
+        "sequence-parallel",
+        &[
+            ("off", "Off"),
+            ("on", "On: norms and residuals on a slice of the tokens"),
+        ],
+    ),
+    choice(
+        Field::LossParallel,
+        "Loss parallelism",
+        "loss-parallel",
+        &[
+            ("off", "Off: logits gathered whole on every GPU"),
+            ("on", "On: loss on each GPU's vocabulary slice"),
+        ],
+    ),
+    typed(
+        Field::ContextParallel,
+        "Context parallelism (GPUs per group)",
+        "context-parallel",
+        "Ring attention: the sequence split over the group.",
+    ),
+    typed(
+        Field::PipelineParallel,
+        "Pipeline stages",
+        "pipeline-parallel",
+        "Layers split into stages; the figures are the busiest stage's GPU.",
+    ),
+    choice_of(
+        Field::PipelineSchedule,
+        "Pipeline schedule",
+        "pipeline-schedule",
+        || {
+            options(
+                &PipelineSchedule::ALL,
+                PipelineSchedule::key,
+                PipelineSchedule::label,
+            )
+        },
+    ),
+    typed(
+        Field::Microbatches,
+        "Micro-batches per step",
+        "microbatches",
+        "Through the pipeline; empty: one per stage.",
+    ),
+];
+
+/// The global batch reached with accumulation.
+pub const GLOBAL_BATCH: &[Spec] = &[typed(
+    Field::GlobalBatch,
+    "Target global batch (optional)",
+    "global-batch",
+    "Samples per optimizer step, reached with gradient accumulation.",
+)];
