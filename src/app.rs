@@ -2,15 +2,18 @@
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
-    Decoded, Evaluation, FitPlan, Method, Mode, PartKind, Scenario, SweepRow,
+    sweep_markdown, sweep_tsv, ByteUnit, Decoded, Evaluation, FitPlan, Method, Mode, PartKind,
+    Scenario, SweepRow,
 };
 use leptos::prelude::*;
 
 use crate::browser;
 use crate::components::{
-    BreakdownCard, BreakdownDetail, BreakdownPart, Explanations, FitAdvice, MemoryChart,
-    ModelNotes, Notices, SweepTable, VerdictCard,
+    bar_markup, body_markup, breakdown_card, chart_markup, head_markup, memory_chart, rows_markup,
+    sweep_table, total_markup, verdict_card, verdict_markup, BreakdownDetail, BreakdownPart,
+    Explanations, FitAdvice, ModelNotes, Notices,
 };
+use crate::effect::watch;
 use crate::form::input_form;
 use crate::markup::{when, Markup};
 
@@ -35,6 +38,43 @@ fn initial_state() -> Decoded {
             ..Decoded::default()
         },
     }
+}
+
+/// The lines of the breakdown: the four categories always, the others when they hold
+/// anything; under the activations, what they are for (architecture mode).
+fn breakdown_parts(e: &Evaluation) -> Vec<BreakdownPart> {
+    e.step
+        .parts
+        .iter()
+        .filter(|(kind, bytes)| {
+            *bytes > 0
+                || matches!(
+                    kind,
+                    PartKind::Weights
+                        | PartKind::Gradients
+                        | PartKind::OptimizerStates
+                        | PartKind::Activations
+                )
+        })
+        .map(|(kind, bytes)| BreakdownPart {
+            testid: kind.key(),
+            label: kind.label(),
+            bytes: *bytes,
+            details: if *kind == PartKind::Activations {
+                e.step
+                    .activation_parts
+                    .iter()
+                    .map(|(part, bytes)| BreakdownDetail {
+                        key: part.key(),
+                        label: part.label(),
+                        bytes: *bytes,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect()
 }
 
 /// How long typing must pause before the address bar shows the new inputs.
@@ -105,60 +145,58 @@ pub fn App() -> impl IntoView {
     });
     // What the estimate of the chosen model leaves out or assumes (architecture mode).
     let model_notes = Memo::new(move |_| page.with(|p| p.notes.clone()));
-    let evaluated = Signal::derive(move || evaluation.get().ok());
 
-    let sweep_rows = Signal::derive(move || -> Vec<SweepRow> {
-        evaluation.with(|e| e.as_ref().map(|e| e.sweep.clone()).unwrap_or_default())
-    });
-    let parts = Signal::derive(move || {
-        evaluation.with(|e| {
-            e.as_ref().ok().map(|e: &Evaluation| {
-                e.step
-                    .parts
-                    .iter()
-                    .filter(|(kind, bytes)| {
-                        *bytes > 0
-                            || matches!(
-                                kind,
-                                PartKind::Weights
-                                    | PartKind::Gradients
-                                    | PartKind::OptimizerStates
-                                    | PartKind::Activations
-                            )
-                    })
-                    .map(|(kind, bytes)| BreakdownPart {
-                        testid: kind.key(),
-                        label: kind.label(),
-                        bytes: *bytes,
-                        // What the activations are for (architecture mode; empty otherwise).
-                        details: if *kind == PartKind::Activations {
-                            e.step
-                                .activation_parts
-                                .iter()
-                                .map(|(part, bytes)| BreakdownDetail {
-                                    key: part.key(),
-                                    label: part.label(),
-                                    bytes: *bytes,
-                                })
-                                .collect()
-                        } else {
-                            Vec::new()
-                        },
-                    })
-                    .collect()
-            })
-        })
-    });
-    let total =
-        Signal::derive(move || evaluation.with(|e| e.as_ref().ok().map(|e| e.step.peak_bytes)));
-    let problem =
-        Signal::derive(move || evaluation.with(|e| e.as_ref().err().map(ToString::to_string)));
     let per_gpu = Memo::new(move |_| evaluation.with(|e| e.as_ref().is_ok_and(|e| e.per_gpu)));
-    let total_label = Signal::derive(move || match (mode.get(), per_gpu.get()) {
+    let total_label = move || match (mode.get(), per_gpu.get()) {
         (Mode::Simple, false) => "Total",
         (Mode::Simple, true) => "Total per GPU",
         (Mode::Architecture, false) => "Peak",
         (Mode::Architecture, true) => "Peak per GPU",
+    };
+    // The cards' markups, each from the evaluation.
+    let breakdown_total = Memo::new(move |_| {
+        evaluation.with(|e| {
+            let problem = e.as_ref().err().map(ToString::to_string);
+            total_markup(
+                e.as_ref().ok().map(|e| e.step.peak_bytes),
+                problem.as_deref(),
+                unit.get(),
+                total_label(),
+            )
+        })
+    });
+    let breakdown_bar = Memo::new(move |_| {
+        evaluation.with(|e| {
+            e.as_ref().map_or_else(
+                |_| String::new(),
+                |e| bar_markup(&breakdown_parts(e), Some(e.step.peak_bytes)),
+            )
+        })
+    });
+    let breakdown_rows = Memo::new(move |_| {
+        evaluation.with(|e| {
+            e.as_ref().map_or_else(
+                |_| String::new(),
+                |e| rows_markup(&breakdown_parts(e), Some(e.step.peak_bytes), unit.get()),
+            )
+        })
+    });
+    let verdict =
+        Memo::new(move |_| evaluation.with(|e| verdict_markup(e.as_ref().ok(), unit.get())));
+    let sweep_of = move |f: fn(&[SweepRow], ByteUnit) -> String| {
+        move || evaluation.with(|e| f(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
+    };
+    let chart = Memo::new(move |_| {
+        evaluation.with(|e| {
+            let (rows, line) = e.as_ref().map_or((&[][..], None), |e| {
+                let line = e
+                    .plan
+                    .capacity_bytes
+                    .map(|c| largest_peak_that_fits(c, &e.plan.overheads));
+                (&e.sweep[..], line)
+            });
+            chart_markup(rows, line, unit.get())
+        })
     });
     // with pipeline parallelism: whose GPU the figures are
     let stage_line = move || {
@@ -174,29 +212,19 @@ pub fn App() -> impl IntoView {
             ))
         })
     };
-    let capacity_line = Signal::derive(move || {
-        evaluation.with(|e| {
-            e.as_ref().ok().and_then(|e| {
-                e.plan
-                    .capacity_bytes
-                    .map(|c| largest_peak_that_fits(c, &e.plan.overheads))
-            })
-        })
-    });
-
     // Storage follows every change (it is cheap); the address bar, replaced so that Back
     // leaves the page, follows once typing pauses for URL_SYNC_DELAY, since Chromium's
     // replaceState costs milliseconds a call. The share link carries the query at once.
     let query = Memo::new(move |_| state.with(encode_query));
     let url_sync = Debounced::new(URL_SYNC_DELAY);
-    Effect::new(move |_| {
+    watch(move || {
         query.with(|q| browser::store(q));
         url_sync.run(move || query.with_untracked(|q| browser::replace_query(q)));
     });
     // The tab's title too: setting it costs about a twentieth of a keystroke.
     let title_sync = Debounced::new(URL_SYNC_DELAY);
-    Effect::new(move |_| {
-        let title = match total.get() {
+    watch(move || {
+        let title = match evaluation.with(|e| e.as_ref().ok().map(|e| e.step.peak_bytes)) {
             Some(bytes) => format!(
                 "{} · Batch Size Memory Estimator",
                 format_bytes(bytes, unit.get())
@@ -222,7 +250,7 @@ pub fn App() -> impl IntoView {
     // rested for ADVICE_DELAY, after the numbers are on screen; a stale task does nothing.
     let advice: RwSignal<Option<Result<Vec<FitPlan>, String>>> = RwSignal::new(None);
     let advice_search = Debounced::new(ADVICE_DELAY);
-    Effect::new(move |_| {
+    watch(move || {
         // the plans' links keep the text as typed: any change of it renews them
         state.track();
         let wanted = !fits_now.get() || show_plans.get();
@@ -328,7 +356,7 @@ pub fn App() -> impl IntoView {
                     &[],
                     &format!(
                         "{} {}",
-                        total_label.get(),
+                        total_label(),
                         format_bytes(e.step.peak_bytes, unit)
                     ),
                 )
@@ -372,12 +400,17 @@ pub fn App() -> impl IntoView {
             <div class="results">
                 {move || has_figures.get().then(|| view! { <p class="summary-line" inner_html=summary></p> })}
                 <ModelNotes notes=model_notes />
-                <BreakdownCard parts=parts total=total problem=problem unit=unit total_label=total_label />
+                {breakdown_card(breakdown_total, breakdown_bar, breakdown_rows)}
                 {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
-                <VerdictCard evaluation=evaluated unit=unit />
+                {verdict_card(verdict)}
                 <FitAdvice plans=advice fits_now=fits_now show=show_plans unit=unit />
-                <MemoryChart rows=sweep_rows capacity_line=capacity_line unit=unit />
-                <SweepTable rows=sweep_rows unit=unit />
+                {memory_chart(chart)}
+                {sweep_table(
+                    Memo::new(move |_| sweep_of(head_markup)()),
+                    Memo::new(move |_| sweep_of(body_markup)()),
+                    Signal::derive(sweep_of(sweep_markdown)),
+                    Signal::derive(sweep_of(sweep_tsv)),
+                )}
             </div>
         </main>
         <Explanations mode=mode />

@@ -19,6 +19,7 @@ use estimator_core::{
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
 
+use crate::effect::watch;
 use crate::markup::{when, Markup};
 
 /// `(key, label)` choices of a drop-down.
@@ -607,7 +608,7 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
     let texts = StoredValue::new(vec![None::<String>; count]);
     let parts = StoredValue::new(vec![None::<bool>; shown.len()]);
     let mode = StoredValue::new(None::<Mode>);
-    Effect::new(move |_| {
+    watch(move || {
         let Some(form) = form.get() else { return };
         state.with(|s| {
             // the optimizer field of the mode
@@ -681,7 +682,7 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
     // The messages, and the texts that follow the model.
     let messages = StoredValue::new(Vec::<(&'static str, String)>::new());
     let model_texts = StoredValue::new(None::<(bool, bool)>);
-    Effect::new(move |_| {
+    watch(move || {
         if form.get().is_none() {
             return;
         }

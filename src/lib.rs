@@ -6,6 +6,7 @@
 mod app;
 pub mod browser;
 pub mod components;
+mod effect;
 mod form;
 mod markup;
 

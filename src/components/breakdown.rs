@@ -48,6 +48,135 @@ fn exact(bytes: u64) -> String {
     format!("{} bytes", group_thousands(bytes))
 }
 
+/// The total (`total_label` and the figure), or why there is none.
+pub fn total_markup(
+    total: Option<u64>,
+    problem: Option<&str>,
+    unit: ByteUnit,
+    total_label: &str,
+) -> String {
+    let mut m = Markup::default();
+    match total {
+        Some(bytes) => {
+            m.open("p", &[("class", "total")])
+                .el("span", &[("class", "total-label")], total_label)
+                .el(
+                    "strong",
+                    &[
+                        ("data-testid", "total"),
+                        ("data-bytes", &bytes.to_string()),
+                        ("title", &exact(bytes)),
+                    ],
+                    &format_bytes(bytes, unit),
+                )
+                .close("p");
+        }
+        None => {
+            m.el(
+                "p",
+                &[("class", "total unavailable"), ("data-testid", "total")],
+                problem.unwrap_or("Fix the highlighted fields to see the figures."),
+            );
+        }
+    }
+    m.finish()
+}
+
+/// The bar's segments, one per part (empty: no bar).
+pub fn bar_markup(parts: &[BreakdownPart], total: Option<u64>) -> String {
+    let mut m = Markup::default();
+    let Some(total) = total else {
+        return m.finish();
+    };
+    let mut offset = 0u64;
+    for p in parts {
+        let share = per_mille(p.bytes, total);
+        let x = offset;
+        offset += share;
+        m.open(
+            "rect",
+            &[
+                ("class", &format!("bar-part part-{}", p.testid)),
+                ("x", &x.to_string()),
+                ("y", "0"),
+                ("width", &share.to_string()),
+                ("height", "10"),
+            ],
+        )
+        .el("title", &[], &format!("{}: {}", p.label, percent(share)))
+        .close("rect");
+    }
+    m.finish()
+}
+
+/// The lines of the breakdown, each with its share of `total` and its sub-list.
+pub fn rows_markup(parts: &[BreakdownPart], total: Option<u64>, unit: ByteUnit) -> String {
+    let mut m = Markup::default();
+    for p in parts {
+        let share = total.map_or(0, |t| per_mille(p.bytes, t));
+        m.open("div", &[("class", "row")])
+            .open("dt", &[])
+            .el(
+                "span",
+                &[("class", &format!("swatch part-{}", p.testid))],
+                "",
+            )
+            .text(p.label)
+            .close("dt")
+            .open(
+                "dd",
+                &[
+                    ("data-testid", p.testid),
+                    ("data-bytes", &p.bytes.to_string()),
+                    ("title", &exact(p.bytes)),
+                ],
+            )
+            .text(&format_bytes(p.bytes, unit))
+            .el("span", &[("class", "share")], &percent(share))
+            .close("dd");
+        if !p.details.is_empty() {
+            m.open("dd", &[("class", "details")])
+                .open("ul", &[("data-testid", &format!("{}-details", p.testid))]);
+            for d in &p.details {
+                m.open("li", &[])
+                    .el("span", &[], d.label)
+                    .el(
+                        "span",
+                        &[
+                            ("data-testid", &format!("saved-part-{}", d.key)),
+                            ("data-bytes", &d.bytes.to_string()),
+                            ("title", &exact(d.bytes)),
+                        ],
+                        &format_bytes(d.bytes, unit),
+                    )
+                    .close("li");
+            }
+            m.close("ul").close("dd");
+        }
+        m.close("div");
+    }
+    m.finish()
+}
+
+/// The breakdown card around its markups: the total ([`total_markup`]), the bar's segments
+/// ([`bar_markup`], empty for no bar) and the lines ([`rows_markup`]).
+pub fn breakdown_card(total: Memo<String>, bar: Memo<String>, rows: Memo<String>) -> impl IntoView {
+    let has_bar = Memo::new(move |_| bar.with(|b| !b.is_empty()));
+    view! {
+        <section class="card breakdown" aria-labelledby="breakdown-title">
+            <h2 id="breakdown-title">"Memory for one training step"</h2>
+            <div aria-live="polite" aria-atomic="true" data-testid="breakdown" inner_html=total></div>
+            // An SVG bar: its geometry is attributes, not inline styles, so the page needs no
+            // 'unsafe-inline' in its Content-Security-Policy.
+            {move || has_bar.get().then(|| view! {
+                <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true"
+                    data-testid="breakdown-bar" inner_html=bar></svg>
+            })}
+            <dl class="parts" inner_html=rows></dl>
+        </section>
+    }
+}
+
 /// The figures of one step with a bar of each part's share of the total.
 ///
 /// Each figure carries its exact byte count in `data-bytes`; the unit switch changes only
@@ -70,124 +199,32 @@ pub fn BreakdownCard(
     #[prop(into)]
     total_label: Signal<&'static str>,
 ) -> impl IntoView {
-    let has_bar = Memo::new(move |_| total.with(Option::is_some) && parts.with(Option::is_some));
-    let segments = move || {
-        let mut m = Markup::default();
-        let total = total.get().unwrap_or(0);
-        let mut offset = 0u64;
+    let figure = Memo::new(move |_| {
+        problem.with(|problem| {
+            total_markup(
+                total.get(),
+                problem.as_deref(),
+                unit.get(),
+                total_label.get(),
+            )
+        })
+    });
+    let bar = Memo::new(move |_| {
         parts.with(|parts| {
-            for p in parts.iter().flatten() {
-                let share = per_mille(p.bytes, total);
-                let x = offset;
-                offset += share;
-                m.open(
-                    "rect",
-                    &[
-                        ("class", &format!("bar-part part-{}", p.testid)),
-                        ("x", &x.to_string()),
-                        ("y", "0"),
-                        ("width", &share.to_string()),
-                        ("height", "10"),
-                    ],
-                )
-                .el("title", &[], &format!("{}: {}", p.label, percent(share)))
-                .close("rect");
-            }
-        });
-        m.finish()
-    };
-    let rows = move || {
-        let unit = unit.get();
-        let total_bytes = total.get();
-        let mut m = Markup::default();
+            parts
+                .as_deref()
+                .map(|parts| bar_markup(parts, total.get()))
+                .unwrap_or_default()
+        })
+    });
+    let rows = Memo::new(move |_| {
         parts.with(|parts| {
-            for p in parts.iter().flatten() {
-                let share = total_bytes.map_or(0, |t| per_mille(p.bytes, t));
-                m.open("div", &[("class", "row")])
-                    .open("dt", &[])
-                    .el(
-                        "span",
-                        &[("class", &format!("swatch part-{}", p.testid))],
-                        "",
-                    )
-                    .text(p.label)
-                    .close("dt")
-                    .open(
-                        "dd",
-                        &[
-                            ("data-testid", p.testid),
-                            ("data-bytes", &p.bytes.to_string()),
-                            ("title", &exact(p.bytes)),
-                        ],
-                    )
-                    .text(&format_bytes(p.bytes, unit))
-                    .el("span", &[("class", "share")], &percent(share))
-                    .close("dd");
-                if !p.details.is_empty() {
-                    m.open("dd", &[("class", "details")])
-                        .open("ul", &[("data-testid", &format!("{}-details", p.testid))]);
-                    for d in &p.details {
-                        m.open("li", &[])
-                            .el("span", &[], d.label)
-                            .el(
-                                "span",
-                                &[
-                                    ("data-testid", &format!("saved-part-{}", d.key)),
-                                    ("data-bytes", &d.bytes.to_string()),
-                                    ("title", &exact(d.bytes)),
-                                ],
-                                &format_bytes(d.bytes, unit),
-                            )
-                            .close("li");
-                    }
-                    m.close("ul").close("dd");
-                }
-                m.close("div");
-            }
-        });
-        m.finish()
-    };
-    let figure = move || {
-        let mut m = Markup::default();
-        match total.get() {
-            Some(bytes) => {
-                m.open("p", &[("class", "total")])
-                    .el("span", &[("class", "total-label")], total_label.get())
-                    .el(
-                        "strong",
-                        &[
-                            ("data-testid", "total"),
-                            ("data-bytes", &bytes.to_string()),
-                            ("title", &exact(bytes)),
-                        ],
-                        &format_bytes(bytes, unit.get()),
-                    )
-                    .close("p");
-            }
-            None => {
-                let problem = problem.get();
-                m.el(
-                    "p",
-                    &[("class", "total unavailable"), ("data-testid", "total")],
-                    problem
-                        .as_deref()
-                        .unwrap_or("Fix the highlighted fields to see the figures."),
-                );
-            }
-        }
-        m.finish()
-    };
-    view! {
-        <section class="card breakdown" aria-labelledby="breakdown-title">
-            <h2 id="breakdown-title">"Memory for one training step"</h2>
-            <div aria-live="polite" aria-atomic="true" data-testid="breakdown" inner_html=figure></div>
-            // An SVG bar: its geometry is attributes, not inline styles, so the page needs no
-            // 'unsafe-inline' in its Content-Security-Policy.
-            {move || has_bar.get().then(|| view! {
-                <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true"
-                    data-testid="breakdown-bar" inner_html=segments></svg>
-            })}
-            <dl class="parts" inner_html=rows></dl>
-        </section>
-    }
+            rows_markup(
+                parts.as_deref().unwrap_or_default(),
+                total.get(),
+                unit.get(),
+            )
+        })
+    });
+    breakdown_card(figure, bar, rows)
 }

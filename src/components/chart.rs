@@ -23,7 +23,7 @@ fn scale(value: u64, max: u64, span: u64) -> u64 {
 
 /// The chart's markup: its title and text alternative, the grid, one stacked bar per row
 /// and the capacity line.
-fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> String {
+pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> String {
     let mut m = Markup::default();
     m.el(
         "title",
@@ -258,7 +258,13 @@ pub fn MemoryChart(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    let chart = move || rows.with(|rows| chart_markup(rows, capacity_line.get(), unit.get()));
+    memory_chart(Memo::new(move |_| {
+        rows.with(|rows| chart_markup(rows, capacity_line.get(), unit.get()))
+    }))
+}
+
+/// The chart card around its markup ([`chart_markup`]).
+pub fn memory_chart(chart: Memo<String>) -> impl IntoView {
     view! {
         <section class="card chart" aria-labelledby="chart-title">
             <h2 id="chart-title">"Batch Size vs. Memory, as a chart"</h2>

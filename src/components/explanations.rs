@@ -3,6 +3,8 @@
 use estimator_core::Mode;
 use leptos::{html::Section, prelude::*};
 
+use crate::effect::watch;
+
 /// The explanations, static HTML written for this page (in `explanations.html`, beside
 /// this file): both "How it works" parts start hidden, and the page shows its mode's.
 const EXPLANATIONS: &str = include_str!("explanations.html");
@@ -18,7 +20,7 @@ pub fn Explanations(
 ) -> impl IntoView {
     let section = NodeRef::<Section>::new();
     // Static text is set once (which keeps the FAQ's open items open); the mode shows one part.
-    Effect::new(move |_| {
+    watch(move || {
         let mode = mode.get();
         let Some(section) = section.get() else {
             return;

@@ -12,8 +12,11 @@ mod notices;
 mod sweep_table;
 mod verdict;
 
-pub use breakdown::{BreakdownCard, BreakdownDetail, BreakdownPart};
-pub use chart::MemoryChart;
+pub use breakdown::{
+    bar_markup, breakdown_card, rows_markup, total_markup, BreakdownCard, BreakdownDetail,
+    BreakdownPart,
+};
+pub use chart::{chart_markup, memory_chart, MemoryChart};
 pub use config_input::ConfigInput;
 pub use copy_button::CopyButton;
 pub use explanations::Explanations;
@@ -21,5 +24,5 @@ pub use fields::{NumberField, OptionGroup, RadioGroup, SelectField};
 pub use fit_advice::FitAdvice;
 pub use model_notes::ModelNotes;
 pub use notices::Notices;
-pub use sweep_table::SweepTable;
-pub use verdict::VerdictCard;
+pub use sweep_table::{body_markup, head_markup, sweep_table, SweepTable};
+pub use verdict::{verdict_card, verdict_markup, VerdictCard};

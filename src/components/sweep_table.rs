@@ -6,67 +6,64 @@ use leptos::prelude::*;
 use super::CopyButton;
 use crate::markup::{when, Markup};
 
-/// The sweep table, the chosen batch highlighted, with Markdown and TSV copy buttons.
-#[component]
-pub fn SweepTable(
-    /// The rows, empty while an input is invalid.
-    #[prop(into)]
-    rows: Signal<Vec<SweepRow>>,
-    /// The unit figures are shown in.
-    #[prop(into)]
-    unit: Signal<ByteUnit>,
-) -> impl IntoView {
-    let markdown = Signal::derive(move || rows.with(|r| sweep_markdown(r, unit.get())));
-    let tsv = Signal::derive(move || rows.with(|r| sweep_tsv(r, unit.get())));
-    let head = move || {
-        let mut m = Markup::default();
-        for cell in rows.with(|r| sweep_header(r, unit.get())) {
-            m.el("th", &[("scope", "col")], &cell);
+/// The header cells of the sweep table.
+pub fn head_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
+    let mut m = Markup::default();
+    for cell in sweep_header(rows, unit) {
+        m.el("th", &[("scope", "col")], &cell);
+    }
+    m.finish()
+}
+
+/// The rows of the sweep table, the chosen batch highlighted.
+pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
+    let mut m = Markup::default();
+    for row in rows {
+        let mut figures = sweep_cells(rows, row, unit);
+        // the last cell is the Fits column, drawn with its class
+        if row.fits.is_some() {
+            figures.pop();
         }
-        m.finish()
-    };
-    let body = move || {
-        let unit = unit.get();
-        let mut m = Markup::default();
-        rows.with(|all| {
-            for row in all {
-                let mut figures = sweep_cells(all, row, unit);
-                // the last cell is the Fits column, drawn with its class
-                if row.fits.is_some() {
-                    figures.pop();
-                }
-                let mut figures = figures.into_iter();
-                let batch = figures.next().unwrap_or_default();
-                let (batch_attr, total_attr) = (row.batch.to_string(), row.total_bytes.to_string());
-                m.open(
-                    "tr",
-                    &[
-                        ("data-testid", "sweep-row"),
-                        ("data-batch", &batch_attr),
-                        ("data-total-bytes", &total_attr),
-                        (when(row.is_selected, "class"), "selected"),
-                        (when(row.is_selected, "aria-current"), "true"),
-                    ],
-                )
-                .el("th", &[("scope", "row")], &batch);
-                for cell in figures {
-                    m.el("td", &[], &cell);
-                }
-                if let Some(fits) = row.fits {
-                    m.el(
-                        "td",
-                        &[
-                            ("class", if fits { "fits" } else { "no-fit" }),
-                            ("data-testid", "sweep-fits"),
-                        ],
-                        if fits { "yes" } else { "no" },
-                    );
-                }
-                m.close("tr");
-            }
-        });
-        m.finish()
-    };
+        let mut figures = figures.into_iter();
+        let batch = figures.next().unwrap_or_default();
+        let (batch_attr, total_attr) = (row.batch.to_string(), row.total_bytes.to_string());
+        m.open(
+            "tr",
+            &[
+                ("data-testid", "sweep-row"),
+                ("data-batch", &batch_attr),
+                ("data-total-bytes", &total_attr),
+                (when(row.is_selected, "class"), "selected"),
+                (when(row.is_selected, "aria-current"), "true"),
+            ],
+        )
+        .el("th", &[("scope", "row")], &batch);
+        for cell in figures {
+            m.el("td", &[], &cell);
+        }
+        if let Some(fits) = row.fits {
+            m.el(
+                "td",
+                &[
+                    ("class", if fits { "fits" } else { "no-fit" }),
+                    ("data-testid", "sweep-fits"),
+                ],
+                if fits { "yes" } else { "no" },
+            );
+        }
+        m.close("tr");
+    }
+    m.finish()
+}
+
+/// The sweep table around its markups ([`head_markup`], [`body_markup`]), with buttons that
+/// copy `markdown` and `tsv`.
+pub fn sweep_table(
+    head: Memo<String>,
+    body: Memo<String>,
+    markdown: Signal<String>,
+    tsv: Signal<String>,
+) -> impl IntoView {
     view! {
         <section class="card sweep" aria-labelledby="sweep-title">
             <div class="card-header">
@@ -89,4 +86,22 @@ pub fn SweepTable(
             </div>
         </section>
     }
+}
+
+/// The sweep table, the chosen batch highlighted, with Markdown and TSV copy buttons.
+#[component]
+pub fn SweepTable(
+    /// The rows, empty while an input is invalid.
+    #[prop(into)]
+    rows: Signal<Vec<SweepRow>>,
+    /// The unit figures are shown in.
+    #[prop(into)]
+    unit: Signal<ByteUnit>,
+) -> impl IntoView {
+    sweep_table(
+        Memo::new(move |_| rows.with(|r| head_markup(r, unit.get()))),
+        Memo::new(move |_| rows.with(|r| body_markup(r, unit.get()))),
+        Signal::derive(move || rows.with(|r| sweep_markdown(r, unit.get()))),
+        Signal::derive(move || rows.with(|r| sweep_tsv(r, unit.get()))),
+    )
 }

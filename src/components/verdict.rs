@@ -5,6 +5,155 @@ use leptos::prelude::*;
 
 use crate::markup::Markup;
 
+/// The verdict's markup: fits or not, by how much, what the need adds up, the largest batch
+/// and the accumulation plan (`None`: the inputs are invalid).
+pub fn verdict_markup(e: Option<&Evaluation>, unit: ByteUnit) -> String {
+    let mut m = Markup::default();
+    verdict_into(&mut m, e, unit);
+    m.finish()
+}
+
+fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
+    let Some(e) = e else {
+        m.el(
+            "p",
+            &[("data-testid", "fit-verdict")],
+            "Waiting for valid inputs.",
+        );
+        return;
+    };
+    let Some(v) = &e.verdict else {
+        m.el(
+            "p",
+            &[("data-testid", "fit-verdict")],
+            "Choose a GPU to see whether the step fits.",
+        );
+        return;
+    };
+    let fits = v.fits();
+    m.open(
+        "p",
+        &[
+            (
+                "class",
+                if fits {
+                    "verdict fits"
+                } else {
+                    "verdict no-fit"
+                },
+            ),
+            ("data-testid", "fit-verdict"),
+            ("data-fits", if fits { "true" } else { "false" }),
+        ],
+    )
+    .el("strong", &[], &e.verdict_text(unit).unwrap_or_default())
+    .close("p");
+    // What the verdict adds up: `(label, data-testid, bytes, a sum)`.
+    m.open("dl", &[("class", "parts overhead-lines")]);
+    for (label, testid, bytes, sum) in [
+        (
+            "Peak of the step (tensors)",
+            "need-peak",
+            v.peak_bytes,
+            false,
+        ),
+        (
+            "Allocator reserve",
+            "need-reserve",
+            v.allocator_reserve_bytes,
+            false,
+        ),
+        ("CUDA context", "need-context", v.cuda_context_bytes, false),
+        ("Needed", "need-total", v.needed_bytes, true),
+        (
+            "GPU capacity",
+            "gpu-capacity-bytes",
+            v.capacity_bytes,
+            false,
+        ),
+        (
+            "Safety margin held back",
+            "margin-held",
+            v.safety_margin_bytes,
+            false,
+        ),
+        ("Usable", "usable", v.usable_bytes, true),
+    ] {
+        m.open("div", &[("class", if sum { "row sum" } else { "row" })])
+            .el("dt", &[], label)
+            .el(
+                "dd",
+                &[("data-testid", testid), ("data-bytes", &bytes.to_string())],
+                &format_bytes(bytes, unit),
+            )
+            .close("div");
+    }
+    m.close("dl");
+    let per_gpu = if e.per_gpu { " per GPU" } else { "" };
+    match e.max_batch {
+        Some(MaxBatch::Fits(b)) => {
+            let b = b.to_string();
+            m.open("p", &[])
+                .text("Largest batch that fits")
+                .text(per_gpu)
+                .text(": ")
+                .el(
+                    "strong",
+                    &[("data-testid", "max-batch"), ("data-value", &b)],
+                    &b,
+                )
+                .close("p");
+        }
+        Some(MaxBatch::NoneFits(_)) => {
+            m.el(
+                "p",
+                &[("data-testid", "max-batch"), ("data-value", "0")],
+                &e.nothing_fits_text(unit).unwrap_or_default(),
+            );
+        }
+        None => {}
+    }
+    if let Some(p) = e.accumulation {
+        let reached = p.global_batch();
+        let target = e.plan.global_batch.unwrap_or(reached);
+        let overshoot = if reached > target {
+            format!(" ({reached} samples: the nearest whole split above {target})")
+        } else {
+            String::new()
+        };
+        m.el(
+                "p",
+                &[
+                    ("data-testid", "accumulation-plan"),
+                    ("data-micro-batch", &p.micro_batch.to_string()),
+                    ("data-steps", &p.accumulation_steps.to_string()),
+                    ("data-gpus", &p.num_gpus.to_string()),
+                ],
+                &format!(
+                    "Global batch {target}: micro-batch {} per GPU × {} accumulation step{} × {} GPU{}{overshoot}. \
+                     Each optimizer step then runs {} forward and backward pass{} per GPU.",
+                    p.micro_batch,
+                    p.accumulation_steps,
+                    if p.accumulation_steps == 1 { "" } else { "s" },
+                    p.num_gpus,
+                    if p.num_gpus == 1 { "" } else { "s" },
+                    p.accumulation_steps,
+                    if p.accumulation_steps == 1 { "" } else { "es" },
+                ),
+            );
+    }
+}
+
+/// The verdict card around its markup ([`verdict_markup`]).
+pub fn verdict_card(body: Memo<String>) -> impl IntoView {
+    view! {
+        <section class="card verdict-card" aria-labelledby="verdict-title">
+            <h2 id="verdict-title">"Will it fit?"</h2>
+            <div aria-live="polite" inner_html=body></div>
+        </section>
+    }
+}
+
 /// The answer for the chosen GPU: fits or not, by how much, the largest batch that fits,
 /// and micro-batch x accumulation x GPUs for the global batch.
 #[component]
@@ -16,110 +165,7 @@ pub fn VerdictCard(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    let body = move || {
-        let unit = unit.get();
-        let mut m = Markup::default();
-        evaluation.with(|e| {
-            let Some(e) = e else {
-                m.el("p", &[("data-testid", "fit-verdict")], "Waiting for valid inputs.");
-                return;
-            };
-            let Some(v) = &e.verdict else {
-                m.el(
-                    "p",
-                    &[("data-testid", "fit-verdict")],
-                    "Choose a GPU to see whether the step fits.",
-                );
-                return;
-            };
-            let fits = v.fits();
-            m.open(
-                "p",
-                &[
-                    ("class", if fits { "verdict fits" } else { "verdict no-fit" }),
-                    ("data-testid", "fit-verdict"),
-                    ("data-fits", if fits { "true" } else { "false" }),
-                ],
-            )
-            .el("strong", &[], &e.verdict_text(unit).unwrap_or_default())
-            .close("p");
-            // What the verdict adds up: `(label, data-testid, bytes, a sum)`.
-            m.open("dl", &[("class", "parts overhead-lines")]);
-            for (label, testid, bytes, sum) in [
-                ("Peak of the step (tensors)", "need-peak", v.peak_bytes, false),
-                ("Allocator reserve", "need-reserve", v.allocator_reserve_bytes, false),
-                ("CUDA context", "need-context", v.cuda_context_bytes, false),
-                ("Needed", "need-total", v.needed_bytes, true),
-                ("GPU capacity", "gpu-capacity-bytes", v.capacity_bytes, false),
-                ("Safety margin held back", "margin-held", v.safety_margin_bytes, false),
-                ("Usable", "usable", v.usable_bytes, true),
-            ] {
-                m.open("div", &[("class", if sum { "row sum" } else { "row" })])
-                    .el("dt", &[], label)
-                    .el(
-                        "dd",
-                        &[("data-testid", testid), ("data-bytes", &bytes.to_string())],
-                        &format_bytes(bytes, unit),
-                    )
-                    .close("div");
-            }
-            m.close("dl");
-            let per_gpu = if e.per_gpu { " per GPU" } else { "" };
-            match e.max_batch {
-                Some(MaxBatch::Fits(b)) => {
-                    let b = b.to_string();
-                    m.open("p", &[])
-                        .text("Largest batch that fits")
-                        .text(per_gpu)
-                        .text(": ")
-                        .el("strong", &[("data-testid", "max-batch"), ("data-value", &b)], &b)
-                        .close("p");
-                }
-                Some(MaxBatch::NoneFits(_)) => {
-                    m.el(
-                        "p",
-                        &[("data-testid", "max-batch"), ("data-value", "0")],
-                        &e.nothing_fits_text(unit).unwrap_or_default(),
-                    );
-                }
-                None => {}
-            }
-            if let Some(p) = e.accumulation {
-                let reached = p.global_batch();
-                let target = e.plan.global_batch.unwrap_or(reached);
-                let overshoot = if reached > target {
-                    format!(" ({reached} samples: the nearest whole split above {target})")
-                } else {
-                    String::new()
-                };
-                m.el(
-                    "p",
-                    &[
-                        ("data-testid", "accumulation-plan"),
-                        ("data-micro-batch", &p.micro_batch.to_string()),
-                        ("data-steps", &p.accumulation_steps.to_string()),
-                        ("data-gpus", &p.num_gpus.to_string()),
-                    ],
-                    &format!(
-                        "Global batch {target}: micro-batch {} per GPU × {} accumulation step{} × {} GPU{}{overshoot}. \
-                         Each optimizer step then runs {} forward and backward pass{} per GPU.",
-                        p.micro_batch,
-                        p.accumulation_steps,
-                        if p.accumulation_steps == 1 { "" } else { "s" },
-                        p.num_gpus,
-                        if p.num_gpus == 1 { "" } else { "s" },
-                        p.accumulation_steps,
-                        if p.accumulation_steps == 1 { "" } else { "es" },
-                    ),
-                );
-            }
-        });
-        m.finish()
-    };
-    view! {
-        <section class="card verdict-card" aria-labelledby="verdict-title">
-            <h2 id="verdict-title">"Will it fit?"</h2>
-            <div aria-live="polite" inner_html=body></div>
-        </section>
-    }
+    verdict_card(Memo::new(move |_| {
+        evaluation.with(|e| verdict_markup(e.as_ref(), unit.get()))
+    }))
 }
