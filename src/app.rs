@@ -89,39 +89,66 @@ const ADVICE_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
 
 /// Runs the newest task given to it once `delay` has passed with no newer one: the work a
 /// keystroke schedules this way is paid once the typing pauses.
+///
+/// One timer waits at a time: a newer task only moves the deadline, and the timer, when it
+/// fires before it, waits the rest (a keystroke sets no timer of its own).
 #[derive(Clone, Copy)]
 struct Debounced {
-    newest: StoredValue<u64>,
-    delay: std::time::Duration,
+    task: StoredValue<Option<Box<dyn FnOnce()>>, LocalStorage>,
+    /// When the task is due, in milliseconds since the epoch.
+    due: StoredValue<f64>,
+    /// Whether a timer is set.
+    waiting: StoredValue<bool>,
+    delay_ms: f64,
 }
 
 impl Debounced {
     fn new(delay: std::time::Duration) -> Self {
         Self {
-            newest: StoredValue::new(0),
-            delay,
+            task: StoredValue::new_local(None),
+            due: StoredValue::new(0.0),
+            waiting: StoredValue::new(false),
+            delay_ms: delay.as_secs_f64() * 1000.0,
         }
     }
 
-    /// Drops the task waiting, if any; returns the generation the next task carries.
-    fn cancel(self) -> u64 {
-        let generation = self.newest.get_value().wrapping_add(1);
-        self.newest.set_value(generation);
-        generation
+    /// Drops the task waiting, if any.
+    fn cancel(self) {
+        self.task.set_value(None);
     }
 
-    /// Replaces the task waiting with `task`.
+    /// Replaces the task waiting with `task`, due `delay` from now.
     fn run(self, task: impl FnOnce() + 'static) {
-        let generation = self.cancel();
+        self.task.set_value(Some(Box::new(task)));
+        self.due.set_value(now_ms() + self.delay_ms);
+        if !self.waiting.get_value() {
+            self.waiting.set_value(true);
+            self.wait(self.delay_ms);
+        }
+    }
+
+    fn wait(self, ms: f64) {
         set_timeout(
             move || {
-                if self.newest.get_value() == generation {
-                    task();
+                let left = self.due.get_value() - now_ms();
+                if left > 0.0 && self.task.with_value(Option::is_some) {
+                    self.wait(left);
+                } else {
+                    self.waiting.set_value(false);
+                    if let Some(task) = self.task.try_update_value(Option::take).flatten() {
+                        task();
+                    }
                 }
             },
-            self.delay,
+            // whole milliseconds, rounded up: the timer never fires before the task is due
+            std::time::Duration::from_millis(ms.ceil() as u64),
         );
     }
+}
+
+/// Milliseconds since the epoch.
+fn now_ms() -> f64 {
+    web_sys::js_sys::Date::now()
 }
 
 /// The whole estimator page.
@@ -168,7 +195,7 @@ pub fn App() -> impl IntoView {
     let breakdown_bar = Memo::new(move |_| {
         evaluation.with(|e| {
             e.as_ref().map_or_else(
-                |_| String::new(),
+                |_| Vec::new(),
                 |e| bar_markup(&breakdown_parts(e), Some(e.step.peak_bytes)),
             )
         })
@@ -176,7 +203,7 @@ pub fn App() -> impl IntoView {
     let breakdown_rows = Memo::new(move |_| {
         evaluation.with(|e| {
             e.as_ref().map_or_else(
-                |_| String::new(),
+                |_| Vec::new(),
                 |e| rows_markup(&breakdown_parts(e), Some(e.step.peak_bytes), unit.get()),
             )
         })
@@ -216,22 +243,21 @@ pub fn App() -> impl IntoView {
     // leaves the page, follows once typing pauses for URL_SYNC_DELAY, since Chromium's
     // replaceState costs milliseconds a call. The share link carries the query at once.
     let query = Memo::new(move |_| state.with(encode_query));
-    let url_sync = Debounced::new(URL_SYNC_DELAY);
+    // The tab's title too, with the peak (setting it costs about a twentieth of a keystroke).
+    let page_sync = Debounced::new(URL_SYNC_DELAY);
     watch(move || {
         query.with(|q| browser::store(q));
-        url_sync.run(move || query.with_untracked(|q| browser::replace_query(q)));
-    });
-    // The tab's title too: setting it costs about a twentieth of a keystroke.
-    let title_sync = Debounced::new(URL_SYNC_DELAY);
-    watch(move || {
-        let title = match evaluation.with(|e| e.as_ref().ok().map(|e| e.step.peak_bytes)) {
-            Some(bytes) => format!(
-                "{} · Batch Size Memory Estimator",
-                format_bytes(bytes, unit.get())
-            ),
-            None => "Batch Size Memory Estimator".to_owned(),
-        };
-        title_sync.run(move || browser::set_title(&title));
+        page_sync.run(move || {
+            query.with_untracked(|q| browser::replace_query(q));
+            let peak = evaluation.with_untracked(|e| e.as_ref().ok().map(|e| e.step.peak_bytes));
+            browser::set_title(&match peak {
+                Some(bytes) => format!(
+                    "{} · Batch Size Memory Estimator",
+                    format_bytes(bytes, unit.get_untracked())
+                ),
+                None => "Batch Size Memory Estimator".to_owned(),
+            });
+        });
     });
 
     let is_arch = Memo::new(move |_| state.with(|s| s.mode == Mode::Architecture));
@@ -254,27 +280,36 @@ pub fn App() -> impl IntoView {
         // the plans' links keep the text as typed: any change of it renews them
         state.track();
         let wanted = !fits_now.get() || show_plans.get();
-        let job = page.with(|p| {
-            let scenario = p.scenario.as_ref().ok()?;
-            scenario.plan().capacity_bytes?;
-            Some(wanted.then(|| (scenario.clone(), state.get_untracked())))
+        let searchable = page.with(|p| {
+            p.scenario
+                .as_ref()
+                .is_ok_and(|s| s.plan().capacity_bytes.is_some())
         });
-        match job {
-            None => {
-                advice_search.cancel();
+        if !searchable {
+            advice_search.cancel();
+            if advice.with_untracked(Option::is_some) {
                 advice.set(None);
             }
-            Some(None) => {
-                advice_search.cancel();
+        } else if !wanted {
+            advice_search.cancel();
+            if !advice.with_untracked(|a| matches!(a, Some(Ok(plans)) if plans.is_empty())) {
                 advice.set(Some(Ok(Vec::new())));
             }
-            Some(Some((scenario, inputs))) => advice_search.run(move || {
-                advice.set(Some(
-                    scenario
-                        .advise(&inputs, ADVICE_LIMIT)
-                        .map_err(|e| e.to_string()),
-                ));
-            }),
+        } else {
+            // the search reads the inputs when it runs: the newest ones
+            advice_search.run(move || {
+                let plans = page.with_untracked(|p| {
+                    let scenario = p.scenario.as_ref().ok()?;
+                    Some(state.with_untracked(|inputs| {
+                        scenario
+                            .advise(inputs, ADVICE_LIMIT)
+                            .map_err(|e| e.to_string())
+                    }))
+                });
+                if let Some(plans) = plans {
+                    advice.set(Some(plans));
+                }
+            });
         }
     });
     // The parameter count, the peak's phase and the share link, above the breakdown.
@@ -407,7 +442,9 @@ pub fn App() -> impl IntoView {
                 {memory_chart(chart)}
                 {sweep_table(
                     Memo::new(move |_| sweep_of(head_markup)()),
-                    Memo::new(move |_| sweep_of(body_markup)()),
+                    Memo::new(move |_| {
+                        evaluation.with(|e| body_markup(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
+                    }),
                     Signal::derive(sweep_of(sweep_markdown)),
                     Signal::derive(sweep_of(sweep_tsv)),
                 )}

@@ -630,13 +630,15 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
             }
             mode.set_value(Some(s.mode));
             // the parts shown
-            let wrappers = form.query_selector_all("div.when").ok();
             parts.update_value(|parts| {
+                // looked up on the first change only: most keystrokes change none
+                let mut wrappers = None;
                 for (i, (part, was)) in shown.iter().zip(parts.iter_mut()).enumerate() {
                     let now = part.holds(s);
                     if *was != Some(now) {
                         *was = Some(now);
                         if let Some(el) = wrappers
+                            .get_or_insert_with(|| form.query_selector_all("div.when").ok())
                             .as_ref()
                             .and_then(|w| w.item(i as u32))
                             .and_then(|n| n.dyn_into::<web_sys::Element>().ok())

@@ -4,36 +4,53 @@
 //! The figures change on every keystroke and hold no focus, listener or state of their own,
 //! so a card is cheaper written as text (one DOM call, parsed by the browser) than diffed
 //! node by node and attribute by attribute, and a string builder is much smaller in
-//! WebAssembly than a view tree per card. Every text and attribute value is escaped.
+//! WebAssembly than a view tree per card. Every text and attribute value is escaped. A card
+//! that changes in parts keeps its markup as one string per child element, and only the
+//! children whose markup changed are parsed again ([`children`]).
+
+use leptos::prelude::*;
+
+use crate::effect::watch;
 
 /// A string of HTML (or SVG) built element by element.
 #[derive(Default)]
-pub struct Markup(String);
+pub struct Markup {
+    html: String,
+    /// How many elements are open.
+    depth: usize,
+    /// Where each top-level element ends.
+    ends: Vec<usize>,
+}
 
 impl Markup {
     /// `<tag name="value" ...>`; the values are escaped, an empty name is left out (an
     /// attribute that is there only sometimes).
     pub fn open(&mut self, tag: &str, attrs: &[(&str, &str)]) -> &mut Self {
-        self.0.push('<');
-        self.0.push_str(tag);
+        self.depth += 1;
+        self.html.push('<');
+        self.html.push_str(tag);
         for &(name, value) in attrs {
             if !name.is_empty() {
-                self.0.push(' ');
-                self.0.push_str(name);
-                self.0.push_str("=\"");
+                self.html.push(' ');
+                self.html.push_str(name);
+                self.html.push_str("=\"");
                 self.escape(value);
-                self.0.push('"');
+                self.html.push('"');
             }
         }
-        self.0.push('>');
+        self.html.push('>');
         self
     }
 
     /// `</tag>`.
     pub fn close(&mut self, tag: &str) -> &mut Self {
-        self.0.push_str("</");
-        self.0.push_str(tag);
-        self.0.push('>');
+        self.html.push_str("</");
+        self.html.push_str(tag);
+        self.html.push('>');
+        self.depth = self.depth.saturating_sub(1);
+        if self.depth == 0 {
+            self.ends.push(self.html.len());
+        }
         self
     }
 
@@ -51,17 +68,32 @@ impl Markup {
     /// The markup built.
     #[must_use]
     pub fn finish(self) -> String {
-        self.0
+        self.html
+    }
+
+    /// The markup built, one string per top-level element (for [`children`]; every element
+    /// must be closed, and text belongs to the element after it).
+    #[must_use]
+    pub fn pieces(self) -> Vec<String> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let piece = self.html[start..end].to_owned();
+                start = end;
+                piece
+            })
+            .collect()
     }
 
     fn escape(&mut self, text: &str) {
         for c in text.chars() {
             match c {
-                '&' => self.0.push_str("&amp;"),
-                '<' => self.0.push_str("&lt;"),
-                '>' => self.0.push_str("&gt;"),
-                '"' => self.0.push_str("&quot;"),
-                c => self.0.push(c),
+                '&' => self.html.push_str("&amp;"),
+                '<' => self.html.push_str("&lt;"),
+                '>' => self.html.push_str("&gt;"),
+                '"' => self.html.push_str("&quot;"),
+                c => self.html.push(c),
             }
         }
     }
@@ -75,4 +107,28 @@ pub const fn when(on: bool, name: &'static str) -> &'static str {
     } else {
         ""
     }
+}
+
+/// A directive, `use:children=markup`: keeps the element's children those of `markup` (one
+/// string per child element, from [`Markup::pieces`]), parsing again only the children whose
+/// markup changed; all of them when their number changes.
+pub fn children(el: web_sys::Element, markup: Memo<Vec<String>>) {
+    let mut shown: Vec<String> = Vec::new();
+    watch(move || {
+        markup.with(|pieces| {
+            if pieces.len() == shown.len() {
+                let mut child = el.first_element_child();
+                for (was, now) in shown.iter().zip(pieces) {
+                    let Some(current) = child else { break };
+                    child = current.next_element_sibling();
+                    if was != now {
+                        current.set_outer_html(now);
+                    }
+                }
+            } else {
+                el.set_inner_html(&pieces.concat());
+            }
+            shown.clone_from(pieces);
+        });
+    });
 }

@@ -3,7 +3,7 @@
 use estimator_core::{format_bytes, group_thousands, ByteUnit};
 use leptos::prelude::*;
 
-use crate::markup::Markup;
+use crate::markup::{children, Markup};
 
 /// One line of the breakdown.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,11 +82,11 @@ pub fn total_markup(
     m.finish()
 }
 
-/// The bar's segments, one per part (empty: no bar).
-pub fn bar_markup(parts: &[BreakdownPart], total: Option<u64>) -> String {
+/// The bar's segments, one string per part (none: no bar).
+pub fn bar_markup(parts: &[BreakdownPart], total: Option<u64>) -> Vec<String> {
     let mut m = Markup::default();
     let Some(total) = total else {
-        return m.finish();
+        return Vec::new();
     };
     let mut offset = 0u64;
     for p in parts {
@@ -106,11 +106,12 @@ pub fn bar_markup(parts: &[BreakdownPart], total: Option<u64>) -> String {
         .el("title", &[], &format!("{}: {}", p.label, percent(share)))
         .close("rect");
     }
-    m.finish()
+    m.pieces()
 }
 
-/// The lines of the breakdown, each with its share of `total` and its sub-list.
-pub fn rows_markup(parts: &[BreakdownPart], total: Option<u64>, unit: ByteUnit) -> String {
+/// The lines of the breakdown, each with its share of `total` and its sub-list, one string
+/// per line.
+pub fn rows_markup(parts: &[BreakdownPart], total: Option<u64>, unit: ByteUnit) -> Vec<String> {
     let mut m = Markup::default();
     for p in parts {
         let share = total.map_or(0, |t| per_mille(p.bytes, t));
@@ -155,12 +156,16 @@ pub fn rows_markup(parts: &[BreakdownPart], total: Option<u64>, unit: ByteUnit) 
         }
         m.close("div");
     }
-    m.finish()
+    m.pieces()
 }
 
 /// The breakdown card around its markups: the total ([`total_markup`]), the bar's segments
-/// ([`bar_markup`], empty for no bar) and the lines ([`rows_markup`]).
-pub fn breakdown_card(total: Memo<String>, bar: Memo<String>, rows: Memo<String>) -> impl IntoView {
+/// ([`bar_markup`], none for no bar) and the lines ([`rows_markup`]).
+pub fn breakdown_card(
+    total: Memo<String>,
+    bar: Memo<Vec<String>>,
+    rows: Memo<Vec<String>>,
+) -> impl IntoView {
     let has_bar = Memo::new(move |_| bar.with(|b| !b.is_empty()));
     view! {
         <section class="card breakdown" aria-labelledby="breakdown-title">
@@ -170,9 +175,9 @@ pub fn breakdown_card(total: Memo<String>, bar: Memo<String>, rows: Memo<String>
             // 'unsafe-inline' in its Content-Security-Policy.
             {move || has_bar.get().then(|| view! {
                 <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true"
-                    data-testid="breakdown-bar" inner_html=bar></svg>
+                    data-testid="breakdown-bar" use:children=bar></svg>
             })}
-            <dl class="parts" inner_html=rows></dl>
+            <dl class="parts" use:children=rows></dl>
         </section>
     }
 }

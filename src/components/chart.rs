@@ -3,7 +3,7 @@
 use estimator_core::{format_bytes, format_in_unit, ByteUnit, SweepRow};
 use leptos::prelude::*;
 
-use crate::markup::Markup;
+use crate::markup::{children, Markup};
 
 const WIDTH: u64 = 640;
 const HEIGHT: u64 = 300;
@@ -21,9 +21,9 @@ fn scale(value: u64, max: u64, span: u64) -> u64 {
     u64::try_from(u128::from(value) * u128::from(span) / u128::from(max)).unwrap_or(span)
 }
 
-/// The chart's markup: its title and text alternative, the grid, one stacked bar per row
+/// The chart's markup, one string per child of the `<svg>`: its title and text alternative, the grid, one stacked bar per row
 /// and the capacity line.
-pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> String {
+pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec<String> {
     let mut m = Markup::default();
     m.el(
         "title",
@@ -241,7 +241,7 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Str
         ],
         &format!("Memory ({symbol})"),
     );
-    m.finish()
+    m.pieces()
 }
 
 /// Stacked bars of model state and activations per batch, drawn as SVG by the app itself,
@@ -264,7 +264,7 @@ pub fn MemoryChart(
 }
 
 /// The chart card around its markup ([`chart_markup`]).
-pub fn memory_chart(chart: Memo<String>) -> impl IntoView {
+pub fn memory_chart(chart: Memo<Vec<String>>) -> impl IntoView {
     view! {
         <section class="card chart" aria-labelledby="chart-title">
             <h2 id="chart-title">"Batch Size vs. Memory, as a chart"</h2>
@@ -273,7 +273,7 @@ pub fn memory_chart(chart: Memo<String>) -> impl IntoView {
                 viewBox="0 0 640 300"
                 role="img"
                 aria-labelledby="chart-svg-title chart-svg-desc"
-                inner_html=chart
+                use:children=chart
             ></svg>
             <p class="legend" data-testid="chart-legend">
                 <span class="swatch chart-state-swatch"></span>"Weights + gradients + optimizer states "

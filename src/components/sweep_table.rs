@@ -4,7 +4,7 @@ use estimator_core::{sweep_cells, sweep_header, sweep_markdown, sweep_tsv, ByteU
 use leptos::prelude::*;
 
 use super::CopyButton;
-use crate::markup::{when, Markup};
+use crate::markup::{children, when, Markup};
 
 /// The header cells of the sweep table.
 pub fn head_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
@@ -15,8 +15,8 @@ pub fn head_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
     m.finish()
 }
 
-/// The rows of the sweep table, the chosen batch highlighted.
-pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
+/// The rows of the sweep table, the chosen batch highlighted, one string per row.
+pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> Vec<String> {
     let mut m = Markup::default();
     for row in rows {
         let mut figures = sweep_cells(rows, row, unit);
@@ -53,14 +53,14 @@ pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
         }
         m.close("tr");
     }
-    m.finish()
+    m.pieces()
 }
 
 /// The sweep table around its markups ([`head_markup`], [`body_markup`]), with buttons that
 /// copy `markdown` and `tsv`.
 pub fn sweep_table(
     head: Memo<String>,
-    body: Memo<String>,
+    body: Memo<Vec<String>>,
     markdown: Signal<String>,
     tsv: Signal<String>,
 ) -> impl IntoView {
@@ -81,7 +81,7 @@ pub fn sweep_table(
                     <thead>
                         <tr inner_html=head></tr>
                     </thead>
-                    <tbody inner_html=body></tbody>
+                    <tbody use:children=body></tbody>
                 </table>
             </div>
         </section>

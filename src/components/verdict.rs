@@ -3,14 +3,14 @@
 use estimator_core::{format_bytes, ByteUnit, Evaluation, MaxBatch};
 use leptos::prelude::*;
 
-use crate::markup::Markup;
+use crate::markup::{children, Markup};
 
-/// The verdict's markup: fits or not, by how much, what the need adds up, the largest batch
+/// The verdict's markup, one string per paragraph or list: fits or not, by how much, what the need adds up, the largest batch
 /// and the accumulation plan (`None`: the inputs are invalid).
-pub fn verdict_markup(e: Option<&Evaluation>, unit: ByteUnit) -> String {
+pub fn verdict_markup(e: Option<&Evaluation>, unit: ByteUnit) -> Vec<String> {
     let mut m = Markup::default();
     verdict_into(&mut m, e, unit);
-    m.finish()
+    m.pieces()
 }
 
 fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
@@ -145,11 +145,11 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
 }
 
 /// The verdict card around its markup ([`verdict_markup`]).
-pub fn verdict_card(body: Memo<String>) -> impl IntoView {
+pub fn verdict_card(body: Memo<Vec<String>>) -> impl IntoView {
     view! {
         <section class="card verdict-card" aria-labelledby="verdict-title">
             <h2 id="verdict-title">"Will it fit?"</h2>
-            <div aria-live="polite" inner_html=body></div>
+            <div aria-live="polite" use:children=body></div>
         </section>
     }
 }
