@@ -12,8 +12,8 @@
 
 use estimator_core::{
     AttentionKernel, ByteUnit, Checkpointing, Field, Gpu, KvDtype, LossKind, Method, Mode,
-    ModelFamily, Optimizer, Page, PageState, ParamUnit, PipelineSchedule, Precision,
-    PrecisionRecipe, Preset, Quant4, Sharding, Trainer, WeightFormat, CUSTOM_MODEL_KEY,
+    ModelFamily, Offload, Optimizer, Page, PageState, ParamUnit, PipelineSchedule, Precision,
+    PrecisionRecipe, Preset, Quant4, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY,
     SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
@@ -1058,13 +1058,22 @@ pub const OVERHEADS: &[Spec] = &[
 pub const DATA_PARALLEL: &[Spec] = &[
     typed(
         Field::NumGpus,
-        "Data-parallel GPUs",
+        "GPUs in all",
         "num-gpus",
-        "Replicas of the step; GPUs in all = this x tensor x context.",
+        "A multiple of tensor x context x pipeline parallel; the rest is data parallel.",
     ),
     choice_of(Field::Sharding, "Data-parallel engine", "sharding", || {
         options(&Sharding::ALL, Sharding::key, Sharding::label)
     }),
+    choice_of(Field::Offload, "Offload to CPU", "offload", || {
+        options(&Offload::ALL, Offload::key, Offload::label)
+    }),
+    typed(
+        Field::NcclMib,
+        "NCCL buffers per communicator (MiB)",
+        "nccl-mib",
+        "Outside PyTorch's allocator; default 512: NCCL_BUFFSIZE 4 MiB x 32 channels x 2 peers x 2.",
+    ),
 ];
 
 /// Architecture mode: FSDP2's resharding, tensor, sequence, loss, context and pipeline
@@ -1077,7 +1086,22 @@ pub const MODEL_PARALLEL: &[Spec] = &[
         &[
             ("on", "On: each layer re-gathered for backward"),
             ("off", "Off: gathered layers kept until backward"),
+            ("2", "To 2 GPUs"),
+            ("4", "To 4 GPUs"),
+            ("8", "To 8 GPUs (a node)"),
         ],
+    ),
+    typed(
+        Field::ReduceBucket,
+        "DeepSpeed reduce bucket (elements)",
+        "reduce-bucket",
+        "reduce_bucket_size; DeepSpeed's default 5e8.",
+    ),
+    typed(
+        Field::PrefetchBucket,
+        "DeepSpeed ZeRO-3 prefetch bucket (elements)",
+        "prefetch-bucket",
+        "stage3_prefetch_bucket_size; DeepSpeed's default 5e7.",
     ),
     typed(
         Field::TensorParallel,
@@ -1094,6 +1118,9 @@ pub const MODEL_PARALLEL: &[Spec] = &[
             ("on", "On: norms and residuals on a slice of the tokens"),
         ],
     ),
+    choice_of(Field::TpPlan, "Tensor-parallel plan", "tp-plan", || {
+        options(&TpPlan::ALL, TpPlan::key, TpPlan::label)
+    }),
     choice(
         Field::LossParallel,
         "Loss parallelism",

@@ -64,6 +64,12 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
             false,
         ),
         ("CUDA context", "need-context", v.cuda_context_bytes, false),
+        (
+            "NCCL buffers (one communicator per group)",
+            "need-communication",
+            v.communication_bytes,
+            false,
+        ),
         ("Needed", "need-total", v.needed_bytes, true),
         (
             "GPU capacity",
@@ -79,6 +85,10 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
         ),
         ("Usable", "usable", v.usable_bytes, true),
     ] {
+        // NCCL's line only where there is communication
+        if testid == "need-communication" && bytes == 0 {
+            continue;
+        }
         m.open("div", &[("class", if sum { "row sum" } else { "row" })])
             .el("dt", &[], label)
             .el(
@@ -89,6 +99,21 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
             .close("div");
     }
     m.close("dl");
+    // beside the verdict: the host RAM what is offloaded takes
+    if e.step.host_bytes > 0 {
+        m.open("p", &[])
+            .text("Host RAM for the offloaded state: ")
+            .el(
+                "strong",
+                &[
+                    ("data-testid", "host-ram"),
+                    ("data-bytes", &e.step.host_bytes.to_string()),
+                ],
+                &format_bytes(e.step.host_bytes, unit),
+            )
+            .text(" per GPU (times the GPUs of a node for the node's RAM)")
+            .close("p");
+    }
     let per_gpu = if e.per_gpu { " per GPU" } else { "" };
     match e.max_batch {
         Some(MaxBatch::Fits(b)) => {

@@ -47,13 +47,17 @@ test('even batch 1 not fitting is said plainly', async () => {
 
 test('sharding lowers per-GPU memory stage by stage, and says it is per GPU', async () => {
   const { page, context } = await openPage(env.browser, env.server.origin + '/?m=arch&model=llama3-8b&b=1&s=2048&gpu=h100-80&n=8');
-  let last = await bytesOf(page, 'total');
+  const ddp = await bytesOf(page, 'total');
+  const peaks = {};
   for (const stage of ['zero1', 'zero2', 'zero3']) {
     await page.getByTestId('sharding').selectOption(stage);
-    const now = await bytesOf(page, 'total');
-    assert.ok(now <= last, `${stage}: ${now} > ${last}`);
-    last = now;
+    peaks[stage] = await bytesOf(page, 'total');
+    assert.ok(peaks[stage] < ddp, `${stage}: ${peaks[stage]} >= ${ddp}`);
   }
+  // ZeRO-2's reduce bucket and its copy come while the activations are alive: either of
+  // ZeRO-1 and ZeRO-2 may peak higher, ZeRO-3 below both
+  assert.ok(peaks.zero3 < peaks.zero1 && peaks.zero3 < peaks.zero2);
+  const last = peaks.zero3;
   assert.match(await page.getByTestId('per-gpu-note').textContent(), /per GPU/);
   await typeInto(page, 'tensor-parallel', '2');
   assert.ok((await bytesOf(page, 'total')) < last);

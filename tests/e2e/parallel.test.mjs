@@ -1,0 +1,75 @@
+// Several GPUs as a person plans them: a 70B full fine-tune over 64 GPUs with FSDP2 x TP x PP,
+// read per GPU at the busiest pipeline stage, with the groups checked against the GPUs, offload
+// and its host RAM, NCCL's buffers in the verdict, and the plan carried by a link.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled } from './harness.mjs';
+
+const env = useServerAndBrowser({ before, after });
+const base = '/?m=arch&model=llama3.3-70b&b=1&s=4096&r=bf16&o=adamw&gc=full&gpu=h100-80';
+
+test('a 70B full fine-tune over 64 GPUs with FSDP2 x TP x PP fits, read at its busiest stage', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
+  assert.equal(await page.getByTestId('fit-verdict').getAttribute('data-fits'), 'false');
+  const one = await bytesOf(page, 'total');
+
+  await typeInto(page, 'num-gpus', '64');
+  await page.getByTestId('sharding').selectOption('fsdp2');
+  await typeInto(page, 'tensor-parallel', '8');
+  await page.getByTestId('sequence-parallel').selectOption('on');
+  await page.getByTestId('loss-parallel').selectOption('on');
+  await typeInto(page, 'pipeline-parallel', '4');
+
+  // 64 = 2 data-parallel x 8 tensor x 4 pipeline: each GPU holds a quarter of the layers' share
+  const perGpu = await bytesOf(page, 'total');
+  assert.ok(perGpu * 20n < one, `${perGpu} per GPU against ${one} on one`);
+  assert.equal(await page.getByTestId('fit-verdict').getAttribute('data-fits'), 'true');
+  const stage = await page.getByTestId('pipeline-stage').textContent();
+  assert.match(stage, /stage [1-4] of 4/i);
+  assert.match(await page.getByTestId('per-gpu-note').textContent(), /per GPU/);
+  // NCCL: a communicator for each of the data, tensor and pipeline groups
+  assert.equal(await bytesOf(page, 'need-communication'), 3n * 512n * 1048576n);
+  const needed = await bytesOf(page, 'need-total');
+  assert.equal(needed, (await bytesOf(page, 'need-peak')) + (await bytesOf(page, 'need-reserve'))
+    + (await bytesOf(page, 'need-context')) + (await bytesOf(page, 'need-communication')));
+
+  // the groups must divide the GPUs: a clear error next to the field, the rest keeps working
+  await typeInto(page, 'num-gpus', '60');
+  assert.match(await page.getByTestId('num-gpus-error').textContent(), /multiple of .*\(32\)/);
+  await typeInto(page, 'num-gpus', '64');
+  assert.equal(await bytesOf(page, 'total'), perGpu);
+
+  // the link carries the plan: a fresh page shows the same GPU at the same stage
+  await urlSettled(page);
+  const params = new URL(page.url()).searchParams;
+  for (const [key, value] of [['gpus', '64'], ['shard', 'fsdp2'], ['tp', '8'], ['sp', 'on'], ['lp', 'on'], ['pp', '4']]) {
+    assert.equal(params.get(key), value, key);
+  }
+  const again = await openPage(env.browser, page.url());
+  assert.equal(await bytesOf(again.page, 'total'), perGpu);
+  assert.equal(await again.page.getByTestId('pipeline-stage').textContent(), stage);
+  await again.context.close();
+
+  // a reload keeps it too
+  await page.reload();
+  assert.equal(await bytesOf(page, 'total'), perGpu);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test('offload moves state to host RAM, shown beside the verdict', async () => {
+  const { page, context } = await openPage(env.browser, env.server.origin
+    + '/?m=arch&model=llama3-8b&b=1&s=2048&r=mixed-bf16&o=adamw&gc=full&gpu=rtx4090&gpus=8&shard=zero3');
+  const onGpu = await bytesOf(page, 'total');
+  assert.equal(await page.getByTestId('host-ram').count(), 0);
+  await page.getByTestId('offload').selectOption('optimizer+params');
+  const offloaded = await bytesOf(page, 'total');
+  assert.ok(offloaded < onGpu, `${offloaded} >= ${onGpu}`);
+  // ZeRO-3 offloads 20 bytes per parameter of the rank's partition: about 20 GB of 8B / 8
+  const host = await bytesOf(page, 'host-ram');
+  assert.ok(host > 19_000_000_000n && host < 21_000_000_000n, `${host}`);
+  // DDP cannot offload: the field says so
+  await page.getByTestId('sharding').selectOption('ddp');
+  assert.match(await page.getByTestId('offload-error').textContent(), /FSDP2 or DeepSpeed/);
+  await context.close();
+});
