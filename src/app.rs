@@ -9,9 +9,9 @@ use leptos::prelude::*;
 
 use crate::browser;
 use crate::components::{
-    bar_markup, body_markup, breakdown_card, chart_markup, head_markup, memory_chart, rows_markup,
-    sweep_table, total_markup, verdict_card, verdict_markup, BreakdownDetail, BreakdownPart,
-    Explanations, FitAdvice, ModelNotes, Notices,
+    bar_markup, body_markup, breakdown_card, chart_markup, head_markup, memory_chart, model_notes,
+    notes_markup, rows_markup, sweep_table, total_markup, verdict_card, verdict_markup,
+    BreakdownDetail, BreakdownPart, Explanations, FitAdvice, Notices,
 };
 use crate::effect::watch;
 use crate::form::input_form;
@@ -171,7 +171,7 @@ pub fn App() -> impl IntoView {
         })
     });
     // What the estimate of the chosen model leaves out or assumes (architecture mode).
-    let model_notes = Memo::new(move |_| page.with(|p| p.notes.clone()));
+    let notes = Memo::new(move |_| page.with(|p| notes_markup(&p.notes)));
 
     let per_gpu = Memo::new(move |_| evaluation.with(|e| e.as_ref().is_ok_and(|e| e.per_gpu)));
     let total_label = move || match (mode.get(), per_gpu.get()) {
@@ -434,7 +434,7 @@ pub fn App() -> impl IntoView {
             {input_form(state, page)}
             <div class="results">
                 {move || has_figures.get().then(|| view! { <p class="summary-line" inner_html=summary></p> })}
-                <ModelNotes notes=model_notes />
+                {model_notes(notes)}
                 {breakdown_card(breakdown_total, breakdown_bar, breakdown_rows)}
                 {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
                 {verdict_card(verdict)}

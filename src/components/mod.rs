@@ -22,7 +22,7 @@ pub use copy_button::CopyButton;
 pub use explanations::Explanations;
 pub use fields::{NumberField, OptionGroup, RadioGroup, SelectField};
 pub use fit_advice::FitAdvice;
-pub use model_notes::ModelNotes;
+pub use model_notes::{model_notes, notes_markup, ModelNotes};
 pub use notices::Notices;
 pub use sweep_table::{body_markup, head_markup, sweep_table, SweepTable};
 pub use verdict::{verdict_card, verdict_markup, VerdictCard};
