@@ -22,7 +22,9 @@ pub fn FitAdvice(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    let list = move || {
+    let no_plans = Memo::new(move |_| plans.with(Option::is_none));
+    let fits_not = Memo::new(move |_| !fits_now.get());
+    let list = Memo::new(move |_| {
         let unit = unit.get();
         let mut m = Markup::default();
         if fits_now.get() && !show.get() {
@@ -88,12 +90,12 @@ pub fn FitAdvice(
             }
         });
         m.finish()
-    };
+    });
     view! {
         <section class="card fit-advice" aria-labelledby="advice-title" data-testid="fit-advice"
-            hidden=move || plans.with(Option::is_none)>
+            hidden=no_plans>
             <h2 id="advice-title">"What to change so that it fits"</h2>
-            <div hidden=move || !fits_now.get()>
+            <div hidden=fits_not>
                 <label class="inline-check">
                     <input type="checkbox" data-testid="show-plans"
                         prop:checked=move || show.get()
