@@ -44,6 +44,9 @@ pub enum Kind {
     Choice(&'static [(&'static str, &'static str)]),
     /// A drop-down of a choice enum's values.
     ChoiceOf(fn() -> Options),
+    /// A drop-down of a choice enum's values that other settings may refuse, with the
+    /// message below it.
+    Refusable(fn() -> Options),
 }
 
 /// One field of the form.
@@ -317,30 +320,52 @@ impl<'a> Builder<'a> {
                     )
                     .close("div");
             }
-            Kind::Choice(_) | Kind::ChoiceOf(_) => {
+            Kind::Choice(_) | Kind::ChoiceOf(_) | Kind::Refusable(_) => {
                 let value = source.text(self.state);
-                let options = match kind {
-                    Kind::Choice(options) => options.to_vec(),
-                    Kind::ChoiceOf(options) => options(),
-                    Kind::Typed { .. } => Vec::new(),
+                let (options, refusable) = match kind {
+                    Kind::Choice(options) => (options.to_vec(), false),
+                    Kind::ChoiceOf(options) => (options(), false),
+                    Kind::Refusable(options) => (options(), true),
+                    Kind::Typed { .. } => (Vec::new(), false),
                 };
                 m.open("div", &[("class", "field")])
                     .el("label", &[("for", testid)], label)
-                    .open("select", &[("id", testid), ("data-testid", testid)]);
+                    .open(
+                        "select",
+                        &[
+                            ("id", testid),
+                            ("data-testid", testid),
+                            (when(refusable, "aria-invalid"), "false"),
+                        ],
+                    );
                 for (heading, options) in groups.unwrap_or_default() {
                     m.open("optgroup", &[("label", heading)]);
                     option_list(m, &options, &value);
                     m.close("optgroup");
                 }
                 option_list(m, &options, &value);
-                m.close("select").close("div");
+                m.close("select");
+                if refusable {
+                    let error_id = format!("{testid}-error");
+                    m.el(
+                        "span",
+                        &[
+                            ("class", "error"),
+                            ("id", &error_id),
+                            ("data-testid", &error_id),
+                            ("role", "alert"),
+                        ],
+                        "",
+                    );
+                }
+                m.close("div");
             }
         }
         self.controls.push(Control {
             id: testid,
             source,
             radios: None,
-            message: matches!(kind, Kind::Typed { .. }),
+            message: matches!(kind, Kind::Typed { .. } | Kind::Refusable(_)),
         });
     }
 
@@ -560,9 +585,13 @@ fn show_message(id: &str, message: Option<&str>) {
     let _ = input.set_attribute("aria-invalid", if invalid { "true" } else { "false" });
     if id == "config-json" {
         // the text area is described by its hint and its message at once
+    } else if invalid {
+        let _ = input.set_attribute("aria-describedby", &format!("{id}-error"));
+    } else if input.tag_name() == "SELECT" {
+        // a drop-down has no hint
+        let _ = input.remove_attribute("aria-describedby");
     } else {
-        let described_by = format!("{id}-{}", if invalid { "error" } else { "hint" });
-        let _ = input.set_attribute("aria-describedby", &described_by);
+        let _ = input.set_attribute("aria-describedby", &format!("{id}-hint"));
     }
     if let Some(field) = input.parent_element() {
         let _ = field.class_list().toggle_with_force("invalid", invalid);
@@ -1065,9 +1094,12 @@ pub const DATA_PARALLEL: &[Spec] = &[
     choice_of(Field::Sharding, "Data-parallel engine", "sharding", || {
         options(&Sharding::ALL, Sharding::key, Sharding::label)
     }),
-    choice_of(Field::Offload, "Offload to CPU", "offload", || {
-        options(&Offload::ALL, Offload::key, Offload::label)
-    }),
+    Spec {
+        field: Field::Offload,
+        label: "Offload to CPU",
+        testid: "offload",
+        kind: Kind::Refusable(|| options(&Offload::ALL, Offload::key, Offload::label)),
+    },
     typed(
         Field::NcclMib,
         "NCCL buffers per communicator (MiB)",
