@@ -427,7 +427,7 @@ async fn the_app_shows_active_parameters_and_the_expert_parallel_field() {
         by_testid(&root, "expert-parallel-error")
             .text_content()
             .unwrap(),
-        "Must divide the number of GPUs (8)."
+        "Must divide the data-parallel GPUs (8)."
     );
     assert_eq!(field.get_attribute("aria-invalid").as_deref(), Some("true"));
     // A dense model: no active count, and the hint says the setting does nothing.
