@@ -641,7 +641,8 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
         let Some(form) = form.get() else { return };
         state.with(|s| {
             // the optimizer field of the mode
-            let previous = mode.get_value().replace(s.mode);
+            let previous = mode.get_value();
+            mode.set_value(Some(s.mode));
             if previous.is_some_and(|m| m != s.mode) {
                 if let Some(old) = by_id("optimizer").and_then(|o| o.parent_element()) {
                     old.remove();
@@ -657,7 +658,6 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                     let _ = anchor.insert_adjacent_html("afterend", &b.m.finish());
                 }
             }
-            mode.set_value(Some(s.mode));
             // the parts shown
             parts.update_value(|parts| {
                 // looked up on the first change only: most keystrokes change none
@@ -793,6 +793,10 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
             return;
         }
         let value = event_target_value(&ev);
+        if id == "trainer" && Trainer::from_key(&value).is_none() {
+            // "Custom" names no defaults to apply
+            return;
+        }
         state.update(|s| {
             // A choice from a list is always valid; a too-long text is refused by maxlength.
             let _ = match id.as_str() {
