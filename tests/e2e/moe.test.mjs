@@ -109,7 +109,7 @@ test('expert parallelism lowers the per-GPU weights, travels in the URL and refu
   // 3 does not divide 8: the message is next to the field, the figures wait for a fix, and the
   // rest of the page keeps answering.
   await typeInto(page, 'expert-parallel', '3');
-  assert.equal(await page.getByTestId('expert-parallel-error').textContent(), 'Must divide the number of GPUs (8).');
+  assert.equal(await page.getByTestId('expert-parallel-error').textContent(), 'Must divide the data-parallel GPUs (8).');
   assert.equal(await page.getByTestId('expert-parallel').getAttribute('aria-invalid'), 'true');
   assert.equal(await bytesOf(page, 'total'), null);
   assert.match(await page.getByTestId('total').textContent(), /expert parallelism/);
@@ -120,7 +120,7 @@ test('expert parallelism lowers the per-GPU weights, travels in the URL and refu
   assert.equal(await page.getByTestId('expert-parallel-error').textContent(), '');
   assert.ok((await bytesOf(page, 'total')) > 0n);
   await typeInto(page, 'num-gpus', '8');
-  assert.equal(await page.getByTestId('expert-parallel-error').textContent(), 'Must divide the number of GPUs (8).');
+  assert.equal(await page.getByTestId('expert-parallel-error').textContent(), 'Must divide the data-parallel GPUs (8).');
   await typeInto(page, 'expert-parallel', '4');
   assert.equal(await page.getByTestId('expert-parallel-error').textContent(), '');
   const weightsEp4 = await bytesOf(page, 'weights');
