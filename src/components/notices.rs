@@ -2,7 +2,7 @@
 
 use leptos::prelude::*;
 
-use crate::markup::Markup;
+use crate::effect::watch;
 
 /// What was ignored from the link or the saved inputs, with a button to dismiss it.
 #[component]
@@ -10,14 +10,21 @@ pub fn Notices(
     /// One sentence per ignored part.
     notices: RwSignal<Vec<String>>,
 ) -> impl IntoView {
-    let items = Memo::new(move |_| {
-        let mut m = Markup::default();
+    let list = NodeRef::<leptos::html::Ul>::new();
+    // A notice quotes what the link or the storage held: each is a text node, never parsed
+    // as markup.
+    watch(move || {
+        let Some(ul) = list.get() else { return };
+        ul.set_text_content(None);
         notices.with(|all| {
             for notice in all {
-                m.el("li", &[("data-testid", "notice")], notice);
+                if let Ok(li) = document().create_element("li") {
+                    let _ = li.set_attribute("data-testid", "notice");
+                    li.set_text_content(Some(notice));
+                    let _ = ul.append_child(&li);
+                }
             }
         });
-        m.finish()
     });
     let any = Memo::new(move |_| notices.with(|n| !n.is_empty()));
     move || {
@@ -25,7 +32,7 @@ pub fn Notices(
             view! {
                 <div class="notices" data-testid="notices" role="status">
                     <p class="notices-title">"Some settings could not be used and were reset to their defaults:"</p>
-                    <ul inner_html=items></ul>
+                    <ul node_ref=list></ul>
                     <button
                         type="button"
                         class="secondary"
