@@ -22,6 +22,13 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
     }
 }
 
+/// `bytes * numerator / denominator`, without overflow on the way (the denominator taken
+/// as at least 1): a share of a tape's bytes.
+fn scale(bytes: u64, numerator: u64, denominator: u64) -> u64 {
+    u64::try_from(u128::from(bytes) * u128::from(numerator) / u128::from(denominator.max(1)))
+        .unwrap_or(u64::MAX)
+}
+
 /// One FSDP2 rank: `fully_shard` on every layer and on the root, each parameter split on
 /// its first dimension over the group (rank 0 holding the larger share of an uneven split).
 /// What it holds beyond the tape was measured with PyTorch's own FSDP2 on a fake process
@@ -83,14 +90,7 @@ impl Fsdp2Rank {
             let b = recipe.weight_bytes();
             (b, b, b)
         };
-        let persistent = |bytes: fn(&CategoryBytes) -> u64| {
-            estimate
-                .phase_peaks
-                .iter()
-                .map(|(_, c)| bytes(c))
-                .max()
-                .unwrap_or(0)
-        };
+        let persistent = |bytes: fn(&CategoryBytes) -> u64| estimate.persistent(bytes);
         let shard = units.sharded_elements(group);
         // the same bytes per parameter as one GPU's state (the mixed recipes' fp32 master
         // is the sharded parameter itself), split over the group
@@ -101,10 +101,8 @@ impl Fsdp2Rank {
         let parameter_bytes = shard.saturating_mul(sharded);
         let gradient_bytes = parameter_bytes;
         // a padded shard carries its optimizer states at the same padding
-        let optimizer_state_bytes =
-            u64::try_from(u128::from(whole) * u128::from(shard) / u128::from(elems))
-                .unwrap_or(u64::MAX)
-                .saturating_sub(parameter_bytes.saturating_add(gradient_bytes));
+        let optimizer_state_bytes = scale(whole, shard, elems)
+            .saturating_sub(parameter_bytes.saturating_add(gradient_bytes));
         let shards = ShardedState {
             parameter_bytes,
             gradient_bytes,
@@ -152,10 +150,7 @@ impl Fsdp2Rank {
 
     /// The tape's `bytes` of gradients in the gathered dtype.
     fn unsharded_gradients(&self, bytes: u64) -> u64 {
-        u64::try_from(
-            u128::from(bytes) * u128::from(self.gathered) / u128::from(self.tape_gradient),
-        )
-        .unwrap_or(u64::MAX)
+        scale(bytes, self.gathered, self.tape_gradient)
     }
 
     /// The rank's memory in the forward or the optimizer step, whose whole-rank tape
@@ -223,12 +218,8 @@ impl Fsdp2Rank {
             BackwardMoment::Layers => CategoryBytes {
                 parameters: shards
                     .saturating_add(self.layers_gathered(self.layer.saturating_mul(2))),
-                gradients: u64::try_from(
-                    u128::from(s.gradient_bytes) * u128::from(c.gradients)
-                        / u128::from(self.tape_gradients.max(1)),
-                )
-                .unwrap_or(u64::MAX)
-                .min(s.gradient_bytes),
+                gradients: scale(s.gradient_bytes, c.gradients, self.tape_gradients)
+                    .min(s.gradient_bytes),
                 optimizer_states: s.optimizer_state_bytes,
                 temporaries: c.temporaries.saturating_add(self.reduce),
                 ..*c
@@ -305,20 +296,10 @@ impl ZeroRank {
         settings: &ZeroSettings,
     ) -> Self {
         let group = group.max(1);
-        let persistent = |bytes: fn(&CategoryBytes) -> u64| {
-            estimate
-                .phase_peaks
-                .iter()
-                .map(|(_, c)| bytes(c))
-                .max()
-                .unwrap_or(0)
-        };
+        let persistent = |bytes: fn(&CategoryBytes) -> u64| estimate.persistent(bytes);
         let elements = units.root.saturating_add(units.layers).max(1);
         let part = elements.div_ceil(group);
-        let share = |bytes: u64| {
-            u64::try_from(u128::from(bytes) * u128::from(part) / u128::from(elements))
-                .unwrap_or(u64::MAX)
-        };
+        let share = |bytes: u64| scale(bytes, part, elements);
         let (w, g) = (recipe.weight_bytes(), recipe.gradient_bytes());
         let parameters_whole = persistent(|c| c.parameters);
         let gradients_whole = persistent(|c| c.gradients);
@@ -453,12 +434,7 @@ impl ZeroRank {
         // the boundary (stage 1), or their share of the partition
         let gradients = match self.stage {
             1 => c.gradients,
-            _ => u64::try_from(
-                u128::from(s.gradient_bytes) * u128::from(c.gradients)
-                    / u128::from(self.gradients_whole.max(1)),
-            )
-            .unwrap_or(u64::MAX)
-            .min(s.gradient_bytes),
+            _ => scale(s.gradient_bytes, c.gradients, self.gradients_whole).min(s.gradient_bytes),
         };
         let gradients = if self.stage == 3 {
             // allocated at start-up

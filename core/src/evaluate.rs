@@ -670,14 +670,7 @@ pub(crate) fn shard_step(
             let n = plan.num_gpus.max(1);
             // Persistent state as held between steps: gradients exist only from the end of
             // backward on, so each category is its largest over the phases.
-            let persistent = |bytes: fn(&CategoryBytes) -> u64| {
-                estimate
-                    .phase_peaks
-                    .iter()
-                    .map(|(_, c)| bytes(c))
-                    .max()
-                    .unwrap_or(0)
-            };
+            let persistent = |bytes: fn(&CategoryBytes) -> u64| estimate.persistent(bytes);
             let whole_params = persistent(|c| c.parameters);
             // the rank's parameters by FSDP unit (the estimate has already refused a mesh
             // the model does not split over)

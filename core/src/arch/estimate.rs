@@ -154,6 +154,19 @@ pub struct PeakEstimate {
     pub paged_bytes: u64,
 }
 
+impl PeakEstimate {
+    /// A category as held between steps: its largest over the phases (gradients, say,
+    /// exist only from the end of backward on).
+    #[must_use]
+    pub fn persistent(&self, bytes: fn(&CategoryBytes) -> u64) -> u64 {
+        self.phase_peaks
+            .iter()
+            .map(|(_, c)| bytes(c))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// Estimates the peak memory of one step of `arch` as configured by `step`.
 ///
 /// # Errors
