@@ -223,6 +223,32 @@ def _no_parallel_style():
     return NoParallel
 
 
+
+def layer_tp_plan(sp):
+    """torchtitan's plan for one decoder layer (HF names): q/k/v/gate/up column-parallel, o/down
+    row-parallel; with sequence parallelism the norms on token slices and the inputs gathered."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+    }
+    if sp:
+        plan.update({
+            "input_layernorm": SequenceParallel(),
+            "post_attention_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        })
+    return plan
+
 def apply_tp(model, tp_mesh, sp, lp):
     """torchtitan's (<= 0.2) Llama TP plan (parallelize_llama.apply_tp) on HF module names."""
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -240,24 +266,7 @@ def apply_tp(model, tp_mesh, sp, lp):
         root_plan["model.norm"] = SequenceParallel()
     parallelize_module(model, tp_mesh, root_plan)
     for layer in decoder_layers(model):
-        plan = {
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
-        }
-        if sp:
-            plan.update({
-                "input_layernorm": SequenceParallel(),
-                "post_attention_layernorm": SequenceParallel(),
-                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            })
-        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, layer_tp_plan(sp))
         # HF attention reads the local head count from the projections (view(..., -1, head_dim))
     if tied:
         # parallelize_module replaced embed_tokens.weight by a new DTensor Parameter; both are

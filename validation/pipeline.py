@@ -95,26 +95,8 @@ def apply_stage_tp(stage, tp_mesh, sp):
         parallelize_module(stage, tp_mesh, root_plan)
     # the decoder layers: distributed.apply_tp's per-layer plan (on a wrapper whose .model.layers
     # are this stage's layers; the root plan above replaces its embed/lm_head part)
-    from torch.distributed.tensor.parallel import PrepareModuleInput
     for layer in stage.layers:
-        plan = {
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
-        }
-        if sp:
-            plan.update({
-                "input_layernorm": SequenceParallel(),
-                "post_attention_layernorm": SequenceParallel(),
-                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            })
-        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, D.layer_tp_plan(sp))
     from torch.distributed.tensor import DTensor
     NoParallel = D._no_parallel_style()
     for mod in stage.modules():
