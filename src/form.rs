@@ -12,9 +12,9 @@
 
 use estimator_core::{
     AttentionKernel, ByteUnit, Checkpointing, Field, Gpu, KvDtype, LossKind, Method, Mode,
-    ModelFamily, Offload, Optimizer, Page, PageState, ParamUnit, PipelineSchedule, Precision,
-    PrecisionRecipe, Preset, Quant4, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY,
-    SIMPLE_OPTIMIZERS,
+    ModelFamily, Offload, Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule,
+    Precision, PrecisionRecipe, Preset, Quant4, Sharding, TpPlan, Trainer, WeightFormat,
+    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -116,7 +116,7 @@ const MODEL: Spec = choice_of(Field::Model, "Model", "model", || {
 // (`Source::Trainer`), and a choice applies its defaults.
 const TRAINER_CHOICE: Spec = choice_of(
     Field::Loss,
-    "Trainer (sets attention, checkpointing, loss, packing)",
+    "Trainer (sets attention, checkpointing, loss, packing, optimizer kernel)",
     "trainer",
     || {
         let mut all = options(&Trainer::ALL, Trainer::key, Trainer::label);
@@ -513,6 +513,7 @@ fn build(state: &PageState) -> Builder<'_> {
         b.field(&SEQ, None);
         b.fields(RECIPE);
         b.optimizer(Mode::Architecture);
+        b.when(Shown::Training, |b| b.fields(OPTIMIZER_IMPL));
         b.when(Shown::Training, |b| {
             b.control(&TRAINER_CHOICE, Source::Trainer, None)
         });
@@ -882,6 +883,20 @@ pub const OPTIMIZER: &[Spec] = &[choice_of(
     "Optimizer",
     "optimizer",
     || options(&Optimizer::ALL, Optimizer::key, Optimizer::label),
+)];
+
+/// How torch.optim runs the optimizer (training only).
+pub const OPTIMIZER_IMPL: &[Spec] = &[choice_of(
+    Field::OptimizerImpl,
+    "Optimizer kernel",
+    "optimizer-impl",
+    || {
+        options(
+            &OptimizerImpl::ALL,
+            OptimizerImpl::key,
+            OptimizerImpl::label,
+        )
+    },
 )];
 
 /// The attention kernel and checkpointing.

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
     EvaluationError, Field, FitPlan, Gpu, KvDtype, LossKind, MaxBatch, Method, Mode, ModelFamily,
-    PageState, PartKind, Preset, Scenario, Trainer, WeightFormat,
+    OptimizerImpl, PageState, PartKind, Preset, Scenario, Trainer, WeightFormat,
 };
 
 const USAGE: &str = "\
@@ -27,9 +27,15 @@ step:
   --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit
                         (bitsandbytes), adafactor (torch.optim), adafactor-hf
                         (transformers), none
+  --optimizer-impl I    how torch.optim runs AdamW / SGD: fused (one in-place kernel,
+                        HF Trainer's and TRL's default), foreach (torch.optim's default:
+                        AdamW allocates a parameter-sized temporary; the default here
+                        without --trainer), forloop (two temporaries of the largest
+                        tensor)
   --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
   --checkpointing C     none, full, offload (layer inputs in CPU memory)
-  --trainer T           a trainer's defaults for the four below, before any of them:
+  --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,
+                        optimizer implementation), before any of them:
 {trainers}  --loss L              the trainer's loss (causal LMs; default hf):
 {losses}  --packing on|off      documents packed per row, position ids restarting (a block-causal
                         mask under sdpa and eager; default off)
@@ -171,11 +177,12 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 43] = [
+const FIELD_FLAGS: [(&str, Field); 44] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
     ("--optimizer", Field::Optimizer),
+    ("--optimizer-impl", Field::OptimizerImpl),
     ("--attention", Field::Attention),
     ("--checkpointing", Field::Checkpointing),
     ("--loss", Field::Loss),
@@ -241,6 +248,8 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         };
         page_state.model.preset = None;
         page_state.hardware.gpu = None;
+        // without a trainer, `--optimizer adamw` is torch.optim.AdamW's default on CUDA
+        page_state.step.optimizer_impl = OptimizerImpl::Foreach;
         page_state
     };
     let mut notices = Vec::new();

@@ -66,6 +66,7 @@ fn main() {
         seq_len: 2048,
         precision: estimator_core::PrecisionRecipe::AmpBf16,
         optimizer: estimator_core::Optimizer::AdamW,
+        optimizer_impl: estimator_core::OptimizerImpl::Foreach,
         attention: estimator_core::AttentionKernel::Sdpa,
         checkpointing: estimator_core::Checkpointing::None,
         loss: estimator_core::LossKind::Hf,

@@ -33,6 +33,7 @@ fn main() {
             seq_len: i["seq"].as_u64().unwrap(),
             precision: prec,
             optimizer: Optimizer::AdamW,
+            optimizer_impl: estimator_core::OptimizerImpl::Foreach,
             attention: AttentionKernel::from_key(i["attn"].as_str().unwrap()).unwrap(),
             checkpointing: Checkpointing::None,
             loss: estimator_core::LossKind::Hf,

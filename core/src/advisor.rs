@@ -753,6 +753,7 @@ impl<'a> Search<'a> {
             loss: pick(&o.loss, l, LOSS, k.loss),
             packing: k.packing,
             padding: k.padding,
+            optimizer_impl: k.optimizer_impl,
             optimizer_in_backward: k.optimizer_in_backward,
             activation_offload: k.activation_offload,
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),

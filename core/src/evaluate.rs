@@ -9,9 +9,9 @@ use crate::Offload;
 use crate::{
     estimate_rank, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
     simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, AttentionKernel,
-    CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind, MaxBatch, Optimizer, PeakEstimate,
-    Phase, Precision, PrecisionRecipe, SavedPart, ShardedState, Sharding, SimpleInputs, SweepRow,
-    TrainingStep, WeightFormat, MAX_BATCH,
+    CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind, MaxBatch, Optimizer,
+    OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe, SavedPart, ShardedState,
+    Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat, MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -302,6 +302,8 @@ pub(crate) struct Knobs {
     pub precision: Precision,
     /// Optimizer.
     pub optimizer: Optimizer,
+    /// How torch.optim runs it (architecture mode).
+    pub optimizer_impl: OptimizerImpl,
     /// Precision recipe (architecture mode).
     pub recipe: PrecisionRecipe,
     /// Attention kernel (architecture mode).
@@ -368,6 +370,7 @@ pub(crate) fn parse_model(
         seq_len,
         precision: state.simple.precision,
         optimizer: state.step.optimizer,
+        optimizer_impl: state.step.optimizer_impl,
         recipe: state.step.recipe,
         attention: state.step.attention,
         checkpointing: state.step.checkpointing,
@@ -450,6 +453,7 @@ impl Parsed {
                     seq_len: knobs.seq_len,
                     precision: knobs.recipe,
                     optimizer: knobs.optimizer,
+                    optimizer_impl: knobs.optimizer_impl,
                     attention: knobs.attention,
                     checkpointing: knobs.checkpointing,
                     loss: knobs.loss,

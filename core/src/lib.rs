@@ -27,7 +27,7 @@ pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
 pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
 pub use formats::{Block, GgufType, KvDtype, WeightFormat};
 pub use number::FieldError;
-pub use optimizer::Optimizer;
+pub use optimizer::{Optimizer, OptimizerImpl};
 pub use plan::{
     apple_gpu_share_mib, fit_verdict, largest_peak_that_fits, max_batch_that_fits,
     plan_accumulation, shard_model_state, AccumulationPlan, DeviceKind, FitVerdict, Gpu, MaxBatch,

@@ -105,3 +105,67 @@ impl Optimizer {
         Self::ALL.into_iter().find(|o| o.key() == key)
     }
 }
+
+/// How `torch.optim` runs the update over the parameters: the same math, different
+/// temporaries and step counters on the GPU (read from torch 2.15's `torch/optim/adam.py`
+/// and `sgd.py`; measured under fake mode: `validation/OPTIMIZERS.md`).
+///
+/// It applies to AdamW and SGD; bitsandbytes' optimizers run their own kernels and
+/// Adafactor is stepped one tensor at a time whatever is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OptimizerImpl {
+    /// `fused=True` (`torch._fused_adamw_`): one kernel updates in place; each parameter's
+    /// `step` counter is a tensor on the GPU. HF Trainer's and TRL's default
+    /// (`adamw_torch_fused`) with torch 2.8 or newer.
+    Fused,
+    /// `foreach=True`, torch.optim's default on CUDA: AdamW's `_foreach_sqrt` of every
+    /// second moment at once allocates one parameter-sized temporary; `step` counters stay
+    /// CPU tensors.
+    Foreach,
+    /// `foreach=False`: one parameter at a time; AdamW's `denom` needs two temporaries the
+    /// size of the largest parameter (`sqrt()`, then its division, both alive at once).
+    ForLoop,
+}
+
+impl OptimizerImpl {
+    /// Every implementation, in the order the page lists them.
+    pub const ALL: [OptimizerImpl; 3] = [
+        OptimizerImpl::Fused,
+        OptimizerImpl::Foreach,
+        OptimizerImpl::ForLoop,
+    ];
+
+    /// Short stable key used in URLs, storage and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            OptimizerImpl::Fused => "fused",
+            OptimizerImpl::Foreach => "foreach",
+            OptimizerImpl::ForLoop => "forloop",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            OptimizerImpl::Fused => "fused (one kernel, in place)",
+            OptimizerImpl::Foreach => "foreach (torch.optim's default)",
+            OptimizerImpl::ForLoop => "for-loop (foreach=False)",
+        }
+    }
+
+    /// The implementation whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.key() == key)
+    }
+
+    /// Whether each parameter's `step` counter is a tensor on the GPU (a 512-byte block):
+    /// `capturable or fused` puts it on the parameter's device, otherwise it is a CPU
+    /// scalar tensor.
+    #[must_use]
+    pub const fn step_counter_on_device(self) -> bool {
+        matches!(self, OptimizerImpl::Fused)
+    }
+}

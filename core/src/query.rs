@@ -84,6 +84,10 @@ pub fn decode_query(query: &str) -> Decoded {
             ));
         }
     }
+    // links from before the implementation could be chosen meant torch.optim's own default
+    if !seen.is_empty() && !seen.contains(&Field::OptimizerImpl) {
+        decoded.state.step.optimizer_impl = crate::OptimizerImpl::Foreach;
+    }
     let seen_legacy = legacy_data_parallel.is_some();
     // a link without either gave one data-parallel replica
     let legacy_data_parallel = legacy_data_parallel.or_else(|| Some("1".to_owned()));
@@ -274,6 +278,21 @@ mod tests {
         let d = decode_query("gpus=6&tp=4");
         assert_eq!(d.state.parallel.num_gpus, "4");
         assert!(decode_query(&encode_query(&d.state)).notices.is_empty());
+    }
+
+    #[test]
+    fn links_from_before_the_optimizer_implementation_keep_torch_s_default() {
+        use crate::OptimizerImpl;
+        let implementation = |query: &str| decode_query(query).state.step.optimizer_impl;
+        // a first visit is HF Trainer's default, fused AdamW
+        assert_eq!(implementation(""), OptimizerImpl::Fused);
+        // a link without `oi` was made when every AdamW was foreach
+        assert_eq!(implementation("m=arch&o=adamw"), OptimizerImpl::Foreach);
+        for i in OptimizerImpl::ALL {
+            assert_eq!(implementation(&format!("oi={}", i.key())), i);
+            assert_eq!(OptimizerImpl::from_key(i.key()), Some(i));
+        }
+        falls_back("oi=turbo", 1);
     }
 
     #[test]

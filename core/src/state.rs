@@ -4,8 +4,8 @@ use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
     AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Offload, Optimizer,
-    ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reshard,
-    Sharding, TpPlan, WeightFormat,
+    OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4,
+    Reshard, Sharding, TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -261,6 +261,9 @@ pub struct StepSettings {
     pub recipe: PrecisionRecipe,
     /// Optimizer.
     pub optimizer: Optimizer,
+    /// How torch.optim runs it (HF Trainer's fused by default on a first visit; a link
+    /// from before this setting reads as foreach, torch.optim's own default).
+    pub optimizer_impl: OptimizerImpl,
     /// Attention kernel.
     pub attention: AttentionKernel,
     /// Activation checkpointing.
@@ -285,6 +288,7 @@ impl Default for StepSettings {
             seq_len: "2048".to_owned(),
             recipe: PrecisionRecipe::AmpBf16,
             optimizer: Optimizer::AdamW,
+            optimizer_impl: OptimizerImpl::Fused,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
             loss: LossKind::Hf,
@@ -302,6 +306,7 @@ impl Section for StepSettings {
         (Field::SeqLen, "s"),
         (Field::Recipe, "r"),
         (Field::Optimizer, "o"),
+        (Field::OptimizerImpl, "oi"),
         (Field::Attention, "attn"),
         (Field::Checkpointing, "gc"),
         (Field::Loss, "loss"),
@@ -317,6 +322,7 @@ impl Section for StepSettings {
             Field::SeqLen => self.seq_len.clone(),
             Field::Recipe => self.recipe.key().to_owned(),
             Field::Optimizer => self.optimizer.key().to_owned(),
+            Field::OptimizerImpl => self.optimizer_impl.key().to_owned(),
             Field::Attention => self.attention.key().to_owned(),
             Field::Checkpointing => self.checkpointing.key().to_owned(),
             Field::Loss => self.loss.key().to_owned(),
@@ -337,6 +343,9 @@ impl Section for StepSettings {
             }
             Field::Optimizer => {
                 self.optimizer = choice(value, &Optimizer::ALL, Optimizer::key)?;
+            }
+            Field::OptimizerImpl => {
+                self.optimizer_impl = choice(value, &OptimizerImpl::ALL, OptimizerImpl::key)?;
             }
             Field::Attention => {
                 self.attention = choice(value, &AttentionKernel::ALL, AttentionKernel::key)?;
@@ -815,6 +824,8 @@ pub enum Field {
     Precision,
     /// [`PageState::optimizer`].
     Optimizer,
+    /// [`StepSettings::optimizer_impl`].
+    OptimizerImpl,
     /// [`PageState::batch`].
     Batch,
     /// [`PageState::activation_mb`].
@@ -920,12 +931,13 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 54] = [
+    pub const ALL: [Field; 55] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
         Field::Precision,
         Field::Optimizer,
+        Field::OptimizerImpl,
         Field::Batch,
         Field::ActivationMb,
         Field::ByteUnit,
@@ -1000,6 +1012,7 @@ impl Field {
             Field::ParamsUnit => "parameter unit",
             Field::Precision => "precision",
             Field::Optimizer => "optimizer",
+            Field::OptimizerImpl => "optimizer implementation",
             Field::Batch => "batch size",
             Field::ActivationMb => "activation MB per sample",
             Field::ByteUnit => "display unit",

@@ -1,7 +1,7 @@
 //! The trainers people run, as the settings they choose by default: picking one on the page
 //! sets the loss, packing, checkpointing and attention below it, each still changeable.
 
-use crate::{AttentionKernel, Checkpointing, LossKind, PageState};
+use crate::{AttentionKernel, Checkpointing, LossKind, OptimizerImpl, PageState};
 
 /// A training framework at the version whose defaults it stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +31,10 @@ pub struct TrainerDefaults {
     pub checkpointing: Checkpointing,
     /// The attention implementation.
     pub attention: AttentionKernel,
+    /// How its default optimizer runs: every trainer here steps AdamW fused (HF Trainer's
+    /// `adamw_torch_fused`, which TRL inherits, with torch 2.8 or newer; torchtune's
+    /// recipes' `fused: True`; Axolotl's default `adamw_torch_fused`).
+    pub optimizer_impl: OptimizerImpl,
 }
 
 impl Trainer {
@@ -113,6 +117,7 @@ impl Trainer {
             packing,
             checkpointing,
             attention,
+            optimizer_impl: OptimizerImpl::Fused,
         }
     }
 
@@ -123,6 +128,7 @@ impl Trainer {
         state.step.packing = d.packing;
         state.step.checkpointing = d.checkpointing;
         state.step.attention = d.attention;
+        state.step.optimizer_impl = d.optimizer_impl;
     }
 
     /// The trainer whose defaults `state` has, if any.
@@ -134,6 +140,7 @@ impl Trainer {
                 && d.packing == state.step.packing
                 && d.checkpointing == state.step.checkpointing
                 && d.attention == state.step.attention
+                && d.optimizer_impl == state.step.optimizer_impl
         })
     }
 }

@@ -2,7 +2,8 @@
 
 use estimator_core::{
     estimate_peak, estimate_peak_with, parse_hf_config, Architecture, AttentionKernel,
-    Checkpointing, Method, Optimizer, Peft, PrecisionRecipe, Preset, Quant4, TrainingStep,
+    Checkpointing, Method, Optimizer, OptimizerImpl, Peft, PrecisionRecipe, Preset, Quant4,
+    TrainingStep,
 };
 use proptest::prelude::*;
 use serde_json::Value;
@@ -21,6 +22,18 @@ fn architecture(model: &str) -> Option<Architecture> {
         }
     }
     preset.and_then(|p| p.architecture().ok())
+}
+
+/// The implementation a row's `opt_impl` names (bitsandbytes' and transformers' optimizers
+/// have their own kernels: the implementation does not apply to them).
+fn optimizer_impl(text: &str) -> OptimizerImpl {
+    if text.starts_with("fused") {
+        OptimizerImpl::Fused
+    } else if text.starts_with("forloop") || text.starts_with("single_tensor") {
+        OptimizerImpl::ForLoop
+    } else {
+        OptimizerImpl::Foreach
+    }
 }
 
 struct Row {
@@ -100,6 +113,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             seq_len: seq,
             precision,
             optimizer,
+            optimizer_impl: optimizer_impl(c["opt_impl"].as_str().unwrap_or("foreach")),
             attention,
             checkpointing,
             loss: estimator_core::LossKind::from_key(c["loss"].as_str().unwrap_or("hf"))
@@ -362,6 +376,7 @@ proptest! {
             seq_len: if arch.is_vision() && small { 224 } else { seq },
             precision: PrecisionRecipe::ALL[r],
             optimizer: Optimizer::ALL[o],
+            optimizer_impl: OptimizerImpl::ALL[o % 3],
             attention: if eager { AttentionKernel::Eager } else { AttentionKernel::Sdpa },
             checkpointing: if gc { Checkpointing::Full } else { Checkpointing::None },
             loss: estimator_core::LossKind::Hf,

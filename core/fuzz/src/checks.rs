@@ -219,6 +219,7 @@ pub fn check_config(data: &[u8]) {
             seq_len,
             precision: PrecisionRecipe::ALL[p % PrecisionRecipe::ALL.len()],
             optimizer: Optimizer::ALL[(p / 7) % Optimizer::ALL.len()],
+            optimizer_impl: estimator_core::OptimizerImpl::ALL[(p / 11) % 3],
             attention: AttentionKernel::ALL[(p / 31) % AttentionKernel::ALL.len()],
             checkpointing: Checkpointing::ALL[(p / 61) % Checkpointing::ALL.len()],
             loss: estimator_core::LossKind::ALL[(p / 7) % estimator_core::LossKind::ALL.len()],

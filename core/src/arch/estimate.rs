@@ -11,7 +11,7 @@ use super::ops::{
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
 use super::shape::StepShape;
-use crate::Optimizer;
+use crate::{Optimizer, OptimizerImpl};
 
 /// One training (or inference) step to estimate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct TrainingStep {
     pub precision: PrecisionRecipe,
     /// Optimizer; [`Optimizer::None`] is inference under `no_grad`.
     pub optimizer: Optimizer,
+    /// How torch.optim runs AdamW's or SGD's update (fused, foreach, for-loop).
+    pub optimizer_impl: OptimizerImpl,
     /// Attention kernel.
     pub attention: AttentionKernel,
     /// Activation checkpointing.
@@ -499,7 +501,13 @@ fn estimate_on(
     } else {
         0
     };
-    let optimizer = optimizer_memory(step.optimizer, &trained, state_bytes, grad_bytes)?;
+    let optimizer = optimizer_memory(
+        step.optimizer,
+        step.optimizer_impl,
+        &trained,
+        state_bytes,
+        grad_bytes,
+    )?;
     let opt_state = add(optimizer.resident, master)?;
     let opt_temp = optimizer.temporary;
     let mut buffers = spec
@@ -672,7 +680,13 @@ fn estimate_on(
     // the largest of `tensors`, with the step's temporary on it
     let stepped_alone = |tensors: &[u64]| -> Res<u64> {
         let largest = tensors.iter().copied().max().unwrap_or(0);
-        let temp = optimizer_memory(step.optimizer, &[(largest, 1)], state_bytes, grad_bytes)?;
+        let temp = optimizer_memory(
+            step.optimizer,
+            step.optimizer_impl,
+            &[(largest, 1)],
+            state_bytes,
+            grad_bytes,
+        )?;
         add(storage(largest, grad_bytes)?, temp.temporary)
     };
     let head_grads = if peft.is_some() {
@@ -848,7 +862,14 @@ fn estimate_on(
         let incoming = storage(tokens, mul(spec.token_width(), d.resid())?)?;
         let stepping = if in_backward {
             let e = mul(arch.vocab_size(), spec.token_width())?;
-            optimizer_memory(step.optimizer, &[(e, 1)], state_bytes, grad_bytes)?.temporary
+            optimizer_memory(
+                step.optimizer,
+                step.optimizer_impl,
+                &[(e, 1)],
+                state_bytes,
+                grad_bytes,
+            )?
+            .temporary
         } else {
             0
         };
@@ -1166,10 +1187,12 @@ const MIN_8BIT_SIZE: u64 = 4096;
 /// bitsandbytes pages a paged optimizer's moments from this many elements on.
 const MIN_PAGED_SIZE: u64 = 100_000;
 
-/// The state and the step's temporaries of `optimizer` over `tensors` (elements, occurrences)
-/// whose moments are `state_bytes` and gradients `grad_bytes` per element.
+/// The state and the step's temporaries of `optimizer` run as `implementation` over
+/// `tensors` (elements, occurrences) whose moments are `state_bytes` and gradients
+/// `grad_bytes` per element.
 fn optimizer_memory(
     optimizer: Optimizer,
+    implementation: OptimizerImpl,
     tensors: &[(u64, u64)],
     state_bytes: u64,
     grad_bytes: u64,
@@ -1180,13 +1203,22 @@ fn optimizer_memory(
         temporary: 0,
     };
     let largest = tensors.iter().map(|&(e, _)| e).max().unwrap_or(0);
+    // torch.optim keeps a `step` counter per parameter: a GPU tensor only when fused
+    let step_counter = if implementation.step_counter_on_device() {
+        BLOCK
+    } else {
+        0
+    };
     let mut any_8bit = false;
     for &(e, count) in tensors {
         let (resident, paged) = match optimizer {
-            // two moments and a step counter; foreach AdamW's temporary is parameter-sized
+            // two moments and a step counter; foreach AdamW's `_foreach_sqrt` of every
+            // second moment is one parameter-sized temporary
             Optimizer::AdamW => {
-                m.temporary = add(m.temporary, mul(storage(e, state_bytes)?, count)?)?;
-                (add(mul(storage(e, state_bytes)?, 2)?, BLOCK)?, 0)
+                if implementation == OptimizerImpl::Foreach {
+                    m.temporary = add(m.temporary, mul(storage(e, state_bytes)?, count)?)?;
+                }
+                (add(mul(storage(e, state_bytes)?, 2)?, step_counter)?, 0)
             }
             Optimizer::SgdMomentum => (storage(e, state_bytes)?, 0),
             Optimizer::Sgd | Optimizer::None => (0, 0),
@@ -1228,6 +1260,11 @@ fn optimizer_memory(
         m.resident = add(m.resident, mul(storage(256, 4)?, 2)?)?; // the two shared code tables
     }
     m.temporary = match optimizer {
+        // one parameter at a time: `exp_avg_sq.sqrt()` and its division by the bias
+        // correction are alive together before `add_(eps)` runs in place
+        Optimizer::AdamW if implementation == OptimizerImpl::ForLoop => {
+            mul(storage(largest, state_bytes)?, 2)?
+        }
         // one tensor at a time: torch's estimate of the second moment in the gradients'
         // dtype; transformers' fp32 copies of the gradient and the weight and two fp32
         // update tensors
@@ -1254,6 +1291,7 @@ mod tests {
             seq_len,
             precision,
             optimizer,
+            optimizer_impl: OptimizerImpl::Foreach,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
             loss: LossKind::Hf,
@@ -1401,6 +1439,47 @@ mod tests {
         assert!(!llama.contains(&SavedPart::QkNorms) && !llama.contains(&SavedPart::Masks));
         let phi = parts("phi3-mini", AttentionKernel::Sdpa);
         assert!(!phi.contains(&SavedPart::Masks));
+    }
+
+    #[test]
+    fn the_optimizer_implementation_sets_the_step_s_temporaries() {
+        let preset = P("llama3-8b");
+        let arch = arch_of(preset);
+        let opt = |implementation| {
+            let s = TrainingStep {
+                optimizer_impl: implementation,
+                ..step(1, 128, PrecisionRecipe::Bf16, Optimizer::AdamW)
+            };
+            let e = peak(preset, s);
+            let (_, c) = e
+                .phase_peaks
+                .iter()
+                .find(|(ph, _)| *ph == Phase::OptimizerStep)
+                .copied()
+                .unwrap();
+            (c.temporaries, c.optimizer_states)
+        };
+        let (fused, fused_state) = opt(OptimizerImpl::Fused);
+        let (foreach, foreach_state) = opt(OptimizerImpl::Foreach);
+        let (forloop, forloop_state) = opt(OptimizerImpl::ForLoop);
+        // fused: in place, no temporary; its step counters are GPU tensors (one block per
+        // parameter tensor: 291 in Llama 3 8B)
+        assert_eq!(fused, 0);
+        assert_eq!(fused_state - foreach_state, 291 * BLOCK);
+        assert_eq!(foreach_state, forloop_state);
+        // foreach: one bf16 copy of every parameter
+        let params = arch.parameter_count();
+        assert!(foreach >= params * 2 && foreach < params * 2 + 291 * BLOCK);
+        // for-loop: twice the largest tensor (the 128256 x 4096 embedding)
+        assert_eq!(forloop, 2 * storage(128_256 * 4096, 2).unwrap());
+        // SGD has no temporary whatever the implementation
+        for i in OptimizerImpl::ALL {
+            let s = TrainingStep {
+                optimizer_impl: i,
+                ..step(1, 128, PrecisionRecipe::Bf16, Optimizer::SgdMomentum)
+            };
+            assert_eq!(peak(preset, s).phase_peaks[2].1.temporaries, 0, "{i:?}");
+        }
     }
 
     #[test]
