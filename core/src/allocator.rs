@@ -15,7 +15,8 @@
 //! * One device, one stream. The real allocator keeps a pool per stream (blocks compare by
 //!   stream first in `BlockComparatorSize`) and a private pool per CUDA graph; a training
 //!   step on the default stream touches one, so the stream is left out.
-//! * An infinite device: `cudaMalloc` and `cuMemCreate` never fail, so the OOM path
+//! * An infinite device: `cudaMalloc` and `cuMemCreate` never fail (short of exhausting
+//!   the emulated 2^64 bytes of address space, 16 EiB), so the OOM path
 //!   (`release_available_cached_blocks`, `release_cached_blocks`, the retry in `malloc`) and
 //!   `empty_cache` never run. Nothing is ever handed back to the driver: reserved bytes only
 //!   grow, as `max_memory_reserved()` reports on a device large enough for the workload.
@@ -55,10 +56,10 @@ const MAX_SPLIT_SIZE: u64 = u64::MAX;
 const ONE_EXA_BYTES: u64 = 1 << 60;
 /// Virtual address space of one expandable segment. The source reserves 1 1/8 of the GPU's
 /// memory (`ExpandableSegment`'s constructor: `totalGlobalMem + totalGlobalMem / 8`); on an
-/// infinite device that is unbounded, so 4 EiB stands in for it: more than any request
+/// infinite device that is unbounded, so 2 EiB stands in for it: more than any request
 /// (< 1 EiB), and a segment that fills up is followed by a new one, as
 /// `find_expandable_block` does.
-const EXPANDABLE_ADDRESS_SPACE: u64 = 1 << 62;
+const EXPANDABLE_ADDRESS_SPACE: u64 = 1 << 61;
 
 /// No block: the end of a `prev`/`next` chain, or no expandable segment.
 const NIL: usize = usize::MAX;
@@ -131,8 +132,8 @@ enum PoolKind {
 /// expandable segment) not backed by pages.
 #[derive(Clone, Copy, Debug)]
 struct Block {
-    /// `ptr`. u128 so that segments laid end to end never overflow.
-    addr: u128,
+    /// `ptr`: emulated device addresses, segments laid end to end from 0.
+    addr: u64,
     size: u64,
     prev: usize,
     next: usize,
@@ -149,18 +150,24 @@ struct Block {
 }
 
 /// A `BlockPool`: the free, mapped blocks ordered as `BlockComparatorSize` orders them
-/// (size, then address), and the unmapped ones ordered by address
+/// (size, then address: see [`size_key`]), and the unmapped ones ordered by address
 /// (`BlockComparatorAddress`).
 #[derive(Clone, Debug, Default)]
 struct BlockPool {
-    blocks: BTreeMap<(u64, u128), usize>,
-    unmapped: BTreeMap<u128, usize>,
+    blocks: BTreeMap<u128, usize>,
+    unmapped: BTreeMap<u64, usize>,
+}
+
+/// The `BlockComparatorSize` order (size, then address) as one integer, which compares
+/// faster than a pair.
+const fn size_key(size: u64, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
 }
 
 /// An `ExpandableSegment`: its base address and page size (`segment_size_`).
 #[derive(Clone, Copy, Debug)]
 struct ExpandableSegment {
-    base: u128,
+    base: u64,
     page: u64,
 }
 
@@ -188,7 +195,7 @@ pub struct CachingAllocator {
     pools: [BlockPool; 2],
     segments: Vec<ExpandableSegment>,
     /// Where the next segment starts: fresh address space, since nothing is ever freed.
-    next_addr: u128,
+    next_addr: u64,
     allocated: u64,
     reserved: u64,
     peak_allocated: u64,
@@ -223,8 +230,8 @@ impl CachingAllocator {
     /// Allocates `bytes`, as `torch.empty(bytes, dtype=torch.uint8, device="cuda")` would.
     ///
     /// A request of 0 bytes allocates nothing (`allocate` skips `malloc`), and so does one of
-    /// 1 EiB or more (`allocate` raises an out-of-memory error); both return an id that frees
-    /// nothing.
+    /// 1 EiB or more (`allocate` raises an out-of-memory error) or one that would take the
+    /// emulated address space past 2^64 bytes; all return an id that frees nothing.
     pub fn malloc(&mut self, bytes: u64) -> BlockId {
         if bytes == 0 || bytes >= ONE_EXA_BYTES {
             return BlockId::NULL;
@@ -331,7 +338,7 @@ impl CachingAllocator {
     /// lower address), removed from the pool.
     fn get_free_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
         let blocks = &self.blocks;
-        let mut candidates = self.pools[pool as usize].blocks.range((size, 0)..);
+        let mut candidates = self.pools[pool as usize].blocks.range(size_key(size, 0)..);
         let (mut key, mut slot) = candidates.next().map(|(&k, &s)| (k, s))?;
         if blocks[slot].segment != NIL && self.mode == AllocatorMode::Expandable {
             // "for the purposes of 'best fit' we consider its size to be the size it can
@@ -375,7 +382,8 @@ impl CachingAllocator {
         }
         let alloc_size = get_allocation_size(size);
         let addr = self.next_addr;
-        self.next_addr = addr.saturating_add(u128::from(alloc_size));
+        // The emulated device has 2^64 bytes of address space; past it `cudaMalloc` fails.
+        self.next_addr = addr.checked_add(alloc_size)?;
         let slot = self.new_block(Block {
             addr,
             size: alloc_size,
@@ -426,9 +434,9 @@ impl CachingAllocator {
             }
             let remaining = &mut self.blocks[block];
             remaining.prev = front;
-            remaining.addr = rest.addr.saturating_add(u128::from(size));
+            remaining.addr = rest.addr.saturating_add(size);
             remaining.size = rest.size.saturating_sub(size);
-            let key = (remaining.size, remaining.addr);
+            let key = size_key(remaining.size, remaining.addr);
             self.pool_mut(rest.pool).blocks.insert(key, block);
             handed = front;
         }
@@ -450,7 +458,9 @@ impl CachingAllocator {
         self.try_merge_blocks(block, prev);
         self.try_merge_blocks(block, next);
         let b = self.blocks[block];
-        self.pool_mut(b.pool).blocks.insert((b.size, b.addr), block);
+        self.pool_mut(b.pool)
+            .blocks
+            .insert(size_key(b.size, b.addr), block);
     }
 
     /// `try_merge_blocks`: absorbs `src` into its neighbour `dst` when `src` is free and
@@ -480,7 +490,7 @@ impl CachingAllocator {
         self.blocks[dst].size = d.size.saturating_add(s.size);
         let pool = self.pool_mut(s.pool);
         if s.mapped {
-            pool.blocks.remove(&(s.size, s.addr));
+            pool.blocks.remove(&size_key(s.size, s.addr));
         } else {
             pool.unmapped.remove(&s.addr);
         }
@@ -490,7 +500,7 @@ impl CachingAllocator {
 
     /// `find_expandable_block`: the lowest-addressed run of free and unmapped blocks that
     /// holds `size` bytes, or the unmapped whole of a new segment.
-    fn find_expandable_block(&mut self, pool: PoolKind, size: u64) -> usize {
+    fn find_expandable_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
         let blocks = &self.blocks;
         let allocatable = |s: usize| blocks.get(s).is_some_and(|b| b.live && !b.allocated);
         let has_available_address_space = |mut s: usize| {
@@ -508,7 +518,7 @@ impl CachingAllocator {
                 c = blocks[c].prev;
             }
             if has_available_address_space(c) {
-                return c;
+                return Some(c);
             }
         }
         // "2MB for small pool, 20MB for large pool"
@@ -519,7 +529,8 @@ impl CachingAllocator {
         // ExpandableSegment::size(): max_handles_ (numSegments, rounding up) pages.
         let size = EXPANDABLE_ADDRESS_SPACE.div_ceil(page).saturating_mul(page);
         let base = self.next_addr;
-        self.next_addr = base.saturating_add(u128::from(size));
+        // Past 2^64 bytes of address space `cuMemAddressReserve` fails.
+        self.next_addr = base.checked_add(size)?;
         self.segments.push(ExpandableSegment { base, page });
         let segment = self.segments.len() - 1;
         let candidate = self.new_block(Block {
@@ -535,7 +546,7 @@ impl CachingAllocator {
             live: true,
         });
         self.pool_mut(pool).unmapped.insert(base, candidate);
-        candidate
+        Some(candidate)
     }
 
     /// `map_block`: backs the first `size` bytes of the unmapped block `to_map` with pages
@@ -550,13 +561,10 @@ impl CachingAllocator {
             return false;
         }
         // segmentLeft(ptr) and segmentRight(ptr + size), in pages from the segment's base.
-        let page = u128::from(page);
         let offset = b.addr.saturating_sub(base);
         let begin = offset / page;
-        let end = offset.saturating_add(u128::from(size)).div_ceil(page);
-        let Ok(mapped) = u64::try_from((end - begin) * page) else {
-            return false;
-        };
+        let end = offset.saturating_add(size).div_ceil(page);
+        let mapped = end.saturating_sub(begin).saturating_mul(page);
         if mapped == 0 {
             // "return size of 0 indicates OOM"
             return false;
@@ -566,7 +574,7 @@ impl CachingAllocator {
         if mapped < b.size {
             // to_map -> remaining -> to_map->next
             let remaining = self.new_block(Block {
-                addr: b.addr.saturating_add(u128::from(mapped)),
+                addr: b.addr.saturating_add(mapped),
                 size: b.size - mapped,
                 prev: to_map,
                 next: b.next,
@@ -591,7 +599,7 @@ impl CachingAllocator {
         let m = self.blocks[to_map];
         self.pool_mut(m.pool)
             .blocks
-            .insert((m.size, m.addr), to_map);
+            .insert(size_key(m.size, m.addr), to_map);
         self.grow_reserved(mapped);
         true
     }
@@ -600,7 +608,7 @@ impl CachingAllocator {
     /// address that can hold it, and returns the (possibly larger) free block there,
     /// taken out of the pool.
     fn try_allocate_expandable_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
-        let mut candidate = self.find_expandable_block(pool, size);
+        let mut candidate = self.find_expandable_block(pool, size)?;
         // Candidate is a run of free/unmapped blocks with room for size:
         // unmapped -> null, unmapped -> free -> *, free -> unmapped -> *
         if !self.blocks[candidate].mapped {
@@ -621,7 +629,7 @@ impl CachingAllocator {
             candidate = next;
         }
         let c = self.blocks[candidate];
-        self.pool_mut(pool).blocks.remove(&(c.size, c.addr));
+        self.pool_mut(pool).blocks.remove(&size_key(c.size, c.addr));
         Some(candidate)
     }
 }
@@ -795,6 +803,15 @@ mod tests {
             ("growing sizes fit one page", E,
                 &[A(12 * MIB), F(0), A(14 * MIB), F(1), A(16 * MIB), F(2), A(18 * MIB)],
                 (18 * MIB, 20 * MIB, 18 * MIB, 20 * MIB)),
+            // No bound on expandable over default holds: here the 2 MiB request lands in the
+            // page after the 71 MiB block (the default puts it in a 20 MiB segment of its own),
+            // so 72 MiB cannot reuse the freed 71 MiB and maps four new pages.
+            ("expandable can reserve far more", D,
+                &[A(71 * MIB), A(2 * MIB), F(0), A(72 * MIB)],
+                (74 * MIB, 92 * MIB, 74 * MIB, 92 * MIB)),
+            ("expandable can reserve far more", E,
+                &[A(71 * MIB), A(2 * MIB), F(0), A(72 * MIB)],
+                (74 * MIB, 160 * MIB, 74 * MIB, 160 * MIB)),
             ("peaks stay after frees", D,
                 &[A(3 * MIB), A(3 * MIB), F(0), F(1), A(KIB)],
                 (KIB, 22 * MIB, 6 * MIB, 22 * MIB)),
@@ -839,8 +856,11 @@ mod tests {
         for mode in AllocatorMode::ALL {
             let mut a = CachingAllocator::new(mode);
             let ids: Vec<BlockId> = (0..40).map(|i| a.malloc(ONE_EXA_BYTES - 1 - i)).collect();
-            assert_eq!(a.allocated(), u64::MAX, "saturates ({})", mode.key());
-            assert!(a.reserved() >= a.allocated() || a.reserved() == u64::MAX);
+            // The address space (2^64 bytes) holds fewer than 16 of them; the rest fail.
+            let held = ids.iter().filter(|&&id| id != BlockId::NULL).count() as u64;
+            assert!((4..16).contains(&held), "{held} ({})", mode.key());
+            assert_eq!(a.allocated(), held * round_size(ONE_EXA_BYTES - 40));
+            assert!(a.allocated() <= a.reserved());
             for id in ids {
                 a.free(id);
             }
@@ -917,6 +937,9 @@ mod tests {
         a
     }
 
+    // Not asserted: that expandable segments never reserve more than the default plus a page
+    // per pool. The source promises no such bound, and the case "expandable can reserve far
+    // more" above breaks it by 68 MiB.
     proptest! {
         #[test]
         fn random_replays_keep_the_invariants(ops in ops()) {
@@ -973,14 +996,15 @@ mod tests {
     fn timing_of_5000_events() {
         let ops = step_trace(5_000);
         for mode in AllocatorMode::ALL {
-            let rounds = 200u32;
-            let start = std::time::Instant::now();
+            // The fastest of many rounds: the machine is shared, and contention only adds.
+            let mut per = std::time::Duration::MAX;
             let mut peak = 0;
-            for _ in 0..rounds {
+            for _ in 0..300 {
+                let start = std::time::Instant::now();
                 let (a, _) = replay(mode, std::hint::black_box(&ops));
+                per = per.min(start.elapsed());
                 peak = a.peak_reserved();
             }
-            let per = start.elapsed() / rounds;
             println!(
                 "{}: {per:?} per 5,000-event replay (peak reserved {peak} B)",
                 mode.key()
