@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod advisor;
+mod allocator;
 mod bytes;
 mod distributed;
 mod evaluate;
@@ -23,6 +24,7 @@ mod sweep;
 mod trainer;
 
 pub use advisor::{fit_advice, Change, FitPlan, RankKey, Tier, MAX_GPU_MULTIPLIER, PLANS_PER_TIER};
+pub use allocator::{AllocatorMode, BlockId, CachingAllocator};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
 pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
 pub use formats::{Block, GgufType, KvDtype, WeightFormat};
