@@ -186,6 +186,10 @@ pub fn App() -> impl IntoView {
             let problem = e.as_ref().err().map(ToString::to_string);
             total_markup(
                 e.as_ref().ok().map(|e| e.step.peak_bytes),
+                e.as_ref()
+                    .ok()
+                    .filter(|e| e.step.peak_phase.is_some())
+                    .map(Evaluation::reserved_bytes),
                 problem.as_deref(),
                 unit.get(),
                 total_label(),

@@ -11,10 +11,10 @@
 //! of data instead of a view of its own, and a keystroke re-renders none of the others.
 
 use estimator_core::{
-    AttentionKernel, ByteUnit, Checkpointing, Field, Gpu, KvDtype, LossKind, Method, Mode,
-    ModelFamily, Offload, Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule,
-    Precision, PrecisionRecipe, Preset, Quant4, Sharding, TpPlan, Trainer, WeightFormat,
-    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Field, Gpu, KvDtype, LossKind, Method,
+    Mode, ModelFamily, Offload, Optimizer, OptimizerImpl, Page, PageState, ParamUnit,
+    PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding, TpPlan, Trainer,
+    WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -1092,8 +1092,15 @@ pub const OVERHEADS: &[Spec] = &[
         Field::AllocatorReserve,
         "Allocator reserve (%)",
         "allocator-reserve",
-        "",
+        "Empty: what the caching allocator reserves, the step replayed through it.",
     ),
+    choice_of(Field::Allocator, "Caching allocator", "allocator", || {
+        options(
+            &AllocatorMode::ALL,
+            AllocatorMode::key,
+            AllocatorMode::label,
+        )
+    }),
     typed(
         Field::SafetyMargin,
         "Safety margin (%)",

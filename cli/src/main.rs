@@ -68,6 +68,10 @@ hardware:
 {gpu_line}                        (mac-N: Apple silicon, N GB unified memory; cpu: the CPU's RAM)
   --capacity-mib N      capacity of a custom GPU
   --ram-gib N           capacity of the CPU RAM in GiB, with --gpu cpu (default 64)
+  --allocator A         PyTorch's caching allocator: default, expandable
+                        (expandable_segments:True); the step is replayed through it and
+                        the verdict counts what it reserves (--json reserved_bytes)
+  --allocator-reserve P the reserve in percent of the peak instead of the replay
   --gpus N              GPUs in all (a multiple of tp x cp x pp; the rest data parallel)
   --engine E            data-parallel engine: ddp, fsdp2 (fully_shard per layer),
                         deepspeed (with --zero)
@@ -177,7 +181,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 44] = [
+const FIELD_FLAGS: [(&str, Field); 46] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -195,6 +199,8 @@ const FIELD_FLAGS: [(&str, Field); 44] = [
     ("--kv-dtype", Field::KvDtype),
     ("--gpu", Field::Gpu),
     ("--capacity-mib", Field::CustomCapacity),
+    ("--allocator", Field::Allocator),
+    ("--allocator-reserve", Field::AllocatorReserve),
     ("--ram-gib", Field::RamCapacity),
     ("--gpus", Field::NumGpus),
     ("--sharding", Field::Sharding),
@@ -424,6 +430,8 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "query": estimator_core::encode_query(state),
     });
     out["trainable_params"] = e.step.trainable_params.into();
+    // max_memory_reserved: the peak and what the caching allocator holds beyond it
+    out["reserved_bytes"] = e.reserved_bytes().into();
     // host RAM per GPU process for what FSDP2 or DeepSpeed offloads
     out["host_bytes"] = e.step.host_bytes.into();
     if e.step.paged_bytes > 0 {
@@ -512,6 +520,16 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         "{:<18}{}{phase}{stage}\n",
         if e.per_gpu { "peak per GPU" } else { "peak" },
         fmt(e.step.peak_bytes)
+    ));
+    out.push_str(&format!(
+        "{:<18}{}{}\n",
+        "reserved",
+        fmt(e.reserved_bytes()),
+        if e.allocator.is_some() {
+            format!(" (caching allocator replayed, {})", e.plan.allocator.key())
+        } else {
+            " (the reserve typed)".to_owned()
+        }
     ));
     if e.step.host_bytes > 0 {
         out.push_str(&format!(

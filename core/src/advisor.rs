@@ -1169,6 +1169,9 @@ impl<'a> Search<'a> {
                 to: knobs.seq_len,
             });
         }
+        // the plan's own step replayed through the allocator, as its link's page will
+        let mut plan = plan;
+        crate::evaluate::resolve_reserve(&mut plan, &self.parsed.model(&knobs), knobs.batch);
         let (step, verdict, max_batch) = self.fit(knobs, &plan, knobs.batch)?;
         // only what changes is rewritten: the rest stays as typed
         let mut next = state.clone();
@@ -1318,10 +1321,26 @@ pub(crate) fn advise_parsed(
         return Err(no_device());
     }
     // the page's own errors first (a sequence the model cannot take, a figure too large)
-    step_at(&parsed.model(&knobs), plan, knobs.batch)?;
-    let mut search = Search::new(state, parsed, knobs, plan.clone());
-    let found = search.run(limit);
-    found.iter().map(|l| search.plan_of(state, l)).collect()
+    let model = parsed.model(&knobs);
+    step_at(&model, plan, knobs.batch)?;
+    // every plan is held to the reserve the page's own step needs
+    let mut plan = plan.clone();
+    crate::evaluate::resolve_reserve(&mut plan, &model, knobs.batch);
+    let mut search = Search::new(state, parsed, knobs, plan);
+    // the search holds every plan to the page's reserve; a plan whose own replay reserves
+    // more may not fit after all, so a few more are asked for and those are dropped
+    let found = search.run(limit.saturating_mul(2).saturating_add(2));
+    let mut plans = Vec::new();
+    for l in &found {
+        let plan = search.plan_of(state, l)?;
+        if plan.verdict.fits() {
+            plans.push(plan);
+        }
+        if plans.len() == limit {
+            break;
+        }
+    }
+    Ok(plans)
 }
 
 #[cfg(test)]

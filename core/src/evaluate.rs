@@ -7,11 +7,11 @@ use crate::formats::WeightShape;
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::Offload;
 use crate::{
-    estimate_rank, fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
-    simple_breakdown_at_batch, sweep, AccumulationPlan, Architecture, AttentionKernel,
-    CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind, MaxBatch, Optimizer,
-    OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe, SavedPart, ShardedState,
-    Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat, MAX_BATCH,
+    estimate_rank, estimate_rank_replayed, fit_verdict, max_batch_that_fits, plan_accumulation,
+    shard_model_state, simple_breakdown_at_batch, sweep, AccumulationPlan, AllocatorPeaks,
+    Architecture, AttentionKernel, CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind,
+    MaxBatch, Optimizer, OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe, SavedPart,
+    ShardedState, Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat, MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -240,6 +240,9 @@ pub struct Evaluation {
     pub accumulation: Option<AccumulationPlan>,
     /// Whether figures are per GPU of several (sharding or tensor parallelism).
     pub per_gpu: bool,
+    /// The caching allocator's replay of the step, when the reserve comes from it (its
+    /// slack over its own peak is `plan.overheads.allocator_reserve_ppm`).
+    pub allocator: Option<AllocatorPeaks>,
     /// The planning inputs used.
     pub plan: PlanInputs,
 }
@@ -945,9 +948,10 @@ pub(crate) fn evaluate_parsed(
     parsed: &Parsed,
     knobs: &Knobs,
 ) -> Result<Evaluation, EvaluationError> {
-    let plan = plan.clone();
+    let mut plan = plan.clone();
     let model = parsed.model(knobs);
     let batch = batch_of(&model);
+    let allocator = resolve_reserve(&mut plan, &model, batch);
     let fit = fit_at(&model, &plan, batch)?;
     let capacity = plan.capacity_bytes;
     let sweep_rows = sweep(batch, MAX_BATCH, |b| {
@@ -979,8 +983,57 @@ pub(crate) fn evaluate_parsed(
             || plan.tensor_parallel > 1
             || plan.context_parallel > 1
             || plan.pipeline_parallel > 1,
+        allocator,
         plan,
     })
+}
+
+impl Evaluation {
+    /// What the caching allocator holds at the peak (`max_memory_reserved`): the peak and
+    /// the allocator's reserve beyond it.
+    #[must_use]
+    pub fn reserved_bytes(&self) -> u64 {
+        let reserve = crate::plan::ppm_of(
+            self.step.peak_bytes,
+            self.plan.overheads.allocator_reserve_ppm,
+        );
+        self.step.peak_bytes.saturating_add(reserve)
+    }
+}
+
+/// Sets `plan`'s allocator reserve from replaying `model`'s step at `batch` through the
+/// caching allocator, when the plan asks for it (no percentage typed, a CUDA device, the
+/// architecture mode), and returns the replay. The reserve is the replay's slack over its
+/// own allocated peak, in parts per million, so that it scales with the peak at other
+/// batches (the largest-batch search, the sweep) without replaying each.
+pub(crate) fn resolve_reserve(
+    plan: &mut PlanInputs,
+    model: &Model,
+    batch: u64,
+) -> Option<AllocatorPeaks> {
+    if !plan.replay_reserve {
+        return None;
+    }
+    let Model::Architecture {
+        model, step, peft, ..
+    } = model
+    else {
+        return None;
+    };
+    let step = TrainingStep { batch, ..*step };
+    let replay = estimate_rank_replayed(
+        &model.arch,
+        &step,
+        peft.as_ref(),
+        &mesh_of(plan),
+        plan.allocator,
+    )
+    .ok()?
+    .allocator?;
+    let ppm =
+        u128::from(replay.slack_bytes()) * 1_000_000 / u128::from(replay.allocated_bytes.max(1));
+    plan.overheads.allocator_reserve_ppm = u64::try_from(ppm).unwrap_or(u64::MAX);
+    Some(replay)
 }
 
 /// The planning inputs and the model of `state`, with every field error at once.
@@ -1069,6 +1122,52 @@ mod tests {
         assert_eq!(e.step.parts[0], (PartKind::Weights, 14_000_000_000));
         assert_eq!(e.sweep.len(), 7);
         assert!(e.verdict.is_none());
+    }
+
+    #[test]
+    fn the_verdict_counts_what_the_caching_allocator_reserves() {
+        let at = |query: &str| evaluate(&decode_query(query).state).unwrap();
+        let base = "m=arch&model=llama3.2-1b&b=8&s=4096&r=bf16&gc=full&gpu=h100-80&oi=foreach";
+        let default = at(&format!("{base}&alloc=default&res="));
+        let expandable = at(&format!("{base}&alloc=expandable&res="));
+        let typed = at(&format!("{base}&alloc=default&res=5"));
+        // the same tensors, what the allocator holds differs
+        assert_eq!(default.step.peak_bytes, expandable.step.peak_bytes);
+        assert!(default.allocator.is_some() && typed.allocator.is_none());
+        assert!(default.reserved_bytes() > expandable.reserved_bytes());
+        assert!(expandable.reserved_bytes() > expandable.step.peak_bytes);
+        // expandable segments keep the reserve within a few percent of the peak
+        assert!(expandable.reserved_bytes() < expandable.step.peak_bytes / 100 * 103);
+        assert_eq!(
+            typed.reserved_bytes(),
+            typed.step.peak_bytes + typed.step.peak_bytes / 20
+        );
+        for e in [&default, &expandable, &typed] {
+            let v = e.verdict.unwrap();
+            assert_eq!(v.peak_bytes + v.allocator_reserve_bytes, e.reserved_bytes());
+            assert_eq!(
+                v.needed_bytes,
+                e.reserved_bytes() + v.cuda_context_bytes + v.communication_bytes
+            );
+        }
+        // the largest batch is searched with the same reserve
+        let Some(MaxBatch::Fits(small)) = default.max_batch else {
+            panic!()
+        };
+        let Some(MaxBatch::Fits(large)) = expandable.max_batch else {
+            panic!()
+        };
+        assert!(small < large, "{small} {large}");
+        // an old link's flat 5% (its default) is replayed; a typed one is kept
+        assert!(at("m=arch&model=gpt2&s=1024&res=5").allocator.is_some());
+        assert!(at("m=arch&model=gpt2&s=1024&res=5&alloc=default").allocator.is_none());
+        // the simple mode has no tape to replay: 5%
+        let simple = at("p=7&pu=B&b=8&a=512&res=");
+        assert!(simple.allocator.is_none());
+        assert_eq!(
+            simple.reserved_bytes(),
+            simple.step.peak_bytes + simple.step.peak_bytes / 20
+        );
     }
 
     #[test]

@@ -56,10 +56,10 @@ pub use trainer::{Trainer, TrainerDefaults};
 mod arch;
 
 pub use arch::{
-    estimate_peak, estimate_peak_with, estimate_rank, parse_hf_config, Architecture,
-    AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing, ConfigError, EstimateError,
-    LoraTargets, LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate, Peft, Phase,
-    PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage, TargetsError, TpPlan,
-    TrainingStep,
+    estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed, parse_hf_config,
+    AllocatorPeaks, Architecture, AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing,
+    ConfigError, EstimateError, LoraTargets, LossKind, Mesh, Method, ModelFamily, ParameterUnits,
+    PeakEstimate, Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage,
+    TargetsError, TpPlan, TrainingStep,
 };
 // arch-end

@@ -270,13 +270,21 @@ impl Gpu {
     }
 }
 
+/// The allocator's reserve where no replay is possible (the simple mode, devices without
+/// CUDA's allocator): 5% of the peak.
+pub const DEFAULT_RESERVE_PPM: u64 = 50_000;
+/// Parts per million in one percent.
+pub const PPM_PER_PERCENT: u64 = 10_000;
+
 /// What the GPU needs beyond the tensors PyTorch counts, and how much to hold back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overheads {
     /// The CUDA context and kernels loaded on the device.
     pub cuda_context_bytes: u64,
-    /// What the caching allocator reserves beyond live tensors, in percent of the peak.
-    pub allocator_reserve_percent: u64,
+    /// What the caching allocator reserves beyond live tensors, in parts per million of the
+    /// peak: a percentage a person typed, or what replaying the step through the allocator
+    /// found (`evaluate`).
+    pub allocator_reserve_ppm: u64,
     /// Capacity held back for safety, in percent of the GPU's capacity.
     pub safety_margin_percent: u64,
     /// NCCL's buffers and communicators, outside PyTorch's allocator (0 on one GPU).
@@ -287,7 +295,7 @@ impl Default for Overheads {
     fn default() -> Self {
         Self {
             cuda_context_bytes: 500 * BYTES_PER_MIB,
-            allocator_reserve_percent: 5,
+            allocator_reserve_ppm: DEFAULT_RESERVE_PPM,
             safety_margin_percent: 15,
             communication_bytes: 0,
         }
@@ -444,6 +452,11 @@ impl FitVerdict {
     }
 }
 
+pub(crate) fn ppm_of(bytes: u64, ppm: u64) -> u64 {
+    let value = u128::from(bytes) * u128::from(ppm) / 1_000_000;
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
 fn percent_of(bytes: u64, percent: u64) -> u64 {
     let value = u128::from(bytes) * u128::from(percent) / 100;
     u64::try_from(value).unwrap_or(u64::MAX)
@@ -456,14 +469,15 @@ pub fn largest_peak_that_fits(capacity_bytes: u64, overheads: &Overheads) -> u64
     let usable = fit_verdict(0, capacity_bytes, overheads)
         .usable_bytes
         .saturating_sub(overheads.cuda_context_bytes);
-    let peak = u128::from(usable) * 100 / (100 + u128::from(overheads.allocator_reserve_percent));
+    let peak =
+        u128::from(usable) * 1_000_000 / (1_000_000 + u128::from(overheads.allocator_reserve_ppm));
     u64::try_from(peak).unwrap_or(u64::MAX)
 }
 
 /// Whether a step of `peak_bytes` fits on a GPU of `capacity_bytes` with `overheads`.
 #[must_use]
 pub fn fit_verdict(peak_bytes: u64, capacity_bytes: u64, overheads: &Overheads) -> FitVerdict {
-    let allocator_reserve_bytes = percent_of(peak_bytes, overheads.allocator_reserve_percent);
+    let allocator_reserve_bytes = ppm_of(peak_bytes, overheads.allocator_reserve_ppm);
     let needed_bytes = peak_bytes
         .saturating_add(allocator_reserve_bytes)
         .saturating_add(overheads.cuda_context_bytes)

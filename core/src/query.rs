@@ -84,6 +84,11 @@ pub fn decode_query(query: &str) -> Decoded {
             ));
         }
     }
+    // links from before the allocator was replayed carry its old flat default: replay it
+    if !seen.contains(&Field::Allocator) && decoded.state.hardware.allocator_reserve_percent == "5"
+    {
+        decoded.state.hardware.allocator_reserve_percent.clear();
+    }
     // links from before the implementation could be chosen meant torch.optim's own default
     if !seen.is_empty() && !seen.contains(&Field::OptimizerImpl) {
         decoded.state.step.optimizer_impl = crate::OptimizerImpl::Foreach;

@@ -3,9 +3,9 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method, Offload, Optimizer,
-    OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4,
-    Reshard, Sharding, TpPlan, WeightFormat,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method,
+    Offload, Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision,
+    PrecisionRecipe, Preset, Quant4, Reshard, Sharding, TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -526,8 +526,11 @@ pub struct HardwareSettings {
     pub ram_gib: String,
     /// CUDA context in MiB, as typed.
     pub cuda_context_mib: String,
-    /// Allocator reserve in percent of the peak, as typed.
+    /// Allocator reserve in percent of the peak, as typed (empty: what replaying the step
+    /// through PyTorch's caching allocator finds).
     pub allocator_reserve_percent: String,
+    /// The caching allocator's configuration (`expandable_segments`).
+    pub allocator: AllocatorMode,
     /// Safety margin in percent of the capacity, as typed.
     pub safety_margin_percent: String,
 }
@@ -539,7 +542,8 @@ impl Default for HardwareSettings {
             custom_capacity_mib: "81920".to_owned(),
             ram_gib: "64".to_owned(),
             cuda_context_mib: "500".to_owned(),
-            allocator_reserve_percent: "5".to_owned(),
+            allocator_reserve_percent: String::new(),
+            allocator: AllocatorMode::Default,
             safety_margin_percent: "15".to_owned(),
         }
     }
@@ -552,6 +556,7 @@ impl Section for HardwareSettings {
         (Field::RamCapacity, "ram"),
         (Field::CudaContext, "ctx"),
         (Field::AllocatorReserve, "res"),
+        (Field::Allocator, "alloc"),
         (Field::SafetyMargin, "margin"),
     ];
 
@@ -562,6 +567,7 @@ impl Section for HardwareSettings {
             Field::RamCapacity => self.ram_gib.clone(),
             Field::CudaContext => self.cuda_context_mib.clone(),
             Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
+            Field::Allocator => self.allocator.key().to_owned(),
             Field::SafetyMargin => self.safety_margin_percent.clone(),
             _ => return None,
         })
@@ -580,6 +586,9 @@ impl Section for HardwareSettings {
             Field::RamCapacity => self.ram_gib = text(value)?,
             Field::CudaContext => self.cuda_context_mib = text(value)?,
             Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
+            Field::Allocator => {
+                self.allocator = choice(value, &AllocatorMode::ALL, AllocatorMode::key)?;
+            }
             Field::SafetyMargin => self.safety_margin_percent = text(value)?,
             _ => {}
         }
@@ -771,6 +780,11 @@ pub struct PlanInputs {
     pub prefetch_bucket_elements: u64,
     /// Global batch to reach, if any.
     pub global_batch: Option<u64>,
+    /// The caching allocator's configuration.
+    pub allocator: AllocatorMode,
+    /// Whether the allocator's reserve comes from replaying the step (no percentage typed,
+    /// a CUDA device) rather than from `overheads`.
+    pub replay_reserve: bool,
 }
 
 impl PlanInputs {
@@ -888,6 +902,8 @@ pub enum Field {
     CudaContext,
     /// [`PageState::allocator_reserve_percent`].
     AllocatorReserve,
+    /// [`HardwareSettings::allocator`].
+    Allocator,
     /// [`PageState::safety_margin_percent`].
     SafetyMargin,
     /// [`PageState::num_gpus`].
@@ -931,7 +947,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 55] = [
+    pub const ALL: [Field; 56] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -968,6 +984,7 @@ impl Field {
         Field::RamCapacity,
         Field::CudaContext,
         Field::AllocatorReserve,
+        Field::Allocator,
         Field::SafetyMargin,
         Field::NumGpus,
         Field::Sharding,
@@ -1044,6 +1061,7 @@ impl Field {
             Field::RamCapacity => "CPU RAM (GiB)",
             Field::CudaContext => "CUDA context (MiB)",
             Field::AllocatorReserve => "allocator reserve (%)",
+            Field::Allocator => "caching allocator",
             Field::SafetyMargin => "safety margin (%)",
             Field::NumGpus => "number of GPUs",
             Field::Sharding => "sharding",
@@ -1294,15 +1312,21 @@ impl PageState {
                 true,
             ),
         );
-        let reserve = check(
-            Field::AllocatorReserve,
-            parse_count(
-                &self.hardware.allocator_reserve_percent,
-                1000,
-                "percent",
-                true,
-            ),
-        );
+        // empty: the replay's reserve
+        let reserve = if self.hardware.allocator_reserve_percent.trim().is_empty() {
+            Some(None)
+        } else {
+            check(
+                Field::AllocatorReserve,
+                parse_count(
+                    &self.hardware.allocator_reserve_percent,
+                    1000,
+                    "percent",
+                    true,
+                ),
+            )
+            .map(Some)
+        };
         let margin = check(
             Field::SafetyMargin,
             parse_count(&self.hardware.safety_margin_percent, 99, "percent", true),
@@ -1461,7 +1485,9 @@ impl PageState {
                     } else {
                         0
                     },
-                    allocator_reserve_percent: reserve,
+                    allocator_reserve_ppm: reserve.map_or(crate::plan::DEFAULT_RESERVE_PPM, |p| {
+                        p * crate::plan::PPM_PER_PERCENT
+                    }),
                     safety_margin_percent: margin,
                     communication_bytes: 0,
                 },
@@ -1488,6 +1514,10 @@ impl PageState {
                 reduce_bucket_elements: reduce_bucket,
                 prefetch_bucket_elements: prefetch_bucket,
                 global_batch: global,
+                allocator: self.hardware.allocator,
+                // only CUDA's caching allocator is replayed
+                replay_reserve: reserve.is_none()
+                    && self.hardware.gpu.is_none_or(Gpu::has_cuda_context),
             }
             .with_communication()),
             _ => Err(errors),

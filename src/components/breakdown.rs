@@ -48,9 +48,11 @@ fn exact(bytes: u64) -> String {
     format!("{} bytes", group_thousands(bytes))
 }
 
-/// The total (`total_label` and the figure), or why there is none.
+/// The total (`total_label` and the figure), or why there is none, and beside it what the
+/// caching allocator reserves at that peak (`max_memory_reserved`) when it is known.
 pub fn total_markup(
     total: Option<u64>,
+    reserved: Option<u64>,
     problem: Option<&str>,
     unit: ByteUnit,
     total_label: &str,
@@ -68,8 +70,22 @@ pub fn total_markup(
                         ("title", &exact(bytes)),
                     ],
                     &format_bytes(bytes, unit),
-                )
-                .close("p");
+                );
+            if let Some(reserved) = reserved {
+                m.open("span", &[("class", "reserved")])
+                    .text("allocated; reserved by the caching allocator ")
+                    .el(
+                        "strong",
+                        &[
+                            ("data-testid", "reserved"),
+                            ("data-bytes", &reserved.to_string()),
+                            ("title", &exact(reserved)),
+                        ],
+                        &format_bytes(reserved, unit),
+                    )
+                    .close("span");
+            }
+            m.close("p");
         }
         None => {
             m.el(
@@ -208,6 +224,7 @@ pub fn BreakdownCard(
         problem.with(|problem| {
             total_markup(
                 total.get(),
+                None,
                 problem.as_deref(),
                 unit.get(),
                 total_label.get(),

@@ -52,13 +52,17 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
     m.open("dl", &[("class", "parts overhead-lines")]);
     for (label, testid, bytes, sum) in [
         (
-            "Peak of the step (tensors)",
+            "Peak of the step (tensors: max_memory_allocated)",
             "need-peak",
             v.peak_bytes,
             false,
         ),
         (
-            "Allocator reserve",
+            if e.allocator.is_some() {
+                "Caching allocator's reserve beyond it (the step replayed)"
+            } else {
+                "Allocator reserve (the percentage set)"
+            },
             "need-reserve",
             v.allocator_reserve_bytes,
             false,

@@ -10,7 +10,9 @@ use super::ops::{
 };
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
+use super::replay::{replay, AllocatorPeaks, StepAllocations, StepTemporaries};
 use super::shape::StepShape;
+use crate::allocator::AllocatorMode;
 use crate::{Optimizer, OptimizerImpl};
 
 /// One training (or inference) step to estimate.
@@ -154,6 +156,9 @@ pub struct PeakEstimate {
     /// Optimizer state in CUDA managed memory (paged optimizers): on the GPU but outside
     /// PyTorch's caching allocator, so not in `peak_bytes`.
     pub paged_bytes: u64,
+    /// The step's allocations replayed through the caching allocator, when asked for
+    /// ([`estimate_rank_replayed`]).
+    pub allocator: Option<AllocatorPeaks>,
 }
 
 impl PeakEstimate {
@@ -209,6 +214,32 @@ pub fn estimate_rank(
     peft: Option<&Peft>,
     mesh: &Mesh,
 ) -> Result<PeakEstimate, EstimateError> {
+    rank_step(arch, step, peft, mesh, None)
+}
+
+/// Estimates one rank's step as [`estimate_rank`] does, and replays its allocations
+/// through PyTorch's caching allocator in `mode` ([`PeakEstimate::allocator`]): what the
+/// allocator reserves beyond the peak it hands out.
+///
+/// # Errors
+/// As [`estimate_rank`].
+pub fn estimate_rank_replayed(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+    mesh: &Mesh,
+    mode: AllocatorMode,
+) -> Result<PeakEstimate, EstimateError> {
+    rank_step(arch, step, peft, mesh, Some(mode))
+}
+
+fn rank_step(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+    mesh: &Mesh,
+    replay_mode: Option<AllocatorMode>,
+) -> Result<PeakEstimate, EstimateError> {
     if !mesh.splits_the_step() {
         return estimate_on(
             arch,
@@ -217,6 +248,7 @@ pub fn estimate_rank(
             step.seq_len,
             &Mesh::SINGLE,
             arch.vocab_size(),
+            replay_mode,
         );
     }
     if peft.is_some() {
@@ -273,6 +305,7 @@ pub fn estimate_rank(
         step.seq_len / cp,
         &mesh,
         arch.vocab_size(),
+        replay_mode,
     )?;
     estimate.n_params = arch.parameter_count();
     Ok(estimate)
@@ -288,6 +321,7 @@ fn estimate_on(
     seq: u64,
     mesh: &Mesh,
     vocab: u64,
+    replay_mode: Option<AllocatorMode>,
 ) -> Result<PeakEstimate, EstimateError> {
     let step = &TrainingStep {
         seq_len: seq,
@@ -530,6 +564,133 @@ fn estimate_on(
     };
     buffers = add(buffers, input)?;
     let acts = spec.forward(&shape)?;
+    let allocations = match replay_mode {
+        Some(mode) => {
+            let groups_of = spec.layer_groups();
+            let layers = spec
+                .layers
+                .iter()
+                .filter_map(|l| {
+                    groups_of
+                        .iter()
+                        .position(|(g, _)| *g == l)
+                        .and_then(|i| acts.per_group_log.get(i))
+                        .map(Vec::as_slice)
+                })
+                .collect();
+            let sized = |tensors: &[u64], bytes: u64| -> Res<Vec<u64>> {
+                tensors.iter().map(|&e| storage(e, bytes)).collect()
+            };
+            let mut persistent = if quantized {
+                vec![params]
+            } else {
+                let mut all = sized(&spec.outside_parameter_tensors(), p.weight_bytes())?;
+                for l in &spec.layers {
+                    all.extend(sized(&l.params(), p.weight_bytes())?);
+                    all.extend(sized(&adapters(l), adapter_bytes)?);
+                }
+                all
+            };
+            if master > 0 {
+                for &(e, c) in &trained {
+                    for _ in 0..c {
+                        persistent.push(storage(e, 4)?);
+                    }
+                }
+            }
+            persistent.push(buffers.saturating_sub(input));
+            let tokens = mul(step.batch, seq)?;
+            let last = spec.layers.last();
+            let inner = last.map_or(0, |l| l.mlp.inner_per_token());
+            let inner_tensors = last.map_or(1, |l| l.mlp.backward_inner_tensors());
+            let mut layer_backward =
+                vec![storage(tokens, mul(inner, d.act)?)?; inner_tensors as usize];
+            layer_backward.push(storage(tokens, mul(spec.hidden(), d.resid())?)?);
+            let mut states = Vec::new();
+            let mut temporaries = Vec::new();
+            for &(e, c) in &trained {
+                let state = match step.optimizer {
+                    Optimizer::AdamW => {
+                        let moment = storage(e, state_bytes)?;
+                        let mut s = vec![moment, moment];
+                        if step.optimizer_impl.step_counter_on_device() {
+                            s.push(4);
+                        }
+                        s
+                    }
+                    Optimizer::SgdMomentum => vec![storage(e, state_bytes)?],
+                    o => vec![
+                        optimizer_memory(
+                            o,
+                            step.optimizer_impl,
+                            &[(e, 1)],
+                            state_bytes,
+                            grad_bytes,
+                        )?
+                        .resident,
+                    ],
+                };
+                for _ in 0..c {
+                    states.push(state.clone());
+                    temporaries.push(storage(e, state_bytes)?);
+                }
+            }
+            let temporary_kind = match (step.optimizer, step.optimizer_impl) {
+                (Optimizer::AdamW, OptimizerImpl::Foreach) => StepTemporaries::AllAtOnce,
+                (Optimizer::AdamW, OptimizerImpl::ForLoop) => StepTemporaries::TwoPerTensor,
+                _ => StepTemporaries::None,
+            };
+            let trains = step.optimizer.trains();
+            let full = peft.is_none() && trains;
+            Some((
+                mode,
+                StepAllocations {
+                    persistent,
+                    input,
+                    layers,
+                    recompute: step.checkpointing.recomputes(),
+                    embeddings_saved: acts.outside.saturating_sub(acts.head_saved),
+                    head_saved: acts.head_saved,
+                    loss_forward: acts.loss_forward,
+                    loss_buffers: acts.loss_buffers,
+                    layer_backward,
+                    input_gradient: storage(
+                        shape.stream_tokens(tokens),
+                        mul(spec.hidden(), d.resid())?,
+                    )?,
+                    head_gradients: if full {
+                        sized(&spec.head_gradient_tensors(), grad_bytes)?
+                    } else {
+                        Vec::new()
+                    },
+                    layer_gradients: if trains {
+                        spec.layers
+                            .iter()
+                            .map(|l| {
+                                if peft.is_some() {
+                                    sized(&adapters(l), grad_bytes)
+                                } else {
+                                    sized(&l.params(), grad_bytes)
+                                }
+                            })
+                            .collect::<Res<Vec<_>>>()?
+                    } else {
+                        Vec::new()
+                    },
+                    embedding_gradients: if full {
+                        sized(&spec.embedding_parameter_tensors(), grad_bytes)?
+                    } else {
+                        Vec::new()
+                    },
+                    states,
+                    temporaries: (temporaries, temporary_kind),
+                    trains,
+                },
+            ))
+        }
+        None => None,
+    };
+    let allocator = allocations.map(|(mode, s)| replay(&s, mode));
     let cast = |e: &[u64]| -> Res<u64> {
         if p.autocast() {
             sum_storages(e, 2)
@@ -629,6 +790,7 @@ fn estimate_on(
             saved_activation_bytes: storage(kept, p.activation_bytes())?,
             trainable_params: 0,
             paged_bytes: 0,
+            allocator,
         });
     }
     // one layer's saved tensors with its weight copies, per group
@@ -1169,6 +1331,7 @@ fn estimate_on(
         saved_activation_bytes: saved,
         trainable_params: if trains { trainable_params } else { 0 },
         paged_bytes: optimizer.paged,
+        allocator,
     })
 }
 

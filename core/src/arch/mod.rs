@@ -70,13 +70,14 @@ mod ops;
 mod peft;
 mod presets;
 mod recipe;
+mod replay;
 mod shape;
 
 pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
 pub use estimate::{
-    estimate_peak, estimate_peak_with, estimate_rank, BackwardMoment, CategoryBytes, PeakEstimate,
-    Phase, TrainingStep,
+    estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed, BackwardMoment,
+    CategoryBytes, PeakEstimate, Phase, TrainingStep,
 };
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
@@ -85,3 +86,4 @@ pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
 pub use recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
+pub use replay::AllocatorPeaks;

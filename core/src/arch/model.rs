@@ -738,6 +738,9 @@ pub(crate) struct ForwardTape {
     /// Saved by one layer of each group of [`ModelSpec::layer_groups`] (without autocast's
     /// weight copies), in the same order.
     pub per_group: Vec<u64>,
+    /// Every tensor one layer of each group makes (its input first), with whether backward
+    /// keeps it, in the order they are made.
+    pub per_group_log: Vec<Vec<(u64, bool)>>,
     /// Saved outside the layers: embeddings, rotary tables, masks, final norm, head, loss.
     pub outside: u64,
     /// The part of `outside` saved by the final norm, head and loss (freed before the last
@@ -969,6 +972,7 @@ impl ModelSpec {
         // Each distinct layer runs once on a tape of its own from a fresh input (what it saves
         // of its input counts in it, as it would in one long tape).
         let mut per_group = Vec::new();
+        let mut per_group_log = Vec::new();
         let mut layer_parts = PartBytes::default();
         let mut last_layer_parts = PartBytes::default();
         // the first layer's group comes first (groups are in order of first occurrence)
@@ -985,6 +989,7 @@ impl ModelSpec {
         for (layer, count) in self.layer_groups() {
             let own = run(layer, true)?;
             per_group.push(own.total());
+            per_group_log.push(own.log());
             first_layer.get_or_insert((own.total(), own.parts));
             if last == Some(layer) {
                 last_layer_parts = own.parts;
@@ -1209,6 +1214,7 @@ impl ModelSpec {
             layer_parts,
             outside_parts: tape.parts,
             per_group,
+            per_group_log,
             outside: total,
             head_saved: total - head_start,
             loss_buffers,

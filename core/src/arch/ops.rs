@@ -198,6 +198,9 @@ pub(crate) struct Tape {
     pub part: SavedPart,
     pub parts: PartBytes,
     saved: Vec<bool>,
+    /// Each tensor's storage bytes, in the order the tensors were made (the allocator replay
+    /// reads them: `estimate::replay`).
+    sizes: Vec<u64>,
     total: u64,
     /// LoRA / QLoRA: the base is frozen and some linears carry adapters.
     pub peft: Option<TapePeft>,
@@ -215,6 +218,7 @@ impl Tape {
             part: SavedPart::Embeddings,
             parts: PartBytes::default(),
             saved: Vec::new(),
+            sizes: Vec::new(),
             total: 0,
             peft: None,
             role: Role::Other,
@@ -228,6 +232,7 @@ impl Tape {
     /// A new tensor of `elems` elements in all.
     pub fn raw(&mut self, elems: u64, bytes: u64) -> Res<T> {
         self.saved.push(false);
+        self.sizes.push(storage(elems, bytes)?);
         Ok(T {
             id: self.saved.len() - 1,
             elems,
@@ -271,6 +276,14 @@ impl Tape {
     /// Bytes saved so far.
     pub fn total(&self) -> u64 {
         self.total
+    }
+    /// Every tensor made so far: its storage bytes and whether backward keeps it.
+    pub fn log(&self) -> Vec<(u64, bool)> {
+        self.sizes
+            .iter()
+            .copied()
+            .zip(self.saved.iter().copied())
+            .collect()
     }
 }
 
