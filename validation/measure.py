@@ -408,24 +408,172 @@ def mlm_or_clm_labels(cfg, arch, ids):
     return ids
 
 
-def prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, autocast_device, device=None):
+OPT_IMPLS = ("fused", "foreach", "forloop")
+
+
+def make_optimizer(optimizer, params, opt_impl="foreach", weight_decay=None):
+    """torch.optim AdamW / Adam / SGD (momentum 0.9) with the chosen implementation:
+    fused -> fused=True (torch._fused_adamw_ / _fused_adam_ / _fused_sgd_), foreach -> foreach=True
+    (the harness's default), forloop -> foreach=False, fused=False (the single-tensor path).
+    weight_decay None keeps torch's default (AdamW 1e-2, Adam 0, SGD 0)."""
+    if opt_impl not in OPT_IMPLS:
+        raise ValueError(f"opt_impl must be one of {OPT_IMPLS}, not {opt_impl!r}")
+    kw = {"fused": True} if opt_impl == "fused" else {"foreach": opt_impl == "foreach"}
+    if weight_decay is not None:
+        kw["weight_decay"] = weight_decay
+    if optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, **kw)
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-4, **kw)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **kw)
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+# torchtitan v0.2.2 (tag, commit 73a0e6979dd10b6b1904098eb3c8f62c18ab87ce),
+# torchtitan/models/llama3/infra/parallelize.py lines 36-51, `_op_sac_save_list`, verbatim; the two
+# entries that exist only once a module is imported / a backend is present are resolved by name
+# (torch.ops.torch_attn._varlen_attn is registered by torch.nn.attention.varlen).
+def _titan_op_sac_save_list():
+    import torch.nn.attention.varlen  # noqa: F401  registers torch_attn::_varlen_attn
+    ops = {
+        torch.ops.aten.mm.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+        torch.ops.aten._scaled_dot_product_attention_math.default,
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+        # for low precision training, it's useful to always save
+        # the result of max, since the absolute maximum is
+        # used to compute the scaling factor for quantization.
+        torch.ops.aten.max.default,
+        torch._higher_order_ops.flex_attention,
+    }
+    for get in (lambda: torch.ops.torch_attn._varlen_attn.default,
+                lambda: torch._higher_order_ops.inductor_compiled_code):
+        try:
+            ops.add(get())
+        except (AttributeError, RuntimeError):
+            pass
+    return ops
+
+
+def _titan_op_sac_context_fn(mm_recompute_shapes=frozenset()):
+    """torchtitan v0.2.2 torchtitan/distributed/activation_checkpoint.py `_apply_op_sac` (lines
+    98-128): a fresh policy (and mm counters) per checkpointed call; every compute op of the save
+    list is saved (MUST_SAVE) except every second aten.mm (counted separately in the forward and
+    in the recompute), the rest is recomputed. `mm_recompute_shapes` comes from
+    per_op_sac_force_recompute_mm_shapes_by_fqns (default ["moe.router.gate"]: no such module in
+    a dense Hugging Face model, so empty)."""
+    from collections import defaultdict
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    op_sac_save_list = _titan_op_sac_save_list()
+
+    def _get_custom_policy(meta):
+        def _custom_policy(ctx, func, *args, **kwargs):
+            if (
+                func == torch.ops.aten._to_copy.default
+                and "cuda" in str(args[0].device)
+                and "device" in kwargs
+                and str(kwargs["device"]) == "cpu"
+            ):
+                return CheckpointPolicy.MUST_SAVE
+
+            mode = "recompute" if ctx.is_recompute else "forward"
+            mm_count_key = f"{mode}_mm_count"
+            if func == torch.ops.aten.mm.default:
+                if args[1].shape in mm_recompute_shapes:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+                meta[mm_count_key] += 1
+            # Saves output of all compute ops, except every second mm
+            to_save = func in op_sac_save_list and not (
+                func == torch.ops.aten.mm.default and meta[mm_count_key] % 2 == 0
+            )
+            return (
+                CheckpointPolicy.MUST_SAVE
+                if to_save
+                else CheckpointPolicy.PREFER_RECOMPUTE
+            )
+
+        return _custom_policy
+
+    def selective_checkpointing_context_fn():
+        meta = defaultdict(int)
+        return create_selective_checkpoint_contexts(_get_custom_policy(meta))
+
+    return selective_checkpointing_context_fn
+
+
+GC_LAYERS: dict = {}
+
+
+def apply_gc_policy(model, policy):
+    """Selective activation checkpointing as torchtitan v0.2.2 applies it (ptd checkpoint_wrapper:
+    torch.utils.checkpoint.checkpoint with use_reentrant=False, preserve_rng_state=True,
+    determinism_check="default", early_stop=False, debug=False), through transformers' own
+    per-layer checkpointing (GradientCheckpointingLayer checkpoints `forward`, hooks stay outside):
+      every:N - layer-level SAC (`_apply_layer_sac`): a counter over the transformer blocks starting
+                at 1; block k (1-based) is checkpointed iff k % N == 0, i.e. 0-based layers N-1,
+                2N-1, ...; the others keep all their activations;
+      ops     - per-op SAC (`_apply_op_sac`) on every block: _titan_op_sac_context_fn.
+    And transformers' own layer selection, for comparison:
+      hf-every:N - `activation_checkpointing_enable(every_n_layers=N)` (Trainer:
+                gradient_checkpointing_kwargs={"every_n_layers": N}) with its default
+                {"use_reentrant": False} (early_stop=True): 0-based layers i with i % N == 0."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    if policy.startswith("hf-every:"):
+        n = int(policy.split(":", 1)[1])
+        if n < 1:
+            raise ValueError("hf-every:N needs N >= 1")
+        model.activation_checkpointing_enable(every_n_layers=n)
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        GC_LAYERS["checkpointed"] = [i for i, m in enumerate(layers) if m.gradient_checkpointing]
+        GC_LAYERS["n_layers"] = len(layers)
+        GC_LAYERS["early_stop"] = True
+        return
+    kw = {"use_reentrant": False, "preserve_rng_state": True, "early_stop": False}
+    if policy == "ops":
+        kw["context_fn"] = _titan_op_sac_context_fn()
+        freq = 1
+    elif policy.startswith("every:"):
+        freq = int(policy.split(":", 1)[1])
+        if freq < 1:
+            raise ValueError("every:N needs N >= 1")
+    else:
+        raise ValueError(f"unknown gc policy {policy!r} (full, every:N, ops)")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    chosen = []
+    for i, layer in enumerate(layers):
+        on = (i + 1) % freq == 0
+        layer.gradient_checkpointing = on
+        if on:
+            chosen.append(i)
+    GC_LAYERS["checkpointed"] = chosen
+    GC_LAYERS["n_layers"] = len(layers)
+
+
+def prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, autocast_device, device=None,
+                 opt_impl="foreach", gc_policy=None, weight_decay=None):
     """The step's setup shared by the fake (CPU-emulated) and the real CUDA paths: checkpointing,
-    train/eval mode, the input ids, the optimizer and the forward (with loss when training)."""
+    train/eval mode, the input ids, the optimizer and the forward (with loss when training).
+    `opt_impl` (fused / foreach / forloop), `gc_policy` (None or "full" = every layer, as before;
+    "every:N", "ops": see apply_gc_policy) and `weight_decay` (None = torch's default) are the
+    options of OPTIMIZERS.md; their defaults give the step measured before they existed."""
     train = optimizer != "none"
     if gc:
-        model.gradient_checkpointing_enable()
+        if gc_policy in (None, "full"):
+            model.gradient_checkpointing_enable()
+        else:
+            apply_gc_policy(model, gc_policy)
     model.train(train)
     if train:
         model.config.use_cache = False
     ids = torch.randint(0, text_vocab(cfg), (batch, seq), dtype=torch.long, device=device)
     labels = mlm_or_clm_labels(cfg, arch, ids)
     params = [p for p in model.parameters() if p.requires_grad]
-    if optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-    elif optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-    else:
-        opt = None
+    opt = make_optimizer(optimizer, params, opt_impl, weight_decay) if train else None
 
     def fwd():
         ctx = torch.autocast(autocast_device, dtype=torch.bfloat16) if amp else _nullctx()
@@ -486,8 +634,24 @@ def peak_summary(phase_peaks, opt_state_bytes):
     return peak_phase, pk, opt_step_temp, at_peak
 
 
-def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False):
+def _variant_config(opt_impl, gc, gc_policy, weight_decay):
+    """Config keys of the OPTIMIZERS.md options: only those given (so that rows measured without
+    them stay byte-identical to the rows measured before they existed)."""
+    extra = {}
+    if gc_policy is not None and gc:
+        extra["gc_policy"] = gc_policy
+        if gc_policy != "full":
+            extra["gc_layers"] = list(GC_LAYERS.get("checkpointed", []))
+            extra["gc_early_stop"] = GC_LAYERS.get("early_stop", False)
+    if weight_decay is not None:
+        extra["weight_decay"] = weight_decay
+    return extra
+
+
+def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False,
+            opt_impl="foreach", gc_policy=None, weight_decay=None):
     install_cuda_emulation()
+    GC_LAYERS.clear()
     import transformers
     t0 = time.time()
     torch.manual_seed(0)
@@ -500,7 +664,9 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         model = build_model(cfg, arch, attn, dtype)
-        ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cpu")
+        ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cpu",
+                                             opt_impl=opt_impl, gc_policy=gc_policy,
+                                             weight_decay=weight_decay)
 
         warm_up(fwd, opt, train)  # untracked
 
@@ -551,7 +717,8 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
             "model": model_name, "batch": batch, "seq": seq, "image": 224,
             "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
             "mode": "fake", "tracker": "memtracker", "emulate_cuda": True,
-            "round_bytes": ROUND_BYTES, "opt_impl": "foreach", "warmup_steps": 1,
+            "round_bytes": ROUND_BYTES, "opt_impl": opt_impl, "warmup_steps": 1,
+            **_variant_config(opt_impl, gc, gc_policy, weight_decay),
         },
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "torchvision": _torchvision_version()},
@@ -580,7 +747,8 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
     return row
 
 
-def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False):
+def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn, gc=False,
+                 opt_impl="foreach", gc_policy=None, weight_decay=None):
     """The same step on a real GPU: real CUDA tensors, real SDPA kernel choice and CUDA autocast, no
     FakeTensorMode and none of the emulation patches. Memory is torch.cuda.max_memory_allocated()
     per phase (reset_peak_memory_stats at each phase boundary) and memory_allocated() at the
@@ -601,7 +769,9 @@ def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn
     with torch.device(dev):
         model = build_model(cfg, arch, attn, dtype)
     model.to(dev)
-    ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cuda", dev)
+    GC_LAYERS.clear()
+    ids, labels, opt, fwd = prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cuda", dev,
+                                         opt_impl=opt_impl, gc_policy=gc_policy, weight_decay=weight_decay)
 
     warm_up(fwd, opt, train)
     cuda = torch.cuda
@@ -662,7 +832,8 @@ def measure_cuda(config_path, model_name, batch, seq, precision, optimizer, attn
             "model": model_name, "batch": batch, "seq": seq, "image": 224,
             "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
             "mode": "cuda", "tracker": "torch.cuda.max_memory_allocated", "emulate_cuda": False,
-            "round_bytes": ROUND_BYTES, "opt_impl": "foreach", "warmup_steps": 1,
+            "round_bytes": ROUND_BYTES, "opt_impl": opt_impl, "warmup_steps": 1,
+            **_variant_config(opt_impl, gc, gc_policy, weight_decay),
         },
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "torchvision": _torchvision_version(), "cuda": torch.version.cuda,
@@ -720,12 +891,24 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default="fp32")
-    ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
+    ap.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "none"], default="adamw")
+    ap.add_argument("--optimizer-impl", choices=list(OPT_IMPLS), default="foreach",
+                    help="torch.optim implementation: fused=True, foreach=True (default), or the "
+                    "single-tensor for-loop (foreach=False); see OPTIMIZERS.md")
+    ap.add_argument("--weight-decay", type=float, default=None,
+                    help="optimizer weight decay (default: torch's, AdamW 0.01, Adam/SGD 0; written to "
+                    "config.weight_decay only when given)")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true", help="gradient checkpointing of every layer")
+    ap.add_argument("--gc-policy", default=None,
+                    help="with --gc: full (default: every layer, transformers' own), every:N "
+                    "(torchtitan's layer SAC: 1-based layers k with k %% N == 0), hf-every:N (transformers' "
+                    "every_n_layers: 0-based layers i with i %% N == 0) or ops (torchtitan's "
+                    "per-op SAC); written to config.gc_policy when given; see OPTIMIZERS.md")
     ap.add_argument("--out", help="append the row(s) to this .jsonl file")
     ap.add_argument("--grid", help="a JSON file: list of {config, model, batch, seq, precision, "
-                    "optimizer, attn, gc}; each is measured in its own subprocess")
+                    "optimizer, attn, gc[, opt_impl, gc_policy, weight_decay]}; each is measured in "
+                    "its own subprocess")
     ap.add_argument("--device", choices=["fake", "cuda"], default="fake",
                     help="fake (default): FakeTensorMode on the CPU with CUDA emulated; cuda: the same "
                     "step on a real GPU, torch.cuda.max_memory_allocated() per phase (mode 'cuda')")
@@ -738,13 +921,24 @@ def main(argv=None):
         ap.error("--config or --grid is required")
     name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
     fn = measure_cuda if a.device == "cuda" else measure
-    row = fn(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc)
+    if a.gc_policy is not None:
+        if not a.gc:
+            ap.error("--gc-policy needs --gc")
+        n = a.gc_policy.split(":", 1)[-1]
+        if not (a.gc_policy in ("full", "ops") or (a.gc_policy.split(":")[0] in ("every", "hf-every")
+                                                     and n.isdigit() and int(n) >= 1)):
+            ap.error("--gc-policy must be full, every:N, hf-every:N (N >= 1) or ops")
+    row = fn(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc,
+             opt_impl=a.optimizer_impl, gc_policy=a.gc_policy, weight_decay=a.weight_decay)
     kernels = row.pop("sdpa_kernels")
     if a.keep_kernel_log:
         row["sdpa_kernels"] = kernels
     line = json.dumps(row)
     print(line)
-    print(f"[measure] {name} b{a.batch} s{a.seq} {a.precision} {a.optimizer} {a.attn} gc={a.gc}: "
+    variant = ""
+    if a.optimizer_impl != "foreach" or a.gc_policy is not None or a.weight_decay is not None:
+        variant = f" impl={a.optimizer_impl} gc_policy={a.gc_policy} wd={a.weight_decay}"
+    print(f"[measure] {name} b{a.batch} s{a.seq} {a.precision} {a.optimizer} {a.attn} gc={a.gc}{variant}: "
           f"peak {row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']}, sdpa kernels {kernels}, "
           f"{row['time_s']} s", file=sys.stderr)
     if a.out:
@@ -768,6 +962,12 @@ def run_grid(grid_path, out, keep_log, device="fake"):
                "--precision", g["precision"], "--optimizer", g["optimizer"], "--attn", g.get("attn", "sdpa")]
         if g.get("gc"):
             cmd.append("--gc")
+        if g.get("opt_impl"):
+            cmd += ["--optimizer-impl", g["opt_impl"]]
+        if g.get("gc_policy"):
+            cmd += ["--gc-policy", g["gc_policy"]]
+        if g.get("weight_decay") is not None:
+            cmd += ["--weight-decay", str(g["weight_decay"])]
         if out:
             cmd += ["--out", out]
         if keep_log:

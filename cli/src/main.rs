@@ -33,7 +33,10 @@ step:
                         without --trainer), forloop (two temporaries of the largest
                         tensor)
   --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
-  --checkpointing C     none, full, offload (layer inputs in CPU memory)
+  --checkpointing C     none, full, offload (layer inputs in CPU memory), every:N
+                        (N from 2 to 8: layers N-1, 2N-1, ... as torchtitan and
+                        torchtune choose them), ops (torchtitan's per-op policy: SDPA and
+                        every other matmul saved)
   --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,
                         optimizer implementation), before any of them:
 {trainers}  --loss L              the trainer's loss (causal LMs; default hf):

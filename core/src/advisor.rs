@@ -535,7 +535,13 @@ impl<'a> Search<'a> {
             ..Options::default()
         };
         o.checkpointing = if arch.is_some() && training {
-            after(knobs.checkpointing, &Checkpointing::ALL)
+            match knobs.checkpointing {
+                // a selective setting may go on to checkpointing every layer
+                c @ (Checkpointing::EveryNth(_) | Checkpointing::Ops) => {
+                    vec![c, Checkpointing::Full, Checkpointing::Offload]
+                }
+                c => after(c, &Checkpointing::ADVISED),
+            }
         } else {
             vec![knobs.checkpointing]
         };

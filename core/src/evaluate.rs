@@ -1160,7 +1160,9 @@ mod tests {
         assert!(small < large, "{small} {large}");
         // an old link's flat 5% (its default) is replayed; a typed one is kept
         assert!(at("m=arch&model=gpt2&s=1024&res=5").allocator.is_some());
-        assert!(at("m=arch&model=gpt2&s=1024&res=5&alloc=default").allocator.is_none());
+        assert!(at("m=arch&model=gpt2&s=1024&res=5&alloc=default")
+            .allocator
+            .is_none());
         // the simple mode has no tape to replay: 5%
         let simple = at("p=7&pu=B&b=8&a=512&res=");
         assert!(simple.allocator.is_none());

@@ -80,13 +80,29 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
         };
         let optimizer = match c["optimizer"].as_str().expect("optimizer") {
             "sgd" => Optimizer::SgdMomentum,
+            // torch.optim.Adam (measured beside AdamW for its coupled weight decay) is not
+            // one of the page's optimizers
+            "adam" => {
+                println!("skipped {model}: torch.optim.Adam");
+                continue;
+            }
             o => Optimizer::from_key(o).unwrap_or_else(|| panic!("unknown optimizer {o}")),
         };
         let attention =
             AttentionKernel::from_key(c["attn"].as_str().expect("attn")).expect("kernel");
-        let checkpointing = match &c["gc"] {
-            Value::Bool(true) => Checkpointing::Full,
-            Value::String(s) if s == "offload" => Checkpointing::Offload,
+        let checkpointing = match (&c["gc"], c["gc_policy"].as_str()) {
+            // transformers' own every-Nth rule (layers 0, N, ...) is not torchtitan's
+            (_, Some(policy)) if policy.starts_with("hf-") => {
+                println!("skipped {model}: gc_policy {policy}");
+                continue;
+            }
+            // every first layer is every layer
+            (Value::Bool(true), Some("every:1")) => Checkpointing::Full,
+            (Value::Bool(true), Some(policy)) => {
+                Checkpointing::from_key(policy).expect("a checkpointing key")
+            }
+            (Value::Bool(true), None) => Checkpointing::Full,
+            (Value::String(s), _) if s == "offload" => Checkpointing::Offload,
             _ => Checkpointing::None,
         };
         let method = Method::from_key(c["method"].as_str().unwrap_or("full")).expect("method");
@@ -141,12 +157,16 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
                 step.batch,
                 trainer_settings(&step, c["gc_reentrant"].as_bool().unwrap_or(false)),
                 precision.key(),
-                optimizer.key(),
+                match step.optimizer_impl {
+                    OptimizerImpl::Foreach => optimizer.key().to_owned(),
+                    i => format!("{}-{}", optimizer.key(), i.key()),
+                },
                 attention.key(),
                 match checkpointing {
-                    Checkpointing::None => "",
-                    Checkpointing::Full => " gc",
-                    Checkpointing::Offload => " gc-offload",
+                    Checkpointing::None => String::new(),
+                    Checkpointing::Full => " gc".to_owned(),
+                    Checkpointing::Offload => " gc-offload".to_owned(),
+                    c => format!(" gc={}", c.key()),
                 },
                 peft.map_or(String::new(), |f| format!(
                     " {} r{} {}{}{}{}",
@@ -217,13 +237,14 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
 /// for the first families, and the rows of the dense and mixture-of-experts families read
 /// since.
-const FIXTURE_FILES: [&str; 6] = [
+const FIXTURE_FILES: [&str; 7] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
     "moe-measured.jsonl",
     "peft-measured.jsonl",
     "trainers-measured.jsonl",
+    "variants-measured.jsonl",
 ];
 
 /// The trainers' settings of a step that are not at transformers' defaults, for the table.

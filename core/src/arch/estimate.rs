@@ -648,7 +648,9 @@ fn estimate_on(
                     persistent,
                     input,
                     layers,
-                    recompute: step.checkpointing.recomputes(),
+                    checkpointed: (0..spec.layers.len())
+                        .map(|i| step.checkpointing.checkpoints_layer(i))
+                        .collect(),
                     embeddings_saved: acts.outside.saturating_sub(acts.head_saved),
                     head_saved: acts.head_saved,
                     loss_forward: acts.loss_forward,
@@ -807,7 +809,7 @@ fn estimate_on(
     let first_layer_casts = match (spec.layers.first(), peft) {
         // (4-bit weights are never cast)
         (Some(first), Some(f))
-            if p.autocast() && !quantized && !step.checkpointing.recomputes() =>
+            if p.autocast() && !quantized && !step.checkpointing.checkpoints_layer(0) =>
         {
             let stage = |role: Role| match role {
                 Role::O => 1,
@@ -892,6 +894,21 @@ fn estimate_on(
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(shape.stream_tokens(tokens), mul(spec.hidden(), d.resid())?)?;
     let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
+    // selective checkpointing: each layer's group, and which layers are checkpointed
+    let group_of: Vec<usize> = spec
+        .layers
+        .iter()
+        .map(|l| groups.iter().position(|(g, _)| *g == l).unwrap_or(0))
+        .collect();
+    let masks = add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?;
+    let checkpointed = (0..spec.layers.len())
+        .filter(|&i| step.checkpointing.checkpoints_layer(i))
+        .count() as u64;
+    // the masks are arguments of each layer: a checkpointed layer keeps its share
+    let kept_masks = u64::try_from(
+        u128::from(masks) * u128::from(checkpointed) / u128::from(arch.num_layers().max(1)),
+    )
+    .unwrap_or(u64::MAX);
     let in_flight = match step.checkpointing {
         // the last few tensors of the last layer: at most what it saves
         Checkpointing::None => largest_layer,
@@ -903,7 +920,7 @@ fn estimate_on(
             // one layer's tensors back on the GPU while the next one's are prefetched
             add(layer_backward, mul(largest_layer, 2)?)?,
         ),
-        Checkpointing::Full if offload => (
+        Checkpointing::Full | Checkpointing::EveryNth(_) | Checkpointing::Ops if offload => (
             add(add(in_flight, acts.outside)?, head_cast)?,
             add(add(largest_layer, layer_backward)?, mul(layer_input, 2)?)?,
         ),
@@ -928,6 +945,37 @@ fn estimate_on(
             add(add(acts.outside, head_cast)?, layer_input)?,
             add(add(largest_layer, layer_backward)?, layer_input)?,
         ),
+        // a checkpointed layer keeps its input (and its masks), the others everything
+        Checkpointing::EveryNth(_) => {
+            let mut kept = 0;
+            for (i, &g) in group_of.iter().enumerate() {
+                kept = add(
+                    kept,
+                    if step.checkpointing.checkpoints_layer(i) {
+                        layer_input
+                    } else {
+                        full_layers.get(g).copied().unwrap_or(0)
+                    },
+                )?;
+            }
+            // the first layer is never checkpointed: its frozen-base discount holds
+            let kept = kept.saturating_sub(add(acts.first_layer_discount, first_layer_casts)?);
+            (
+                add(add(kept, acts.outside)?, add(head_cast, kept_masks)?)?,
+                add(largest_layer, layer_backward)?,
+            )
+        }
+        // every layer keeps its input and what the policy saves
+        Checkpointing::Ops => {
+            let mut kept = 0;
+            for l in &spec.layers {
+                kept = add(add(kept, layer_input)?, op_policy_saved(l, &shape, tokens)?)?;
+            }
+            (
+                add(add(kept, acts.outside)?, add(head_cast, masks)?)?,
+                add(largest_layer, layer_backward)?,
+            )
+        }
     };
     // Ring attention (torch's context_parallel, `_templated_ring_attention[_backward]`):
     // each step sends a `cat` of the local keys and values and receives the next rank's
@@ -988,11 +1036,13 @@ fn estimate_on(
     };
     // under checkpointing + autocast the forward's weight-cast cache holds every layer's
     // 16-bit copies until autocast exits (only the head's are saved for backward)
-    let cached = if step.checkpointing.recomputes() {
-        all_layer_casts
-    } else {
-        0
-    };
+    let cached = group_of
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| step.checkpointing.checkpoints_layer(i))
+        .try_fold(0, |acc, (_, &g)| {
+            add(acc, group_casts.get(g).copied().unwrap_or(0))
+        })?;
     let fwd = CategoryBytes {
         activations: saved,
         // after the model's forward (autocast's cache gone) the trainer may hold more
@@ -1060,7 +1110,10 @@ fn estimate_on(
             let hs2 = mul(mul(step.batch, last.attention.heads)?, mul(seq, seq)?)?;
             let mut last_grads = spec.head_gradient_tensors();
             last.mlp.params(&mut last_grads);
-            let recomputed = if step.checkpointing.recomputes() {
+            let recomputed = if step
+                .checkpointing
+                .checkpoints_layer(spec.layers.len().saturating_sub(1))
+            {
                 largest_layer
             } else {
                 0
@@ -1173,7 +1226,7 @@ fn estimate_on(
             // checkpointing keeps the layer's arguments until its backward ends: the eager
             // masks, and the layer's input where its norm saved a cast instead (a 16-bit
             // RMSNorm keeps an fp32 copy)
-            let kept_arguments = if step.checkpointing.recomputes() {
+            let kept_arguments = if step.checkpointing.checkpoints_layer(0) {
                 let input = match (first.placement, first.norm) {
                     (Placement::Pre | Placement::Sandwich, NormKind::Rms(_)) if d.resid() != 4 => {
                         layer_input
@@ -1242,9 +1295,10 @@ fn estimate_on(
     // that and more), but where a sharded engine's reduced gradients add up.
     if trains && peft.is_none() && !in_backward {
         let embedding = sum_storages(&spec.embedding_parameter_tensors(), p.gradient_bytes())?;
-        let first_saved = match step.checkpointing {
-            Checkpointing::None => largest_layer,
-            _ => add(largest_layer, layer_input)?,
+        let first_saved = if step.checkpointing.checkpoints_layer(0) {
+            add(largest_layer, layer_input)?
+        } else {
+            largest_layer
         };
         moments.push((
             BackwardMoment::Layers,
@@ -1319,6 +1373,31 @@ fn estimate_on(
             parts.add(SavedPart::LayerInputs, layer_input)?;
             parts.add(SavedPart::WeightCopies, head_cast)?;
         }
+        // the kept layers' parts in proportion to their count (the parts are rescaled to
+        // the saved bytes where they are shown)
+        Checkpointing::EveryNth(_) => {
+            let layers = arch.num_layers().max(1);
+            let kept_layers = layers.saturating_sub(checkpointed);
+            for part in SavedPart::ALL {
+                let share = u128::from(acts.layer_parts.get(part)) * u128::from(kept_layers)
+                    / u128::from(layers);
+                parts.add(part, u64::try_from(share).unwrap_or(u64::MAX))?;
+            }
+            parts.add(SavedPart::LayerInputs, mul(layer_input, checkpointed)?)?;
+            let kept_casts = all_layer_casts.saturating_sub(cached);
+            parts.add(SavedPart::WeightCopies, add(kept_casts, head_cast)?)?;
+            parts.add(SavedPart::Masks, kept_masks)?;
+        }
+        Checkpointing::Ops => {
+            parts.add(SavedPart::LayerInputs, mul(layer_input, arch.num_layers())?)?;
+            let mut policy = 0;
+            for l in &spec.layers {
+                policy = add(policy, op_policy_saved(l, &shape, tokens)?)?;
+            }
+            parts.add(SavedPart::Attention, policy)?;
+            parts.add(SavedPart::WeightCopies, head_cast)?;
+            parts.add(SavedPart::Masks, masks)?;
+        }
     }
     Ok(PeakEstimate {
         saved_parts: parts.listed(),
@@ -1333,6 +1412,31 @@ fn estimate_on(
         paged_bytes: optimizer.paged,
         allocator,
     })
+}
+
+/// What torchtitan's per-op policy saves in `layer` beyond its input: the outputs of the
+/// first, third, ... `mm` (a linear without bias: with one it is an `addmm`, not in the
+/// list) and SDPA's output with its fp32 log-sum-exp (eager attention runs `bmm`s, which
+/// the list does not hold). Measured: `validation/OPTIMIZERS.md`.
+fn op_policy_saved(layer: &Layer, shape: &StepShape, tokens: u64) -> Res<u64> {
+    let d = shape.d;
+    let mut mm = 0u64;
+    let mut saved = 0;
+    for (_, lin) in layer.roled_linears() {
+        if !lin.bias {
+            mm += 1;
+            if mm % 2 == 1 {
+                saved = add(saved, storage(mul(tokens, lin.n_out)?, d.act)?)?;
+            }
+        }
+    }
+    let a = &layer.attention;
+    if matches!(a.kernel(shape), Kernel::Flash | Kernel::Efficient) {
+        let out = storage(mul(tokens, mul(a.heads, a.v_head_dim)?)?, d.act)?;
+        let lse = storage(mul(tokens, a.heads)?, 4)?;
+        saved = add(saved, add(out, lse)?)?;
+    }
+    Ok(saved)
 }
 
 /// An optimizer's memory over the trained tensors.

@@ -179,15 +179,65 @@ pub enum Checkpointing {
     /// forward (transformers' `activation_checkpointing_enable(offload=True)`) and copied
     /// back one layer at a time in backward.
     Offload,
+    /// Layer-level selective checkpointing of every Nth layer (2 to 8), as torchtitan's
+    /// `selective` mode with `selective_ac_option = N` (v0.2.2) and torchtune's `ac_mode:
+    /// selective` choose them: the blocks counted from 1 whose count N divides, so 0-based
+    /// layers N-1, 2N-1, ...; the others keep everything.
+    EveryNth(u8),
+    /// torchtitan's per-op selective policy (v0.2.2, `_op_sac_save_list`): every layer is
+    /// checkpointed, but the outputs of SDPA (with its log-sum-exp) and of every other `mm`
+    /// (the first, third, ... bias-free linear of the layer) are saved, not recomputed.
+    Ops,
 }
 
+/// Keys of [`Checkpointing::EveryNth`] from 2 to 8.
+const EVERY_NTH_KEYS: [&str; 7] = [
+    "every:2", "every:3", "every:4", "every:5", "every:6", "every:7", "every:8",
+];
+/// Labels of [`Checkpointing::EveryNth`] from 2 to 8.
+const EVERY_NTH_LABELS: [&str; 7] = [
+    "Every 2nd layer (selective, torchtitan / torchtune)",
+    "Every 3rd layer (selective)",
+    "Every 4th layer (selective)",
+    "Every 5th layer (selective)",
+    "Every 6th layer (selective)",
+    "Every 7th layer (selective)",
+    "Every 8th layer (selective)",
+];
+
 impl Checkpointing {
-    /// Both settings.
-    pub const ALL: [Checkpointing; 3] = [
+    /// Every setting, in the order the page lists them.
+    pub const ALL: [Checkpointing; 11] = [
+        Checkpointing::None,
+        Checkpointing::Full,
+        Checkpointing::Offload,
+        Checkpointing::EveryNth(2),
+        Checkpointing::EveryNth(3),
+        Checkpointing::EveryNth(4),
+        Checkpointing::EveryNth(5),
+        Checkpointing::EveryNth(6),
+        Checkpointing::EveryNth(7),
+        Checkpointing::EveryNth(8),
+        Checkpointing::Ops,
+    ];
+
+    /// The settings the advisor tries, least memory-saving first.
+    pub const ADVISED: [Checkpointing; 3] = [
         Checkpointing::None,
         Checkpointing::Full,
         Checkpointing::Offload,
     ];
+
+    /// Index of `EveryNth(n)` in the key tables (N outside 2..=8 reads as 8).
+    const fn nth_index(n: u8) -> usize {
+        if n < 2 {
+            0
+        } else if n > 8 {
+            6
+        } else {
+            n as usize - 2
+        }
+    }
 
     /// Short stable key.
     #[must_use]
@@ -196,6 +246,8 @@ impl Checkpointing {
             Checkpointing::None => "none",
             Checkpointing::Full => "full",
             Checkpointing::Offload => "offload",
+            Checkpointing::EveryNth(n) => EVERY_NTH_KEYS[Self::nth_index(n)],
+            Checkpointing::Ops => "ops",
         }
     }
 
@@ -206,6 +258,8 @@ impl Checkpointing {
             Checkpointing::None => "No checkpointing",
             Checkpointing::Full => "Full (every layer)",
             Checkpointing::Offload => "Full, inputs offloaded to CPU",
+            Checkpointing::EveryNth(n) => EVERY_NTH_LABELS[Self::nth_index(n)],
+            Checkpointing::Ops => "Per op (torchtitan: SDPA and every other matmul saved)",
         }
     }
 
@@ -213,6 +267,16 @@ impl Checkpointing {
     #[must_use]
     pub const fn recomputes(self) -> bool {
         !matches!(self, Checkpointing::None)
+    }
+
+    /// Whether the 0-based layer `index` is checkpointed.
+    #[must_use]
+    pub const fn checkpoints_layer(self, index: usize) -> bool {
+        match self {
+            Checkpointing::None => false,
+            Checkpointing::EveryNth(n) => (index + 1).is_multiple_of(Self::nth_index(n) + 2),
+            _ => true,
+        }
     }
 
     /// The setting whose [`key`](Self::key) is `key`.

@@ -37,8 +37,8 @@ pub(crate) struct StepAllocations<'a> {
     /// Each layer's tensors in the order it makes them (its input first), with whether
     /// backward keeps them.
     pub layers: Vec<&'a [(u64, bool)]>,
-    /// Whether checkpointing recomputes the layers (their forward keeps only the inputs).
-    pub recompute: bool,
+    /// Which layers checkpointing recomputes (their forward keeps only the inputs).
+    pub checkpointed: Vec<bool>,
     /// Saved before the layers (embeddings, rotary tables, masks).
     pub embeddings_saved: u64,
     /// Saved by the final norm, the head and the loss.
@@ -152,9 +152,10 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
         let mut flow = Transient { pending: None };
         // under checkpointing each layer keeps its input (the previous layer's output)
         let mut layer_kept: Vec<Vec<BlockId>> = Vec::with_capacity(s.layers.len());
-        for log in &s.layers {
+        for (i, log) in s.layers.iter().enumerate() {
             let mut kept = Vec::new();
-            if s.recompute && s.trains {
+            let recompute = s.checkpointed.get(i).copied().unwrap_or(false);
+            if recompute && s.trains {
                 kept.extend(flow.pending.take());
                 let mut inner = Transient { pending: None };
                 let mut scratch = Vec::new();
@@ -183,7 +184,7 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
         a.free(buffers);
         for (i, log) in s.layers.iter().enumerate().rev() {
             let mut recomputed = Vec::new();
-            if s.recompute {
+            if s.checkpointed.get(i).copied().unwrap_or(false) {
                 let mut inner = Transient { pending: None };
                 layer_forward(&mut a, log, true, &mut inner, &mut recomputed);
                 inner.flush(&mut a);
