@@ -1334,19 +1334,25 @@ pub(crate) fn advise_parsed(
     crate::evaluate::resolve_reserve(&mut plan, &model, knobs.batch);
     let mut search = Search::new(state, parsed, knobs, plan);
     // the search holds every plan to the page's reserve; a plan whose own replay reserves
-    // more may not fit after all, so a few more are asked for and those are dropped
-    let found = search.run(limit.saturating_mul(2).saturating_add(2));
-    let mut plans = Vec::new();
-    for l in &found {
-        let plan = search.plan_of(state, l)?;
-        if plan.verdict.fits() {
-            plans.push(plan);
+    // more may not fit after all: it is dropped, and the search asked for more
+    let mut asked = limit;
+    loop {
+        let found = search.run(asked);
+        let mut plans = Vec::new();
+        for l in &found {
+            let plan = search.plan_of(state, l)?;
+            if plan.verdict.fits() {
+                plans.push(plan);
+            }
+            if plans.len() == limit {
+                break;
+            }
         }
-        if plans.len() == limit {
-            break;
+        if plans.len() == limit || found.len() < asked || asked >= limit.saturating_mul(3) {
+            return Ok(plans);
         }
+        asked = asked.saturating_add(limit - plans.len());
     }
-    Ok(plans)
 }
 
 #[cfg(test)]
