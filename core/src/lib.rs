@@ -57,9 +57,9 @@ mod arch;
 
 pub use arch::{
     estimate_peak, estimate_peak_with, estimate_rank, parse_hf_config, Architecture,
-    AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing, ConfigError, EstimateError,
-    LoraTargets, LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate, Peft, Phase,
-    PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage, TargetsError, TpPlan,
-    TrainingStep,
+    AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing, Compile, ConfigError,
+    EstimateError, LoraTargets, LossKind, Mesh, Method, ModelFamily, ParameterUnits, PeakEstimate,
+    Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage, TargetsError,
+    TpPlan, TrainingStep,
 };
 // arch-end
