@@ -9,7 +9,7 @@ use super::ops::{
     add, mul, storage, sum_storages, Dtypes, NormKind, PartBytes, Res, SavedPart, BLOCK,
 };
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
-use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
+use super::recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
 use super::shape::StepShape;
 use crate::{Optimizer, OptimizerImpl};
 
@@ -30,6 +30,8 @@ pub struct TrainingStep {
     pub attention: AttentionKernel,
     /// Activation checkpointing.
     pub checkpointing: Checkpointing,
+    /// `torch.compile`: off, each block and the loss, or the whole model with its loss.
+    pub compile: Compile,
     /// How the head and its loss run (causal language models; others use their own loss).
     pub loss: LossKind,
     /// Documents packed into each row, position ids restarting per document.
@@ -389,6 +391,7 @@ fn estimate_on(
         },
         loss_parallel: mesh.loss_parallel,
         in_place_loss: mesh.loss_parallel && mesh.plan == TpPlan::Megatron,
+        compile: step.compile,
     };
     let groups = spec.layer_groups();
     // sums `per_layer` over the layers, each distinct layer computed once
@@ -701,10 +704,15 @@ fn estimate_on(
         sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?
     };
     let inner = spec.layers.last().map_or(0, |l| l.mlp.inner_per_token());
-    let inner_tensors = spec
-        .layers
-        .last()
-        .map_or(1, |l| l.mlp.backward_inner_tensors());
+    // a compiled block's backward holds the gradient of one matmul's input or output at a
+    // time (inductor fuses the activation's backward into one buffer: validation/COMPILE.md)
+    let inner_tensors = if step.compile.blocks() {
+        1
+    } else {
+        spec.layers
+            .last()
+            .map_or(1, |l| l.mlp.backward_inner_tensors())
+    };
     let layer_transient = add(
         mul(storage(tokens, mul(inner, d.act)?)?, inner_tensors)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,
@@ -1294,6 +1302,7 @@ mod tests {
             optimizer_impl: OptimizerImpl::Foreach,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
+            compile: Compile::Off,
             loss: LossKind::Hf,
             packing: false,
             padding: false,
@@ -1393,6 +1402,7 @@ mod tests {
                 for attention in AttentionKernel::ALL {
                     let s = TrainingStep {
                         checkpointing: gc,
+                        compile: Compile::Off,
                         loss: LossKind::Hf,
                         packing: false,
                         padding: false,
@@ -1512,6 +1522,7 @@ mod tests {
             .unwrap();
         let base = TrainingStep {
             checkpointing: Checkpointing::Full,
+            compile: Compile::Off,
             loss: LossKind::TrlChunked,
             ..step(4, 2048, PrecisionRecipe::Bf16, Optimizer::AdamW)
         };
@@ -1555,6 +1566,7 @@ mod tests {
         for gc in [Checkpointing::Full, Checkpointing::None] {
             let base = TrainingStep {
                 checkpointing: gc,
+                compile: Compile::Off,
                 ..step(2, 4096, PrecisionRecipe::Bf16, Optimizer::AdamW)
             };
             let kept = estimate_peak(&arch, &base).unwrap();
@@ -1586,6 +1598,7 @@ mod tests {
             P("gpt2-medium"),
             TrainingStep {
                 checkpointing: Checkpointing::Full,
+                compile: Compile::Off,
                 loss: LossKind::Hf,
                 packing: false,
                 padding: false,

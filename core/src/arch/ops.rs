@@ -206,6 +206,10 @@ pub(crate) struct Tape {
     /// Whether the tensors flowing now need a gradient (with a frozen base, not until the
     /// first adapter, unless checkpointing made the embeddings' output require one).
     pub grad: bool,
+    /// The ops run inside a `torch.compile` graph: what they save is AOTAutograd's min-cut
+    /// partitioner's choice (`validation/COMPILE.md`), which the norms, the activations and
+    /// the MLP consult.
+    pub compiled: bool,
 }
 
 impl Tape {
@@ -219,6 +223,7 @@ impl Tape {
             peft: None,
             role: Role::Other,
             grad: true,
+            compiled: false,
         }
     }
     /// A new tensor of `width` elements per token.
@@ -391,6 +396,9 @@ impl Norm {
     pub fn forward(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
         // a frozen weight needs no gradient, so its product keeps no normalised input
         let frozen = tape.peft.is_some();
+        if tape.compiled {
+            return self.forward_compiled(tape, x, d);
+        }
         match self.kind {
             NormKind::LayerNorm => {
                 // on CUDA autocast's fp32 list: the input is cast up first
@@ -434,6 +442,35 @@ impl Norm {
     }
 }
 
+impl Norm {
+    /// A norm inside a compiled graph (measured on Llama, Qwen3 and GPT-2,
+    /// `validation/COMPILE.md`): the partitioner keeps the norm's input in its own dtype and
+    /// the per-row statistics, and recomputes the normalised value in backward; no fp32
+    /// upcast of the input and no normalised copy before the weight are kept. The output is
+    /// kept by whatever reads it (the projections keep their input). RMSNorm's rstd is fp32;
+    /// LayerNorm's mean and rstd come out of the decomposition in the dtype it computes in
+    /// (the input's, fp32 after autocast's cast).
+    fn forward_compiled(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+        match self.kind {
+            NormKind::LayerNorm => {
+                let input = if d.amp { tape.cast(x, 4)? } else { x };
+                tape.save(input)?;
+                tape.saved(self.rows, input.bytes)?; // mean
+                tape.saved(self.rows, input.bytes)?; // rstd
+                tape.like(x, input.bytes)
+            }
+            NormKind::Rms(style) => {
+                tape.save(x)?;
+                tape.saved(self.rows, 4)?; // rstd
+                match style {
+                    RmsStyle::Llama => tape.like(x, x.bytes.max(d.weight)),
+                    RmsStyle::Gemma | RmsStyle::Olmo2 => tape.like(x, x.bytes),
+                }
+            }
+        }
+    }
+}
+
 /// The activation function of an MLP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Activation {
@@ -457,6 +494,13 @@ impl Activation {
                 let y = tape.like(x, x.bytes)?;
                 tape.save(y)?;
                 Ok(y)
+            }
+            Activation::PythonGeluTanh if tape.compiled => {
+                // one fused pointwise kernel: only its input is kept, the tanh chain is
+                // recomputed in backward (GPT-2's gelu_new, measured)
+                tape.save(x)?;
+                let wide = if d.amp { 4 } else { x.bytes };
+                tape.like(x, wide.max(x.bytes))
             }
             Activation::PythonGeluTanh => {
                 // pow runs in fp32 under autocast (its cast input is kept); tanh, 0.5 x and
@@ -572,9 +616,12 @@ impl Mlp {
                 };
                 // act(gate) keeps gate, the product keeps act(gate) and up; chunks of a fused
                 // projection are views, so they keep its whole storage
+                // (compiled: act(gate) is recomputed from the kept gate, measured on Llama)
                 tape.save(gate)?;
                 let a = tape.tensor(i, gate.bytes)?;
-                tape.save(a)?;
+                if !tape.compiled {
+                    tape.save(a)?;
+                }
                 tape.save(up)?;
                 tape.tensor(i, a.bytes)?
             }
