@@ -1642,4 +1642,99 @@ mod tests {
         let per_token = |e: &PeakEstimate, t: u64| e.saved_activation_bytes / t;
         assert!(per_token(&long, 4096) > per_token(&short, 4095) + 10_000);
     }
+
+    fn compiled(
+        preset: &str,
+        batch: u64,
+        seq: u64,
+        p: PrecisionRecipe,
+        c: Compile,
+    ) -> PeakEstimate {
+        let s = TrainingStep {
+            compile: c,
+            ..step(batch, seq, p, Optimizer::AdamW)
+        };
+        estimate_peak(&arch_of(P(preset)), &s).expect("estimates")
+    }
+
+    #[test]
+    fn compile_keeps_less_for_llama_style_models() {
+        use PrecisionRecipe::{AmpBf16, Bf16};
+        for preset in ["llama3.2-1b", "qwen3-0.6b", "mistral-7b", "gpt2"] {
+            for p in [Bf16, AmpBf16] {
+                let off = compiled(preset, 1, 1024, p, Compile::Off);
+                for c in [Compile::Layers, Compile::Model] {
+                    let on = compiled(preset, 1, 1024, p, c);
+                    assert!(
+                        on.saved_activation_bytes < off.saved_activation_bytes * 9 / 10,
+                        "{preset} {p:?} {c:?}: {} vs {}",
+                        on.saved_activation_bytes,
+                        off.saved_activation_bytes
+                    );
+                    assert!(on.peak_bytes <= off.peak_bytes, "{preset} {p:?} {c:?}");
+                    // the model states do not change
+                    assert_eq!(on.at_peak.parameters, off.at_peak.parameters);
+                    assert_eq!(on.n_params, off.n_params);
+                }
+            }
+        }
+        // the per-layer rule of validation/COMPILE.md for Llama-3.2-1B:
+        // s(4h + 2 Hq d + 2 Hkv d + 3i) + 4 Hq + 8 = 75,912 B/token against eager's 108,680
+        let tokens = 2048;
+        let per_layer = |c: Compile| {
+            let two = compiled("llama3.2-1b", 1, tokens, Bf16, c);
+            let parts: u64 = two
+                .saved_parts
+                .iter()
+                .filter(|(p, _)| !matches!(p, SavedPart::HeadAndLoss | SavedPart::Embeddings))
+                .map(|(_, b)| b)
+                .sum();
+            parts / 16 / tokens
+        };
+        assert_eq!(per_layer(Compile::Layers), 75_912);
+        assert_eq!(per_layer(Compile::Model), 75_912);
+        assert_eq!(per_layer(Compile::Off), 108_680);
+    }
+
+    #[test]
+    fn model_and_layers_differ_only_as_measured() {
+        use PrecisionRecipe::Bf16;
+        // Llama-3.2-1B, b1 s2048 bf16 (compile-measured.jsonl): per block, the rotary tables
+        // are the blocks' inputs and the final norm runs eager (its fp32 upcast and
+        // normalised copy kept); whole, both are recomputed: 17,301,504 bytes less
+        let layers = compiled("llama3.2-1b", 1, 2048, Bf16, Compile::Layers);
+        let model = compiled("llama3.2-1b", 1, 2048, Bf16, Compile::Model);
+        assert_eq!(
+            layers.saved_activation_bytes - model.saved_activation_bytes,
+            17_301_504
+        );
+        let (h, d) = (2048, 64);
+        let tables = 2 * 2048 * d * 2;
+        let final_norm = 2048 * 4 * h;
+        assert_eq!(17_301_504, tables + final_norm);
+        // nothing else differs: the same step's other moments
+        assert_eq!(
+            layers.phase_peaks.last().map(|p| p.1),
+            model.phase_peaks.last().map(|p| p.1)
+        );
+        assert_eq!(layers.peak_bytes, model.peak_bytes); // the optimizer step, both
+    }
+
+    #[test]
+    fn the_compiled_loss_keeps_sixteen_bit_logits() {
+        use PrecisionRecipe::Bf16;
+        let (v, tokens) = (128_256, 2048);
+        let off = compiled("llama3.2-1b", 1, tokens, Bf16, Compile::Off);
+        let on = compiled("llama3.2-1b", 1, tokens, Bf16, Compile::Layers);
+        let head = |e: &PeakEstimate| {
+            e.saved_parts
+                .iter()
+                .find(|(p, _)| *p == SavedPart::HeadAndLoss)
+                .map_or(0, |(_, b)| *b)
+        };
+        // eager: the fp32 log_softmax (4V per token); compiled: the 16-bit logits (2V) and
+        // the fp32 max and log-sum-exp (8)
+        let diff = head(&off) - head(&on);
+        assert_eq!(diff, tokens * (4 * v) - (tokens * (2 * v) + 2 * tokens * 4));
+    }
 }
