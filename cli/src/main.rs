@@ -34,6 +34,9 @@ step:
                         tensor)
   --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
   --checkpointing C     none, full, offload (layer inputs in CPU memory)
+  --compile C           torch.compile: off (default), layers (each block and the loss:
+                        torchtitan, torchtune), model (the whole model with its loss:
+                        HF Trainer torch_compile=True)
   --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,
                         optimizer implementation), before any of them:
 {trainers}  --loss L              the trainer's loss (causal LMs; default hf):
@@ -177,7 +180,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 44] = [
+const FIELD_FLAGS: [(&str, Field); 45] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -185,6 +188,7 @@ const FIELD_FLAGS: [(&str, Field); 44] = [
     ("--optimizer-impl", Field::OptimizerImpl),
     ("--attention", Field::Attention),
     ("--checkpointing", Field::Checkpointing),
+    ("--compile", Field::Compile),
     ("--loss", Field::Loss),
     ("--packing", Field::Packing),
     ("--padding", Field::Padding),
