@@ -1694,6 +1694,44 @@ mod tests {
         assert_eq!(per_layer(Compile::Layers), 75_912);
         assert_eq!(per_layer(Compile::Model), 75_912);
         assert_eq!(per_layer(Compile::Off), 108_680);
+        // Qwen3-0.6B (28 blocks): s(4h + 3 Hq d + 3 Hkv d + 3i) + 8 Hq + 4 Hkv + 8 = 45,224;
+        // GPT-2 (12 blocks, b1 s1024): s 16h + 2h + 4 Hq + 4 s = 26,168 (the embeddings'
+        // dropout mask, h bytes per token, is outside the blocks)
+        let blocks = |preset: &str, n: u64, seq: u64, outside: u64| {
+            let e = compiled(preset, 1, seq, Bf16, Compile::Layers);
+            let parts: u64 = e
+                .saved_parts
+                .iter()
+                .filter(|(p, _)| !matches!(p, SavedPart::HeadAndLoss | SavedPart::Embeddings))
+                .map(|(_, b)| b)
+                .sum();
+            (parts - outside * seq) / n / seq
+        };
+        assert_eq!(blocks("qwen3-0.6b", 28, 2048, 0), 45_224);
+        assert_eq!(blocks("gpt2", 12, 1024, 768), 26_168);
+        // Llama-3.2-1B under autocast, the partitioner's dump (validation/compile.py
+        // --saved, s256): the fp32 block input, o_proj's 16-bit output in place of the fp32
+        // residual, one 16-bit cast of each normed input (shared by the projections that
+        // read it): 80,008 B/token beside the weight casts
+        let amp = compiled(
+            "llama3.2-1b",
+            1,
+            256,
+            PrecisionRecipe::AmpBf16,
+            Compile::Layers,
+        );
+        let parts: u64 = amp
+            .saved_parts
+            .iter()
+            .filter(|(p, _)| {
+                !matches!(
+                    p,
+                    SavedPart::HeadAndLoss | SavedPart::Embeddings | SavedPart::WeightCopies
+                )
+            })
+            .map(|(_, b)| b)
+            .sum();
+        assert_eq!(parts / 16 / 256, 80_008);
     }
 
     #[test]

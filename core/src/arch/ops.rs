@@ -213,6 +213,9 @@ pub(crate) struct Tape {
     /// Compiled residual sums and the addend kept in their place (the partitioner
     /// recomputes a sum from the stream, kept already, and the sub-block's output).
     recomputed: Vec<(usize, T)>,
+    /// Casts made in a compiled graph, by source and dtype: the graph computes one cast
+    /// however many ops read it (autocast's per-linear copies of one input become one).
+    casts: Vec<(usize, u64, T)>,
 }
 
 impl Tape {
@@ -228,6 +231,7 @@ impl Tape {
             grad: true,
             compiled: false,
             recomputed: Vec::new(),
+            casts: Vec::new(),
         }
     }
     /// A new tensor of `width` elements per token.
@@ -271,10 +275,21 @@ impl Tape {
     /// `t.to(dtype)`: the same tensor when the dtype is already right (`to` is then a no-op).
     pub fn cast(&mut self, t: T, bytes: u64) -> Res<T> {
         if t.bytes == bytes {
-            Ok(t)
-        } else {
-            self.raw(t.elems, bytes)
+            return Ok(t);
         }
+        if !self.compiled {
+            return self.raw(t.elems, bytes);
+        }
+        if let Some(&(_, _, c)) = self
+            .casts
+            .iter()
+            .find(|(id, b, _)| *id == t.id && *b == bytes)
+        {
+            return Ok(c);
+        }
+        let c = self.raw(t.elems, bytes)?;
+        self.casts.push((t.id, bytes, c));
+        Ok(c)
     }
     /// A new tensor shaped like `t`.
     pub fn like(&mut self, t: T, bytes: u64) -> Res<T> {
