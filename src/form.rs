@@ -11,10 +11,10 @@
 //! of data instead of a view of its own, and a keystroke re-renders none of the others.
 
 use estimator_core::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Field, Gpu, KvDtype, LossKind, Method,
-    Mode, ModelFamily, Offload, Optimizer, OptimizerImpl, Page, PageState, ParamUnit,
-    PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding, TpPlan, Trainer,
-    WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Gpu, KvDtype,
+    LossKind, Method, Mode, ModelFamily, Offload, Optimizer, OptimizerImpl, Page, PageState,
+    ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding, TpPlan,
+    Trainer, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -518,6 +518,7 @@ fn build(state: &PageState) -> Builder<'_> {
             b.control(&TRAINER_CHOICE, Source::Trainer, None)
         });
         b.fields(KERNEL);
+        b.when(Shown::Training, |b| b.fields(COMPILE));
         b.when(Shown::Training, |b| b.fields(TRAINER));
         b.when(Shown::Training, |b| b.fields(METHOD));
         b.when(Shown::Peft, |b| {
@@ -921,6 +922,14 @@ pub const KERNEL: &[Spec] = &[
         },
     ),
 ];
+
+/// `torch.compile` (training only): off, each block and the loss, or the whole model.
+pub const COMPILE: &[Spec] = &[choice_of(
+    Field::Compile,
+    "torch.compile",
+    "compile",
+    || options(&Compile::ALL, Compile::key, Compile::label),
+)];
 
 /// What the trainer sets (training only).
 pub const TRAINER: &[Spec] = &[

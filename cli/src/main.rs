@@ -37,6 +37,9 @@ step:
                         (N from 2 to 8: layers N-1, 2N-1, ... as torchtitan and
                         torchtune choose them), ops (torchtitan's per-op policy: SDPA and
                         every other matmul saved)
+  --compile C           torch.compile: off (default), layers (each block and the loss:
+                        torchtitan, torchtune), model (the whole model with its loss:
+                        HF Trainer torch_compile=True)
   --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,
                         optimizer implementation), before any of them:
 {trainers}  --loss L              the trainer's loss (causal LMs; default hf):
@@ -184,7 +187,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 46] = [
+const FIELD_FLAGS: [(&str, Field); 47] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -192,6 +195,7 @@ const FIELD_FLAGS: [(&str, Field); 46] = [
     ("--optimizer-impl", Field::OptimizerImpl),
     ("--attention", Field::Attention),
     ("--checkpointing", Field::Checkpointing),
+    ("--compile", Field::Compile),
     ("--loss", Field::Loss),
     ("--packing", Field::Packing),
     ("--padding", Field::Padding),

@@ -716,3 +716,39 @@ fn the_optimizer_implementation_follows_the_trainer() {
     assert_eq!(code, 2);
     assert!(stderr.contains("fused, foreach, forloop"), "{stderr}");
 }
+
+/// `--compile` sets the page's `comp`: per block and whole model keep less than eager on
+/// Llama 3.2 1B, and differ from each other by the rotary tables and the final norm.
+#[test]
+fn compile_lowers_the_saved_activations() {
+    let base = [
+        "--preset",
+        "llama3.2-1b",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+        "--precision",
+        "bf16",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let (code, stdout, stderr) = memest(&with(&base, extra));
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        (
+            v["peak_bytes"].as_u64().unwrap(),
+            v["query"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (off, off_query) = run(&[]);
+    let (layers, layers_query) = run(&["--compile", "layers"]);
+    let (model, model_query) = run(&["--compile", "model"]);
+    assert!(off_query.contains("comp=off"), "{off_query}");
+    assert!(layers_query.contains("comp=layers"), "{layers_query}");
+    assert!(model_query.contains("comp=model"), "{model_query}");
+    assert!(layers < off && model <= layers, "{off} {layers} {model}");
+    let (code, _, stderr) = memest(&with(&base, &["--compile", "jit"]));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("off, layers, model"), "{stderr}");
+}

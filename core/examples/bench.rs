@@ -69,6 +69,7 @@ fn main() {
         optimizer_impl: estimator_core::OptimizerImpl::Foreach,
         attention: estimator_core::AttentionKernel::Sdpa,
         checkpointing: estimator_core::Checkpointing::None,
+        compile: estimator_core::Compile::Off,
         loss: estimator_core::LossKind::Hf,
         packing: false,
         padding: false,

@@ -1,6 +1,6 @@
 //! Prints the allocator replay of a few steps: allocated and reserved peaks, both modes.
 use estimator_core::{
-    estimate_rank_replayed, AllocatorMode, AttentionKernel, Checkpointing, LossKind, Mesh,
+    estimate_rank_replayed, AllocatorMode, AttentionKernel, Checkpointing, Compile, LossKind, Mesh,
     Optimizer, OptimizerImpl, PrecisionRecipe, Preset, TrainingStep,
 };
 
@@ -81,6 +81,7 @@ fn main() {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            compile: Compile::Off,
         };
         for mode in AllocatorMode::ALL {
             let t = std::time::Instant::now();

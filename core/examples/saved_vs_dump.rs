@@ -36,6 +36,7 @@ fn main() {
             optimizer_impl: estimator_core::OptimizerImpl::Foreach,
             attention: AttentionKernel::from_key(i["attn"].as_str().unwrap()).unwrap(),
             checkpointing: Checkpointing::None,
+            compile: estimator_core::Compile::Off,
             loss: estimator_core::LossKind::Hf,
             packing: false,
             padding: false,

@@ -760,6 +760,7 @@ impl<'a> Search<'a> {
             packing: k.packing,
             padding: k.padding,
             optimizer_impl: k.optimizer_impl,
+            compile: k.compile,
             optimizer_in_backward: k.optimizer_in_backward,
             activation_offload: k.activation_offload,
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),

@@ -9,9 +9,10 @@ use crate::Offload;
 use crate::{
     estimate_rank, estimate_rank_replayed, fit_verdict, max_batch_that_fits, plan_accumulation,
     shard_model_state, simple_breakdown_at_batch, sweep, AccumulationPlan, AllocatorPeaks,
-    Architecture, AttentionKernel, CategoryBytes, Checkpointing, FitVerdict, KvDtype, LossKind,
-    MaxBatch, Optimizer, OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe, SavedPart,
-    ShardedState, Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat, MAX_BATCH,
+    Architecture, AttentionKernel, CategoryBytes, Checkpointing, Compile, FitVerdict, KvDtype,
+    LossKind, MaxBatch, Optimizer, OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe,
+    SavedPart, ShardedState, Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat,
+    MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -307,6 +308,8 @@ pub(crate) struct Knobs {
     pub optimizer: Optimizer,
     /// How torch.optim runs it (architecture mode).
     pub optimizer_impl: OptimizerImpl,
+    /// `torch.compile` (architecture mode).
+    pub compile: Compile,
     /// Precision recipe (architecture mode).
     pub recipe: PrecisionRecipe,
     /// Attention kernel (architecture mode).
@@ -374,6 +377,7 @@ pub(crate) fn parse_model(
         precision: state.simple.precision,
         optimizer: state.step.optimizer,
         optimizer_impl: state.step.optimizer_impl,
+        compile: state.step.compile,
         recipe: state.step.recipe,
         attention: state.step.attention,
         checkpointing: state.step.checkpointing,
@@ -459,6 +463,7 @@ impl Parsed {
                     optimizer_impl: knobs.optimizer_impl,
                     attention: knobs.attention,
                     checkpointing: knobs.checkpointing,
+                    compile: knobs.compile,
                     loss: knobs.loss,
                     packing: knobs.packing,
                     padding: knobs.padding,

@@ -58,8 +58,8 @@ mod arch;
 pub use arch::{
     estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed, parse_hf_config,
     AllocatorPeaks, Architecture, AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing,
-    ConfigError, EstimateError, LoraTargets, LossKind, Mesh, Method, ModelFamily, ParameterUnits,
-    PeakEstimate, Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, SavedPart, Stage,
-    TargetsError, TpPlan, TrainingStep,
+    Compile, ConfigError, EstimateError, LoraTargets, LossKind, Mesh, Method, ModelFamily,
+    ParameterUnits, PeakEstimate, Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4,
+    SavedPart, Stage, TargetsError, TpPlan, TrainingStep,
 };
 // arch-end

@@ -121,6 +121,16 @@ pub fn parse_page(state: &PageState) -> Page {
                 if !a.is_causal_lm() && state.step.loss != crate::LossKind::Hf {
                     notes.push(NOT_A_CAUSAL_LM_LOSS);
                 }
+                if state.step.compile != crate::Compile::Off
+                    && !matches!(
+                        a.family(),
+                        crate::ModelFamily::Llama
+                            | crate::ModelFamily::Qwen3
+                            | crate::ModelFamily::Gpt2
+                    )
+                {
+                    notes.push(COMPILE_MEASURED_ON);
+                }
                 notes
             })
             .unwrap_or_default(),
@@ -135,10 +145,51 @@ pub fn parse_page(state: &PageState) -> Page {
 /// Said when a trainer's loss is chosen for a model that does not predict the next token.
 const NOT_A_CAUSAL_LM_LOSS: &str = "The trainers' losses are for next-token prediction: this model keeps its own loss (masked-LM or classification), whatever the Loss field says.";
 
+/// Said when a model outside the measured families is compiled.
+const COMPILE_MEASURED_ON: &str = "torch.compile is modelled from Llama, Qwen3 and GPT-2 measurements (validation/COMPILE.md): this model's norms, activations, residual adds and loss follow the same rules; its other parts (experts, routers, eager attention, other heads) keep eager's.";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{decode_query, evaluate, fit_advice};
+
+    #[test]
+    fn compile_is_noted_outside_the_measured_families() {
+        let page = |q: &str| parse_page(&decode_query(q).state);
+        assert!(page("m=arch&model=mixtral-8x7b&comp=layers")
+            .notes
+            .contains(&COMPILE_MEASURED_ON));
+        assert!(!page("m=arch&model=mixtral-8x7b")
+            .notes
+            .contains(&COMPILE_MEASURED_ON));
+        assert!(!page("m=arch&model=qwen3-0.6b&comp=model")
+            .notes
+            .contains(&COMPILE_MEASURED_ON));
+    }
+
+    #[test]
+    fn the_compile_setting_round_trips_through_the_url() {
+        use crate::{encode_query, Compile};
+        assert_eq!(decode_query("").state.step.compile, Compile::Off);
+        assert_eq!(decode_query("m=arch").state.step.compile, Compile::Off);
+        for c in Compile::ALL {
+            let d = decode_query(&format!("m=arch&comp={}", c.key()));
+            assert!(d.notices.is_empty());
+            assert_eq!(d.state.step.compile, c);
+            let again = decode_query(&encode_query(&d.state));
+            assert_eq!(again.state.step.compile, c);
+            assert_eq!(Compile::from_key(c.key()), Some(c));
+        }
+        assert!(!decode_query("comp=jit").notices.is_empty());
+        // the step the page evaluates is compiled
+        let peak = |q: &str| {
+            evaluate(&decode_query(q).state)
+                .expect("evaluates")
+                .step
+                .peak_bytes
+        };
+        assert!(peak("m=arch&model=llama3.2-1b&comp=layers") < peak("m=arch&model=llama3.2-1b"));
+    }
 
     #[test]
     fn a_trainers_loss_on_bert_is_noted() {

@@ -3,8 +3,8 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Gpu, KvDtype, LossKind, Method,
-    Offload, Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Gpu, KvDtype, LossKind,
+    Method, Offload, Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision,
     PrecisionRecipe, Preset, Quant4, Reshard, Sharding, TpPlan, WeightFormat,
 };
 
@@ -268,6 +268,8 @@ pub struct StepSettings {
     pub attention: AttentionKernel,
     /// Activation checkpointing.
     pub checkpointing: Checkpointing,
+    /// `torch.compile` (off by default; a link without `comp` is eager).
+    pub compile: Compile,
     /// How the head and its loss run (the trainer's loss).
     pub loss: LossKind,
     /// Documents packed into each row (position ids restart per document).
@@ -291,6 +293,7 @@ impl Default for StepSettings {
             optimizer_impl: OptimizerImpl::Fused,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
+            compile: Compile::Off,
             loss: LossKind::Hf,
             packing: false,
             padding: false,
@@ -309,6 +312,7 @@ impl Section for StepSettings {
         (Field::OptimizerImpl, "oi"),
         (Field::Attention, "attn"),
         (Field::Checkpointing, "gc"),
+        (Field::Compile, "comp"),
         (Field::Loss, "loss"),
         (Field::Packing, "pack"),
         (Field::Padding, "pad"),
@@ -325,6 +329,7 @@ impl Section for StepSettings {
             Field::OptimizerImpl => self.optimizer_impl.key().to_owned(),
             Field::Attention => self.attention.key().to_owned(),
             Field::Checkpointing => self.checkpointing.key().to_owned(),
+            Field::Compile => self.compile.key().to_owned(),
             Field::Loss => self.loss.key().to_owned(),
             Field::Packing => on_off(self.packing).to_owned(),
             Field::Padding => on_off(self.padding).to_owned(),
@@ -349,6 +354,9 @@ impl Section for StepSettings {
             }
             Field::Attention => {
                 self.attention = choice(value, &AttentionKernel::ALL, AttentionKernel::key)?;
+            }
+            Field::Compile => {
+                self.compile = choice(value, &Compile::ALL, Compile::key)?;
             }
             Field::Checkpointing => {
                 self.checkpointing = choice(value, &Checkpointing::ALL, Checkpointing::key)?;
@@ -858,6 +866,8 @@ pub enum Field {
     Attention,
     /// [`PageState::checkpointing`].
     Checkpointing,
+    /// [`StepSettings::compile`].
+    Compile,
     /// [`PageState::loss`].
     Loss,
     /// [`PageState::packing`].
@@ -947,7 +957,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 56] = [
+    pub const ALL: [Field; 57] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -962,6 +972,7 @@ impl Field {
         Field::Recipe,
         Field::Attention,
         Field::Checkpointing,
+        Field::Compile,
         Field::Loss,
         Field::Packing,
         Field::Padding,
@@ -1039,6 +1050,7 @@ impl Field {
             Field::Recipe => "precision recipe",
             Field::Attention => "attention kernel",
             Field::Checkpointing => "activation checkpointing",
+            Field::Compile => "torch.compile",
             Field::Loss => "loss",
             Field::Packing => "sequence packing",
             Field::Padding => "padded rows",

@@ -222,6 +222,7 @@ pub fn check_config(data: &[u8]) {
             optimizer_impl: estimator_core::OptimizerImpl::ALL[(p / 11) % 3],
             attention: AttentionKernel::ALL[(p / 31) % AttentionKernel::ALL.len()],
             checkpointing: Checkpointing::ALL[(p / 61) % Checkpointing::ALL.len()],
+            compile: estimator_core::Compile::Off,
             loss: estimator_core::LossKind::ALL[(p / 7) % estimator_core::LossKind::ALL.len()],
             packing: p % 5 == 1,
             padding: p % 3 == 1,

@@ -9,7 +9,7 @@ use super::ops::{
     add, mul, storage, sum_storages, Dtypes, NormKind, PartBytes, Res, SavedPart, BLOCK,
 };
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
-use super::recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
+use super::recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
 use super::replay::{replay, AllocatorPeaks, StepAllocations, StepTemporaries};
 use super::shape::StepShape;
 use crate::allocator::AllocatorMode;
@@ -32,6 +32,8 @@ pub struct TrainingStep {
     pub attention: AttentionKernel,
     /// Activation checkpointing.
     pub checkpointing: Checkpointing,
+    /// `torch.compile`: off, each block and the loss, or the whole model with its loss.
+    pub compile: Compile,
     /// How the head and its loss run (causal language models; others use their own loss).
     pub loss: LossKind,
     /// Documents packed into each row, position ids restarting per document.
@@ -423,6 +425,7 @@ fn estimate_on(
         },
         loss_parallel: mesh.loss_parallel,
         in_place_loss: mesh.loss_parallel && mesh.plan == TpPlan::Megatron,
+        compile: step.compile,
     };
     let groups = spec.layer_groups();
     // sums `per_layer` over the layers, each distinct layer computed once
@@ -865,10 +868,15 @@ fn estimate_on(
         sum_storages(&spec.head_gradient_tensors(), p.gradient_bytes())?
     };
     let inner = spec.layers.last().map_or(0, |l| l.mlp.inner_per_token());
-    let inner_tensors = spec
-        .layers
-        .last()
-        .map_or(1, |l| l.mlp.backward_inner_tensors());
+    // a compiled block's backward holds the gradient of one matmul's input or output at a
+    // time (inductor fuses the activation's backward into one buffer: validation/COMPILE.md)
+    let inner_tensors = if step.compile.blocks() {
+        1
+    } else {
+        spec.layers
+            .last()
+            .map_or(1, |l| l.mlp.backward_inner_tensors())
+    };
     let layer_transient = add(
         mul(storage(tokens, mul(inner, d.act)?)?, inner_tensors)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,
@@ -1561,6 +1569,7 @@ mod tests {
             optimizer_impl: OptimizerImpl::Foreach,
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
+            compile: Compile::Off,
             loss: LossKind::Hf,
             packing: false,
             padding: false,
@@ -1660,6 +1669,7 @@ mod tests {
                 for attention in AttentionKernel::ALL {
                     let s = TrainingStep {
                         checkpointing: gc,
+                        compile: Compile::Off,
                         loss: LossKind::Hf,
                         packing: false,
                         padding: false,
@@ -1779,6 +1789,7 @@ mod tests {
             .unwrap();
         let base = TrainingStep {
             checkpointing: Checkpointing::Full,
+            compile: Compile::Off,
             loss: LossKind::TrlChunked,
             ..step(4, 2048, PrecisionRecipe::Bf16, Optimizer::AdamW)
         };
@@ -1822,6 +1833,7 @@ mod tests {
         for gc in [Checkpointing::Full, Checkpointing::None] {
             let base = TrainingStep {
                 checkpointing: gc,
+                compile: Compile::Off,
                 ..step(2, 4096, PrecisionRecipe::Bf16, Optimizer::AdamW)
             };
             let kept = estimate_peak(&arch, &base).unwrap();
@@ -1853,6 +1865,7 @@ mod tests {
             P("gpt2-medium"),
             TrainingStep {
                 checkpointing: Checkpointing::Full,
+                compile: Compile::Off,
                 loss: LossKind::Hf,
                 packing: false,
                 padding: false,
@@ -1895,5 +1908,138 @@ mod tests {
         );
         let per_token = |e: &PeakEstimate, t: u64| e.saved_activation_bytes / t;
         assert!(per_token(&long, 4096) > per_token(&short, 4095) + 10_000);
+    }
+
+    fn compiled(
+        preset: &str,
+        batch: u64,
+        seq: u64,
+        p: PrecisionRecipe,
+        c: Compile,
+    ) -> PeakEstimate {
+        let s = TrainingStep {
+            compile: c,
+            ..step(batch, seq, p, Optimizer::AdamW)
+        };
+        estimate_peak(&arch_of(P(preset)), &s).expect("estimates")
+    }
+
+    #[test]
+    fn compile_keeps_less_for_llama_style_models() {
+        use PrecisionRecipe::{AmpBf16, Bf16};
+        for preset in ["llama3.2-1b", "qwen3-0.6b", "mistral-7b", "gpt2"] {
+            for p in [Bf16, AmpBf16] {
+                let off = compiled(preset, 1, 1024, p, Compile::Off);
+                for c in [Compile::Layers, Compile::Model] {
+                    let on = compiled(preset, 1, 1024, p, c);
+                    assert!(
+                        on.saved_activation_bytes < off.saved_activation_bytes * 9 / 10,
+                        "{preset} {p:?} {c:?}: {} vs {}",
+                        on.saved_activation_bytes,
+                        off.saved_activation_bytes
+                    );
+                    assert!(on.peak_bytes <= off.peak_bytes, "{preset} {p:?} {c:?}");
+                    // the model states do not change
+                    assert_eq!(on.at_peak.parameters, off.at_peak.parameters);
+                    assert_eq!(on.n_params, off.n_params);
+                }
+            }
+        }
+        // the per-layer rule of validation/COMPILE.md for Llama-3.2-1B:
+        // s(4h + 2 Hq d + 2 Hkv d + 3i) + 4 Hq + 8 = 75,912 B/token against eager's 108,680
+        let tokens = 2048;
+        let per_layer = |c: Compile| {
+            let two = compiled("llama3.2-1b", 1, tokens, Bf16, c);
+            let parts: u64 = two
+                .saved_parts
+                .iter()
+                .filter(|(p, _)| !matches!(p, SavedPart::HeadAndLoss | SavedPart::Embeddings))
+                .map(|(_, b)| b)
+                .sum();
+            parts / 16 / tokens
+        };
+        assert_eq!(per_layer(Compile::Layers), 75_912);
+        assert_eq!(per_layer(Compile::Model), 75_912);
+        assert_eq!(per_layer(Compile::Off), 108_680);
+        // Qwen3-0.6B (28 blocks): s(4h + 3 Hq d + 3 Hkv d + 3i) + 8 Hq + 4 Hkv + 8 = 45,224;
+        // GPT-2 (12 blocks, b1 s1024): s 16h + 2h + 4 Hq + 4 s = 26,168 (the embeddings'
+        // dropout mask, h bytes per token, is outside the blocks)
+        let blocks = |preset: &str, n: u64, seq: u64, outside: u64| {
+            let e = compiled(preset, 1, seq, Bf16, Compile::Layers);
+            let parts: u64 = e
+                .saved_parts
+                .iter()
+                .filter(|(p, _)| !matches!(p, SavedPart::HeadAndLoss | SavedPart::Embeddings))
+                .map(|(_, b)| b)
+                .sum();
+            (parts - outside * seq) / n / seq
+        };
+        assert_eq!(blocks("qwen3-0.6b", 28, 2048, 0), 45_224);
+        assert_eq!(blocks("gpt2", 12, 1024, 768), 26_168);
+        // Llama-3.2-1B under autocast, the partitioner's dump (validation/compile.py
+        // --saved, s256): the fp32 block input, o_proj's 16-bit output in place of the fp32
+        // residual, one 16-bit cast of each normed input (shared by the projections that
+        // read it): 80,008 B/token beside the weight casts
+        let amp = compiled(
+            "llama3.2-1b",
+            1,
+            256,
+            PrecisionRecipe::AmpBf16,
+            Compile::Layers,
+        );
+        let parts: u64 = amp
+            .saved_parts
+            .iter()
+            .filter(|(p, _)| {
+                !matches!(
+                    p,
+                    SavedPart::HeadAndLoss | SavedPart::Embeddings | SavedPart::WeightCopies
+                )
+            })
+            .map(|(_, b)| b)
+            .sum();
+        assert_eq!(parts / 16 / 256, 80_008);
+    }
+
+    #[test]
+    fn model_and_layers_differ_only_as_measured() {
+        use PrecisionRecipe::Bf16;
+        // Llama-3.2-1B, b1 s2048 bf16 (compile-measured.jsonl): per block, the rotary tables
+        // are the blocks' inputs and the final norm runs eager (its fp32 upcast and
+        // normalised copy kept); whole, both are recomputed: 17,301,504 bytes less
+        let layers = compiled("llama3.2-1b", 1, 2048, Bf16, Compile::Layers);
+        let model = compiled("llama3.2-1b", 1, 2048, Bf16, Compile::Model);
+        assert_eq!(
+            layers.saved_activation_bytes - model.saved_activation_bytes,
+            17_301_504
+        );
+        let (h, d) = (2048, 64);
+        let tables = 2 * 2048 * d * 2;
+        let final_norm = 2048 * 4 * h;
+        assert_eq!(17_301_504, tables + final_norm);
+        // nothing else differs: the same step's other moments
+        assert_eq!(
+            layers.phase_peaks.last().map(|p| p.1),
+            model.phase_peaks.last().map(|p| p.1)
+        );
+        assert_eq!(layers.peak_bytes, model.peak_bytes); // the optimizer step, both
+    }
+
+    #[test]
+    fn the_compiled_loss_keeps_sixteen_bit_logits() {
+        use PrecisionRecipe::Bf16;
+        let (v, tokens) = (128_256, 2048);
+        let off = compiled("llama3.2-1b", 1, tokens, Bf16, Compile::Off);
+        let on = compiled("llama3.2-1b", 1, tokens, Bf16, Compile::Layers);
+        let head = |e: &PeakEstimate| {
+            e.saved_parts
+                .iter()
+                .find(|(p, _)| *p == SavedPart::HeadAndLoss)
+                .map_or(0, |(_, b)| *b)
+        };
+        // eager: the fp32 log_softmax (4V per token); compiled: the 16-bit logits (2V) and
+        // the fp32 max and log-sum-exp (8)
+        let diff = head(&off) - head(&on);
+        assert_eq!(diff, tokens * (4 * v) - (tokens * (2 * v) + 2 * tokens * 4));
     }
 }

@@ -51,6 +51,17 @@ pub(crate) struct LossCosts {
     pub keeps_head_cast: bool,
 }
 
+/// SFTTrainer's metrics under no_grad on the model's output logits, which accelerate's
+/// `convert_outputs_to_fp32` (Trainer with bf16=True, SFTConfig's default) made an fp32 copy
+/// of: `entropy_from_logits` flattens the shifted logits (a copy when the batch has more than
+/// one row) and runs log_softmax, exp and their product per 128 rows, in fp32.
+fn trl_metrics(s: &StepShape, v: u64, tv: u64) -> Res<u64> {
+    let shifted = mul(mul(s.batch, s.seq.saturating_sub(1))?, v)?;
+    let copy = if s.batch > 1 { storage(shifted, 4)? } else { 0 };
+    let rows = mul(TRL_ENTROPY_ROWS, v)?;
+    add(add(storage(tv, 4)?, copy)?, mul(storage(rows, 4)?, 3)?)
+}
+
 impl CausalHead {
     /// Runs the head and the loss of `kind` on `tape` from the final norm's output `x`.
     pub(crate) fn loss(
@@ -79,6 +90,9 @@ impl CausalHead {
         let tokens = tape.tokens;
         let tv = mul(tokens, v)?;
         let logits = Linear::new(h, v, false).run(Role::Head, tape, x, d)?;
+        if s.compile.blocks() && !s.loss_parallel && !s.in_place_loss && !self.softcap {
+            return self.compiled_loss(kind, tape, logits, s);
+        }
         if self.softcap {
             tape.part = SavedPart::SoftCapping;
             let t = tape.like(logits, w)?; // tanh(logits / cap)
@@ -91,15 +105,7 @@ impl CausalHead {
         let logits_32 = storage(tv, 4)?;
         let at_loss = add(logits_w, if w == 4 { 0 } else { logits_32 })?;
         let forward = if kind == LossKind::TrlNll {
-            // SFTTrainer's metrics under no_grad on the model's output logits, which
-            // accelerate's `convert_outputs_to_fp32` (Trainer with bf16=True, SFTConfig's
-            // default) made an fp32 copy of: `entropy_from_logits` flattens the shifted logits
-            // (a copy when the batch has more than one row) and runs log_softmax, exp and
-            // their product per 128 rows, in fp32
-            let shifted = mul(mul(s.batch, s.seq.saturating_sub(1))?, v)?;
-            let copy = if s.batch > 1 { storage(shifted, 4)? } else { 0 };
-            let rows = mul(TRL_ENTROPY_ROWS, v)?;
-            add(add(logits_32, copy)?, mul(storage(rows, 4)?, 3)?)?
+            trl_metrics(s, v, tv)?
         } else {
             0
         };
@@ -120,6 +126,38 @@ impl CausalHead {
             forward: at_loss,
             after_forward: forward,
             backward,
+            keeps_head_cast: true,
+        })
+    }
+
+    /// The loss compiled (on its own per block, or with the whole model), measured on
+    /// Llama-3.2-1B and checked against inductor (`validation/COMPILE.md`): the partitioner
+    /// keeps the logits in their own dtype (16-bit under bf16 and autocast) with the
+    /// per-token fp32 max and log-sum-exp and the labels, never the fp32 upcast nor the
+    /// log_softmax; inductor's forward makes no vocabulary-sized buffer (max and log-sum-exp
+    /// are reductions over the 16-bit logits) and its backward exactly one, the logits'
+    /// gradient in their dtype. (TRL's metrics run after the forward, outside the graph.)
+    fn compiled_loss(
+        &self,
+        kind: LossKind,
+        tape: &mut Tape,
+        logits: T,
+        s: &StepShape,
+    ) -> Res<LossCosts> {
+        tape.save(logits)?;
+        tape.saved(1, 4)?; // amax
+        tape.saved(1, 4)?; // log(sum(exp))
+        tape.saved(1, 8)?; // shifted labels
+        let tv = mul(tape.tokens, self.vocab)?;
+        let after_forward = if kind == LossKind::TrlNll {
+            trl_metrics(s, self.vocab, tv)?
+        } else {
+            0
+        };
+        Ok(LossCosts {
+            forward: 0,
+            after_forward,
+            backward: storage(tv, logits.bytes)?,
             keeps_head_cast: true,
         })
     }
@@ -180,6 +218,25 @@ impl CausalHead {
         Linear::new(h, v, false).run(Role::Head, tape, x, d)?;
         let chunks = TORCHTUNE_CHUNKS.min(s.seq.max(1));
         let per_chunk = mul(mul(s.batch, s.seq.div_ceil(chunks))?, v)?;
+        if s.compile.blocks() {
+            // torchtune's `compile_loss` compiles the per-chunk cross-entropy: each chunk's
+            // 16-bit logits (a separate output of the head) are kept with their per-token
+            // max and log-sum-exp, and backward makes one chunk's gradient in their dtype
+            // (the rule measured on transformers' loss, applied per chunk: not measured)
+            for _ in 0..chunks {
+                let t = tape.raw(per_chunk, w)?;
+                tape.save(t)?;
+            }
+            tape.saved(1, 4)?; // amax
+            tape.saved(1, 4)?; // log(sum(exp))
+            tape.saved(1, 8)?; // labels
+            return Ok(LossCosts {
+                forward: 0,
+                after_forward: 0,
+                backward: storage(per_chunk, w)?,
+                keeps_head_cast: true,
+            });
+        }
         let mut chunk_bytes = 0;
         for _ in 0..chunks {
             let t = tape.raw(per_chunk, 4)?; // log_softmax of this chunk
@@ -351,6 +408,7 @@ mod tests {
             loss_vocab: v,
             loss_parallel: false,
             in_place_loss: false,
+            compile: crate::arch::recipe::Compile::Off,
         };
         let head = CausalHead {
             hidden: h,

@@ -85,5 +85,5 @@ pub use mesh::{Mesh, PipelineSchedule, Stage, TpPlan};
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
-pub use recipe::{AttentionKernel, Checkpointing, LossKind, PrecisionRecipe};
+pub use recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
 pub use replay::AllocatorPeaks;

@@ -959,10 +959,21 @@ impl ModelSpec {
         let tv = mul(tokens, v)?;
         let mut tape = Tape::new(tokens);
         tape.peft = s.peft;
+        // the embeddings and the final norm are compiled with the whole model; per block,
+        // they stay eager
+        tape.compiled = s.compile.whole_model();
         if self.embeds {
             self.embed(&mut tape, s)?;
         }
-        for _ in 0..self.rotary_pairs() {
+        // compiled whole, the model recomputes its rotary tables from `inv_freq` in backward
+        // (measured on Llama: nothing of them is kept); compiled per block they are the
+        // blocks' inputs, kept as in eager
+        let rotary_pairs = if s.compile.whole_model() {
+            0
+        } else {
+            self.rotary_pairs()
+        };
+        for _ in 0..rotary_pairs {
             let bytes = if self.rotary_fp32 { 4 } else { r };
             // cos and sin are computed for positions (1, seq), shared by the batch
             let elems = mul(s.seq, self.rotary_width)?;
@@ -981,6 +992,7 @@ impl ModelSpec {
         let run = |layer: &Layer, grad: bool| -> Res<Tape> {
             let mut own = Tape::new(tokens);
             own.peft = s.peft;
+            own.compiled = s.compile.blocks();
             let input = own.raw(mul(s.stream_tokens(tokens), h)?, r)?;
             own.grad = grad;
             layer.forward(&mut own, input, s)?;

@@ -209,6 +209,16 @@ pub(crate) struct Tape {
     /// Whether the tensors flowing now need a gradient (with a frozen base, not until the
     /// first adapter, unless checkpointing made the embeddings' output require one).
     pub grad: bool,
+    /// The ops run inside a `torch.compile` graph: what they save is AOTAutograd's min-cut
+    /// partitioner's choice (`validation/COMPILE.md`), which the norms, the activations and
+    /// the MLP consult.
+    pub compiled: bool,
+    /// Compiled residual sums and the addend kept in their place (the partitioner
+    /// recomputes a sum from the stream, kept already, and the sub-block's output).
+    recomputed: Vec<(usize, T)>,
+    /// Casts made in a compiled graph, by source and dtype: the graph computes one cast
+    /// however many ops read it (autocast's per-linear copies of one input become one).
+    casts: Vec<(usize, u64, T)>,
 }
 
 impl Tape {
@@ -223,6 +233,9 @@ impl Tape {
             peft: None,
             role: Role::Other,
             grad: true,
+            compiled: false,
+            recomputed: Vec::new(),
+            casts: Vec::new(),
         }
     }
     /// A new tensor of `width` elements per token.
@@ -245,6 +258,9 @@ impl Tape {
         if !self.grad {
             return Ok(()); // nothing before it needs a gradient: autograd records nothing
         }
+        if let Some(&(_, addend)) = self.recomputed.iter().find(|(id, _)| *id == t.id) {
+            return self.save(addend);
+        }
         if let Some(s) = self.saved.get_mut(t.id) {
             if !*s {
                 *s = true;
@@ -264,10 +280,21 @@ impl Tape {
     /// `t.to(dtype)`: the same tensor when the dtype is already right (`to` is then a no-op).
     pub fn cast(&mut self, t: T, bytes: u64) -> Res<T> {
         if t.bytes == bytes {
-            Ok(t)
-        } else {
-            self.raw(t.elems, bytes)
+            return Ok(t);
         }
+        if !self.compiled {
+            return self.raw(t.elems, bytes);
+        }
+        if let Some(&(_, _, c)) = self
+            .casts
+            .iter()
+            .find(|(id, b, _)| *id == t.id && *b == bytes)
+        {
+            return Ok(c);
+        }
+        let c = self.raw(t.elems, bytes)?;
+        self.casts.push((t.id, bytes, c));
+        Ok(c)
     }
     /// A new tensor shaped like `t`.
     pub fn like(&mut self, t: T, bytes: u64) -> Res<T> {
@@ -404,6 +431,9 @@ impl Norm {
     pub fn forward(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
         // a frozen weight needs no gradient, so its product keeps no normalised input
         let frozen = tape.peft.is_some();
+        if tape.compiled {
+            return self.forward_compiled(tape, x, d);
+        }
         match self.kind {
             NormKind::LayerNorm => {
                 // on CUDA autocast's fp32 list: the input is cast up first
@@ -447,6 +477,35 @@ impl Norm {
     }
 }
 
+impl Norm {
+    /// A norm inside a compiled graph (measured on Llama, Qwen3 and GPT-2,
+    /// `validation/COMPILE.md`): the partitioner keeps the norm's input in its own dtype and
+    /// the per-row statistics, and recomputes the normalised value in backward; no fp32
+    /// upcast of the input and no normalised copy before the weight are kept. The output is
+    /// kept by whatever reads it (the projections keep their input). RMSNorm's rstd is fp32;
+    /// LayerNorm's mean and rstd come out of the decomposition in the dtype it computes in
+    /// (the input's, fp32 after autocast's cast).
+    fn forward_compiled(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+        match self.kind {
+            NormKind::LayerNorm => {
+                let input = if d.amp { tape.cast(x, 4)? } else { x };
+                tape.save(input)?;
+                tape.saved(self.rows, input.bytes)?; // mean
+                tape.saved(self.rows, input.bytes)?; // rstd
+                tape.like(x, input.bytes)
+            }
+            NormKind::Rms(style) => {
+                tape.save(x)?;
+                tape.saved(self.rows, 4)?; // rstd
+                match style {
+                    RmsStyle::Llama => tape.like(x, x.bytes.max(d.weight)),
+                    RmsStyle::Gemma | RmsStyle::Olmo2 => tape.like(x, x.bytes),
+                }
+            }
+        }
+    }
+}
+
 /// The activation function of an MLP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Activation {
@@ -470,6 +529,13 @@ impl Activation {
                 let y = tape.like(x, x.bytes)?;
                 tape.save(y)?;
                 Ok(y)
+            }
+            Activation::PythonGeluTanh if tape.compiled => {
+                // one fused pointwise kernel: only its input is kept, the tanh chain is
+                // recomputed in backward (GPT-2's gelu_new, measured)
+                tape.save(x)?;
+                let wide = if d.amp { 4 } else { x.bytes };
+                tape.like(x, wide.max(x.bytes))
             }
             Activation::PythonGeluTanh => {
                 // pow runs in fp32 under autocast (its cast input is kept); tanh, 0.5 x and
@@ -501,9 +567,16 @@ pub(crate) fn dropout(tape: &mut Tape, x: T, on: bool) -> Res<T> {
     tape.like(x, x.bytes)
 }
 
-/// A residual add: a new tensor in the wider dtype, nothing kept.
+/// A residual add `a + b` (`a` the stream, `b` the sub-block's output): a new tensor in the
+/// wider dtype, nothing kept. Compiled, the partitioner recomputes the sum in backward: an
+/// op that keeps it keeps `b` instead (measured on Llama: o_proj's output in place of the
+/// sum the second norm reads, 16-bit under autocast where the sum is fp32).
 pub(crate) fn residual(tape: &mut Tape, a: T, b: T) -> Res<T> {
-    tape.like(a, a.bytes.max(b.bytes))
+    let sum = tape.like(a, a.bytes.max(b.bytes))?;
+    if tape.compiled {
+        tape.recomputed.push((sum.id, b));
+    }
+    Ok(sum)
 }
 
 /// The MLP of a layer.
@@ -585,9 +658,12 @@ impl Mlp {
                 };
                 // act(gate) keeps gate, the product keeps act(gate) and up; chunks of a fused
                 // projection are views, so they keep its whole storage
+                // (compiled: act(gate) is recomputed from the kept gate, measured on Llama)
                 tape.save(gate)?;
                 let a = tape.tensor(i, gate.bytes)?;
-                tape.save(a)?;
+                if !tape.compiled {
+                    tape.save(a)?;
+                }
                 tape.save(up)?;
                 tape.tensor(i, a.bytes)?
             }

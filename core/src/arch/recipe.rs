@@ -286,6 +286,68 @@ impl Checkpointing {
     }
 }
 
+/// `torch.compile` around the training step (issue contract `--compile off|layers|model`).
+/// What the compiled regions save is AOTAutograd's min-cut partitioner's choice, measured
+/// in `validation/COMPILE.md` (Llama, Qwen3, GPT-2): the norms keep their input and
+/// statistics instead of eager's fp32 upcasts, pointwise chains (activations) keep only
+/// their input, and the loss keeps the logits in their own dtype with per-token statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Compile {
+    /// Eager PyTorch.
+    #[default]
+    Off,
+    /// Each transformer block compiled on its own, and the loss on its own (torchtitan's
+    /// `apply_compile`, torchtune's `compile_model` + `compile_loss`): the embeddings, the
+    /// final norm and the head stay eager.
+    Layers,
+    /// The whole model with its loss (HF Trainer's `torch_compile=True`): the final norm is
+    /// compiled too and the rotary tables are recomputed in backward.
+    Model,
+}
+
+impl Compile {
+    /// Every setting, in the order the page lists them.
+    pub const ALL: [Compile; 3] = [Compile::Off, Compile::Layers, Compile::Model];
+
+    /// Short stable key (the URL's and the CLI's).
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Compile::Off => "off",
+            Compile::Layers => "layers",
+            Compile::Model => "model",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Compile::Off => "Off (eager)",
+            Compile::Layers => "Per block + loss (torchtitan, torchtune)",
+            Compile::Model => "Whole model (HF Trainer torch_compile)",
+        }
+    }
+
+    /// The setting whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.key() == key)
+    }
+
+    /// Whether the transformer blocks run compiled.
+    #[must_use]
+    pub const fn blocks(self) -> bool {
+        !matches!(self, Compile::Off)
+    }
+
+    /// Whether the final norm and the rotary tables are inside the compiled graph.
+    #[must_use]
+    pub const fn whole_model(self) -> bool {
+        matches!(self, Compile::Model)
+    }
+}
+
 /// How the language-model head and its cross-entropy run: the trainers differ in what they
 /// keep of the vocabulary-sized logits (see `validation/LOSSES.md` for each one's source).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

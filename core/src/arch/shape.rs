@@ -3,7 +3,7 @@
 
 use super::ops::Dtypes;
 use super::peft::TapePeft;
-use super::recipe::LossKind;
+use super::recipe::{Compile, LossKind};
 
 /// What the attention of one step sees.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +38,8 @@ pub(crate) struct StepShape {
     /// Megatron-LM's vocabulary-parallel cross-entropy: softmax and gradient in place of
     /// the fp32 logits slice.
     pub in_place_loss: bool,
+    /// `torch.compile`: the blocks (and the loss) run as the partitioner's graphs.
+    pub compile: Compile,
 }
 
 impl StepShape {
