@@ -82,6 +82,22 @@ test('selective checkpointing lies between none and every layer, and travels in 
   await context.close();
 });
 
+test('torch.compile keeps less for backward, per layer or whole model, and travels in the link', async () => {
+  const base = '/?m=arch&model=llama3.2-1b&b=1&s=2048&r=bf16&gpu=none&oi=fused';
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
+  const eager = Number(await bytesOf(page, 'total'));
+  await page.getByTestId('compile').selectOption('layers');
+  const layers = await changed(page, 'total', eager);
+  assert.ok(layers < eager, `compiled ${layers} against eager ${eager}`);
+  await page.getByTestId('compile').selectOption('model');
+  const model = await changed(page, 'total', layers);
+  assert.ok(model < eager, `${model}`);
+  await urlSettled(page);
+  assert.equal(new URL(page.url()).searchParams.get('comp'), 'model');
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
 test("the caching allocator's reserve sits beside the peak, and expandable segments shrink it", async () => {
   const base = '/?m=arch&model=llama3.2-1b&b=8&s=4096&r=bf16&gc=full&gpu=h100-80&oi=foreach';
   const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
