@@ -127,12 +127,20 @@ def install_compile_sdpa():
 
 def install_real_cpu_sdpa():
     """Real CPU tensors (--real): the CUDA flash op has no CPU kernel; use the CPU flash op, which saves the
-    same things (output + fp32 logsumexp). MHA only (the CPU op takes no grouped K/V)."""
+    same things (output + fp32 logsumexp); grouped K/V are passed as they are."""
     import torch.nn.functional as F
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if attn_mask is not None or key.shape[-3] != query.shape[-3]:
-            raise RuntimeError("real-tensor check supports only MHA without a mask")
+        if torch.is_autocast_enabled("cpu"):
+            # SDPA is on CUDA autocast's lower-precision list (measure._cuda_sdpa casts the same way)
+            adt = torch.get_autocast_dtype("cpu")
+            query, key, value = (t.to(adt) if t.dtype != adt else t for t in (query, key, value))
+            with torch.autocast("cpu", enabled=False):
+                return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        # torch 2.15's CPU flash op takes grouped K/V (Hkv < Hq) directly, like the CUDA flash op
+        # measure.py dispatches to (checked: forward and backward, grads of K/V in Hkv heads)
+        if attn_mask is not None:
+            raise RuntimeError("real-tensor check supports only SDPA without a mask")
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
             query, key, value, dropout_p, is_causal, scale=scale)[0]
     F.scaled_dot_product_attention = sdpa
@@ -147,6 +155,31 @@ def make_inductor_buffers_visible():
     def empty_strided_cpu(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
     G._empty_strided_cpu = empty_strided_cpu
+
+
+def _quiet_mod_tracker_under_dynamo():
+    """MemTracker's ModTracker installs global module forward (pre-)hooks; they return at once inside an
+    OptimizedModule (`_is_in_optimized_module()`), but a checkpoint inside a compiled block (torchtitan's
+    AC-then-compile nesting) makes Dynamo trace the inner modules' hooks in the checkpoint's higher-order-op
+    body, where they fail ("Attempt to trace generator") on the first tracked call. Make them return at once
+    whenever Dynamo is tracing too (`torch.compiler.is_compiling()` is a constant True while tracing, False
+    when the hooks run eagerly, so eager modules are tracked as before)."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+    if getattr(ModTracker, "_quiet_under_dynamo", False):
+        return
+    pre, post = ModTracker._fw_pre_hook, ModTracker._fw_post_hook
+
+    def _fw_pre_hook(self, mod, input):
+        if torch.compiler.is_compiling():
+            return
+        return pre(self, mod, input)
+
+    def _fw_post_hook(self, mod, input, output):
+        if torch.compiler.is_compiling():
+            return
+        return post(self, mod, input, output)
+    ModTracker._fw_pre_hook, ModTracker._fw_post_hook = _fw_pre_hook, _fw_post_hook
+    ModTracker._quiet_under_dynamo = True
 
 
 class CompileTracker(M.PhaseTracker):
@@ -167,10 +200,25 @@ def decoder_layers(model):
     raise RuntimeError("no decoder layer list found")
 
 
+def apply_titan_ac(model):
+    """torchtitan full activation checkpointing (torchtitan/distributed/activation_checkpoint.py
+    `_apply_full_ac`): every decoder block is replaced by `ptd_checkpoint_wrapper(block,
+    preserve_rng_state=False)` (torch.distributed.algorithms._checkpoint.checkpoint_wrapper, non-reentrant
+    torch.utils.checkpoint). parallelize_llama applies AC *before* apply_compile, so `block.compile()` then
+    compiles the CheckpointWrapper: the checkpoint is inside the compiled region (Dynamo traces it as the
+    tag_activation_checkpoint higher-order op and the partitioner recomputes the block in the backward graph)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    layers = decoder_layers(model)
+    for i in range(len(layers)):
+        layers[i] = checkpoint_wrapper(layers[i], preserve_rng_state=False)
+
+
 def apply_compile(model, mode, backend):
     """Returns the callable to run the forward with (the model itself, or the compiled model)."""
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.capture_scalar_outputs = True  # torchtitan apply_compile sets it
+    if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True  # torchtitan sets it too
     if mode == "off":
         return model
     be = get_backend(backend)
@@ -190,7 +238,14 @@ def apply_compile(model, mode, backend):
 # The measured step (measure.measure with compile)
 # ----------------------------------------------------------------------------------------------
 def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, attn, gc, mode,
-                     backend="aot_eager_decomp_partition", real=False, cfg_dict=None):
+                     backend="aot_eager_decomp_partition", real=False, cfg_dict=None, gc_nesting="titan"):
+    """gc_nesting (with gc and compile != off): "titan" = torchtitan's order, checkpoint_wrapper around each
+    block, then the wrapper compiled (checkpoint inside the compiled region; layers mode only); "hf" = HF
+    `gradient_checkpointing_enable()` and the block compiled inside it (the checkpoint runs eagerly around
+    the compiled block)."""
+    titan_ac = bool(gc) and mode != "off" and gc_nesting == "titan"
+    if titan_ac and mode != "layers":
+        raise SystemExit("gc_nesting=titan needs --compile layers (torchtitan compiles per block)")
     if mode == "off" and not real and cfg_dict is None:
         # the eager reference row: measure.py itself
         row = M.measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc)
@@ -222,7 +277,11 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
     fake = M._nullctx() if real else FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         model = M.build_model(cfg, arch, attn, dtype)
-        ids, labels, opt, _fwd = M.prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, "cpu")
+        ids, labels, opt, _fwd = M.prepare_step(cfg, arch, model, batch, seq, optimizer, amp,
+                                                gc and not titan_ac, "cpu")
+        if titan_ac:
+            apply_titan_ac(model)
+            _quiet_mod_tracker_under_dynamo()
         runner = apply_compile(model, mode, backend)
 
         def fwd():
@@ -280,7 +339,7 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
         "config": {
             "model": model_name, "batch": batch, "seq": seq, "image": 224,
             "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
-            "mode": "real" if real else "fake", "tracker": "memtracker", "emulate_cuda": True,
+            "mode": "real-cpu" if real else "fake", "tracker": "memtracker", "emulate_cuda": True,
             "round_bytes": R, "opt_impl": "foreach", "warmup_steps": 1,
             "compile": mode, "backend": backend if mode != "off" else None,
         },
@@ -309,6 +368,8 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
         "recompiles_in_measured_step": recompiles,
         "sdpa_kernels": dict(M.SDPA_LOG),
     }
+    if gc and mode != "off":
+        row["config"]["gc_nesting"] = gc_nesting
     M.SDPA_LOG.clear()
     return row, model
 
@@ -379,6 +440,8 @@ def main(argv=None):
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true")
     ap.add_argument("--compile", choices=["off", "layers", "model"], default="layers")
+    ap.add_argument("--gc-nesting", choices=["titan", "hf"], default="titan",
+                    help="with --gc: checkpoint inside the compiled block (torchtitan) or around it (HF)")
     ap.add_argument("--backend", default="aot_eager_decomp_partition")
     ap.add_argument("--layers", type=int, default=0, help="cut the config to N layers (dump_saved.small_config)")
     ap.add_argument("--saved", help="write the per-region saved list (JSON) here")
@@ -398,7 +461,7 @@ def main(argv=None):
             ov = {k: json.loads(v) for k, _, v in (x.partition("=") for x in a.set)}
             cfg_dict = dump_saved.small_config(json.load(f), a.layers, ov)
     row, _ = measure_compiled(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc,
-                              a.compile, a.backend, real=a.real, cfg_dict=cfg_dict)
+                              a.compile, a.backend, real=a.real, cfg_dict=cfg_dict, gc_nesting=a.gc_nesting)
     kernels = row.pop("sdpa_kernels")
     if a.saved:
         tokens = a.batch * a.seq
@@ -439,6 +502,10 @@ def run_grid(grid_path, out):
                "--compile", g.get("compile", "layers"), "--backend", g.get("backend", "aot_eager_decomp_partition")]
         if g.get("gc"):
             cmd.append("--gc")
+            if g.get("gc_nesting"):
+                cmd += ["--gc-nesting", g["gc_nesting"]]
+        if g.get("real"):
+            cmd.append("--real")
         for k in ("layers", "saved", "graphs"):
             if g.get(k):
                 cmd += ["--" + k, str(g[k])]

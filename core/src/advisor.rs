@@ -1179,7 +1179,14 @@ impl<'a> Search<'a> {
         // the plan's own step replayed through the allocator, as its link's page will
         let mut plan = plan;
         crate::evaluate::resolve_reserve(&mut plan, &self.parsed.model(&knobs), knobs.batch);
-        let (step, verdict, max_batch) = self.fit(knobs, &plan, knobs.batch)?;
+        // the figures its link's page shows (the largest batch held to each batch's own
+        // allocator replay)
+        let fit = crate::evaluate::fit_at(&self.parsed.model(&knobs), &plan, knobs.batch)?;
+        let (step, verdict, max_batch) = (
+            fit.step,
+            fit.verdict.ok_or_else(no_device)?,
+            fit.max_batch.ok_or_else(no_device)?,
+        );
         // only what changes is rewritten: the rest stays as typed
         let mut next = state.clone();
         if knobs.batch != self.knobs.batch {

@@ -958,10 +958,14 @@ pub(crate) fn evaluate_parsed(
     let batch = batch_of(&model);
     let allocator = resolve_reserve(&mut plan, &model, batch);
     let fit = fit_at(&model, &plan, batch)?;
-    let capacity = plan.capacity_bytes;
+    // a batch fits when it is no larger than the largest that fits (the same verdicts,
+    // each batch's own allocator reserve among them)
     let sweep_rows = sweep(batch, MAX_BATCH, |b| {
         step_at(&model, &plan, b).map(|s| {
-            let fits = capacity.map(|c| fit_verdict(s.peak_bytes, c, &plan.overheads).fits());
+            let fits = fit.max_batch.map(|m| match m {
+                MaxBatch::Fits(max) => b <= max,
+                MaxBatch::NoneFits(_) => false,
+            });
             sweep_row(b, &s, fits)
         })
     });
@@ -1068,15 +1072,36 @@ pub(crate) struct Fit {
     pub max_batch: Option<MaxBatch>,
 }
 
-/// The step of `model` at `batch`, its verdict and the largest batch that fits.
+/// Most batches the largest-batch search replays through the allocator beyond its guess.
+const MAX_REFINE_REPLAYS: u32 = 24;
+
+/// The step of `model` at `batch`, its verdict and the largest batch that fits. With the
+/// allocator's reserve replayed (`plan.replay_reserve`), `plan`'s reserve is `batch`'s; the
+/// search finds the largest batch with it, then holds the batches around that guess to
+/// their own replays, so that the largest batch fits and the next does not, each by its
+/// own verdict.
 pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit, EvaluationError> {
     let step = step_at(model, plan, batch)?;
     let capacity = plan.capacity_bytes;
     let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &plan.overheads));
     let max_batch = match capacity {
-        Some(c) => Some(max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
-            step_at(model, plan, b).map(|s| s.peak_bytes)
-        })?),
+        Some(c) => {
+            let guess = max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
+                step_at(model, plan, b).map(|s| s.peak_bytes)
+            })?;
+            Some(
+                if plan.replay_reserve && matches!(model, Model::Architecture { .. }) {
+                    refine_max_batch(guess, |b| {
+                        let mut own = plan.clone();
+                        resolve_reserve(&mut own, model, b);
+                        let peak = step_at(model, &own, b).ok()?.peak_bytes;
+                        Some(fit_verdict(peak, c, &own.overheads))
+                    })
+                } else {
+                    guess
+                },
+            )
+        }
         None => None,
     };
     Ok(Fit {
@@ -1084,6 +1109,45 @@ pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit
         verdict,
         max_batch,
     })
+}
+
+/// The largest batch that fits when each batch has its own verdict (`verdict_at`, `None`
+/// where the step cannot be estimated): from `guess`, down until a batch fits, then up
+/// while the next one fits, at most [`MAX_REFINE_REPLAYS`] verdicts.
+fn refine_max_batch(
+    guess: MaxBatch,
+    mut verdict_at: impl FnMut(u64) -> Option<FitVerdict>,
+) -> MaxBatch {
+    let mut batch = match guess {
+        MaxBatch::Fits(b) => b,
+        MaxBatch::NoneFits(_) => 1,
+    };
+    let mut budget = MAX_REFINE_REPLAYS;
+    loop {
+        let Some(v) = verdict_at(batch) else {
+            return guess;
+        };
+        if v.fits() {
+            break;
+        }
+        if batch == 1 {
+            return MaxBatch::NoneFits(v);
+        }
+        if budget == 0 {
+            return guess;
+        }
+        budget -= 1;
+        batch -= 1;
+    }
+    while batch < MAX_BATCH && budget > 0 {
+        budget -= 1;
+        if verdict_at(batch + 1).is_some_and(|v| v.fits()) {
+            batch += 1;
+        } else {
+            break;
+        }
+    }
+    MaxBatch::Fits(batch)
 }
 
 /// The sweep row of `step` at `batch`: every column at the peak.
@@ -1175,6 +1239,31 @@ mod tests {
             simple.reserved_bytes(),
             simple.step.peak_bytes + simple.step.peak_bytes / 20
         );
+    }
+
+    #[test]
+    fn the_largest_batch_fits_by_its_own_replay_and_the_next_does_not() {
+        for query in [
+            "m=arch&model=llama3-8b&s=2048&b=1&r=amp-bf16&gc=full&method=qlora&o=paged-adamw8bit&gpu=rtx4090",
+            "m=arch&model=llama3.2-1b&s=4096&b=2&r=bf16&gc=full&gpu=h100-80",
+            "m=arch&model=qwen3-0.6b&s=2048&b=1&r=bf16&gpu=rtx4090&alloc=expandable",
+        ] {
+            let e = evaluate(&decode_query(query).state).unwrap();
+            let Some(MaxBatch::Fits(max)) = e.max_batch else {
+                panic!("{query}: {:?}", e.max_batch)
+            };
+            let at = |b: u64| {
+                let mut state = decode_query(query).state;
+                state.step.batch = b.to_string();
+                evaluate(&state).unwrap()
+            };
+            assert!(at(max).verdict.unwrap().fits(), "{query}: {max}");
+            assert!(!at(max + 1).verdict.unwrap().fits(), "{query}: {max} + 1");
+            assert_eq!(at(max).max_batch, e.max_batch, "{query}");
+            for row in &e.sweep {
+                assert_eq!(row.fits, Some(row.batch <= max), "{query}: {row:?}");
+            }
+        }
     }
 
     #[test]

@@ -256,7 +256,7 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
 /// for the first families, and the rows of the dense and mixture-of-experts families read
 /// since.
-const FIXTURE_FILES: [&str; 7] = [
+const FIXTURE_FILES: [&str; 8] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
@@ -264,6 +264,7 @@ const FIXTURE_FILES: [&str; 7] = [
     "peft-measured.jsonl",
     "trainers-measured.jsonl",
     "variants-measured.jsonl",
+    "compile-inductor-measured.jsonl",
 ];
 
 /// Steps under `torch.compile` (`validation/COMPILE.md`), each beside its eager row.

@@ -497,6 +497,7 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         head: Head::CausalLm {
             softcap: final_softcap,
             scaled: logits_scaled,
+            loss_in_graph: true,
         },
         tied,
         // gpt-oss rotates the two halves of each head with tables of half its width
@@ -680,6 +681,7 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
         head: Head::CausalLm {
             softcap: false,
             scaled: false,
+            loss_in_graph: false,
         },
         tied,
         rotary_width: 0,
@@ -760,6 +762,7 @@ fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
         head: Head::CausalLm {
             softcap: false,
             scaled: false,
+            loss_in_graph: true,
         },
         tied,
         rotary_width: 0,

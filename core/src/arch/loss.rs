@@ -9,7 +9,7 @@
 
 use super::ops::{add, mul, storage, Linear, Res, SavedPart, Tape, T};
 use super::peft::Role;
-use super::recipe::LossKind;
+use super::recipe::{Compile, LossKind};
 use super::shape::StepShape;
 
 /// TRL's `_CHUNKED_LM_HEAD_CHUNK_SIZE`: valid tokens per chunk of `chunked_nll`.
@@ -29,6 +29,8 @@ pub(crate) struct CausalHead {
     pub vocab: u64,
     /// Gemma 2's `tanh` soft-capping of the logits.
     pub softcap: bool,
+    /// Whether the loss runs in the head's graph when the whole model is compiled.
+    pub loss_in_graph: bool,
     /// Bytes per element of the head weight's gradient (0 when it is frozen).
     pub weight_grad_bytes: u64,
     /// Bytes per element of the head weight.
@@ -154,10 +156,19 @@ impl CausalHead {
         } else {
             0
         };
+        // Compiled whole with the head, the graph also returns the logits, which the loss's
+        // backward gives no gradient: autograd passes a zero tangent of their size, alive
+        // beside their gradient (inductor's `tangents_2`, measured on real CPU tensors:
+        // `validation/COMPILE.md`)
+        let gradients = if s.compile == Compile::Model && self.loss_in_graph {
+            2
+        } else {
+            1
+        };
         Ok(LossCosts {
             forward: 0,
             after_forward,
-            backward: storage(tv, logits.bytes)?,
+            backward: mul(storage(tv, logits.bytes)?, gradients)?,
             keeps_head_cast: true,
         })
     }
@@ -414,6 +425,7 @@ mod tests {
             hidden: h,
             vocab: v,
             softcap: false,
+            loss_in_graph: true,
             weight_grad_bytes: 2,
             weight_bytes: 2,
         };

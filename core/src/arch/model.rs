@@ -699,7 +699,14 @@ impl Vision {
 pub(crate) enum Head {
     /// Next-token prediction: `lm_head`, optional soft-capping (Gemma 2) or division of the
     /// logits (Granite), cross-entropy on fp32 logits with shifted labels.
-    CausalLm { softcap: bool, scaled: bool },
+    CausalLm {
+        softcap: bool,
+        scaled: bool,
+        /// Whether torch.compile of the whole model traces the loss in the head's graph:
+        /// transformers resolves `loss_function` from a class name ending in `ForCausalLM`;
+        /// `GPT2LMHeadModel`'s logs a warning there, which breaks the graph before the loss.
+        loss_in_graph: bool,
+    },
     /// BERT/RoBERTa masked-LM head: dense, GELU, LayerNorm, decoder with bias, every token
     /// labelled.
     MaskedLm,
@@ -1037,7 +1044,11 @@ impl ModelSpec {
                     keeps_head_cast = false;
                     (0, 0, (0, 0, 0))
                 }
-                Head::CausalLm { softcap, scaled } => {
+                Head::CausalLm {
+                    softcap,
+                    scaled,
+                    loss_in_graph,
+                } => {
                     let x = match self.final_norm {
                         Some(n) if s.seq_shards > 1 => {
                             // the final norm on this rank's slice, its output gathered for
@@ -1060,6 +1071,7 @@ impl ModelSpec {
                         hidden: self.token_width(),
                         vocab: s.loss_vocab,
                         softcap,
+                        loss_in_graph,
                         weight_grad_bytes: s.head_grad_bytes,
                         weight_bytes: s.head_weight_bytes,
                     };
