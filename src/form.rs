@@ -541,6 +541,7 @@ fn build(state: &PageState) -> Builder<'_> {
     b.when(Shown::CpuRam, |b| b.fields(RAM));
     b.when(Shown::CustomGpu, |b| b.fields(CUSTOM_GPU));
     b.group("div", &[("class", "overheads")], |b| b.fields(OVERHEADS));
+    b.fields(ALLOCATOR);
     b.group(
         "fieldset",
         &[("class", "parallelism"), ("data-testid", "parallelism")],
@@ -1094,6 +1095,20 @@ pub const CUSTOM_GPU: &[Spec] = &[typed(
     "Total memory as nvidia-smi reports it.",
 )];
 
+/// PyTorch's caching allocator, whose reserve the step's replay finds.
+pub const ALLOCATOR: &[Spec] = &[choice_of(
+    Field::Allocator,
+    "PyTorch's caching allocator (PYTORCH_CUDA_ALLOC_CONF)",
+    "allocator",
+    || {
+        options(
+            &AllocatorMode::ALL,
+            AllocatorMode::key,
+            AllocatorMode::label,
+        )
+    },
+)];
+
 /// What the device holds beyond the tensors.
 pub const OVERHEADS: &[Spec] = &[
     typed(Field::CudaContext, "CUDA context (MiB)", "cuda-context", ""),
@@ -1103,13 +1118,6 @@ pub const OVERHEADS: &[Spec] = &[
         "allocator-reserve",
         "Empty: what the caching allocator reserves, the step replayed through it.",
     ),
-    choice_of(Field::Allocator, "Caching allocator", "allocator", || {
-        options(
-            &AllocatorMode::ALL,
-            AllocatorMode::key,
-            AllocatorMode::label,
-        )
-    }),
     typed(
         Field::SafetyMargin,
         "Safety margin (%)",

@@ -90,8 +90,8 @@ impl AllocatorMode {
     #[must_use]
     pub const fn label(self) -> &'static str {
         match self {
-            AllocatorMode::Default => "expandable_segments:False (default)",
-            AllocatorMode::Expandable => "expandable_segments:True",
+            AllocatorMode::Default => "Default (one segment per cudaMalloc)",
+            AllocatorMode::Expandable => "Expandable segments (expandable_segments:True)",
         }
     }
 

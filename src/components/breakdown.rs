@@ -73,7 +73,7 @@ pub fn total_markup(
                 );
             if let Some(reserved) = reserved {
                 m.open("span", &[("class", "reserved")])
-                    .text("allocated; reserved by the caching allocator ")
+                    .text(" allocated · ")
                     .el(
                         "strong",
                         &[
@@ -83,6 +83,7 @@ pub fn total_markup(
                         ],
                         &format_bytes(reserved, unit),
                     )
+                    .text(" reserved by PyTorch's caching allocator")
                     .close("span");
             }
             m.close("p");
