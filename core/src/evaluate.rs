@@ -1030,15 +1030,31 @@ pub(crate) fn resolve_reserve(
         return None;
     };
     let step = TrainingStep { batch, ..*step };
-    let replay = estimate_rank_replayed(
-        &model.arch,
-        &step,
-        peft.as_ref(),
-        &mesh_of(plan),
-        plan.allocator,
-    )
-    .ok()?
-    .allocator?;
+    let mesh = mesh_of(plan);
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&model.arch.spec, step, peft, mesh, plan.allocator).hash(&mut h);
+        h.finish()
+    };
+    let cached = REPLAYS.with(|r| r.borrow().get(&key).copied());
+    let replay = match cached {
+        Some(replay) => replay,
+        None => {
+            let replay =
+                estimate_rank_replayed(&model.arch, &step, peft.as_ref(), &mesh, plan.allocator)
+                    .ok()
+                    .and_then(|e| e.allocator);
+            REPLAYS.with(|r| {
+                let mut r = r.borrow_mut();
+                if r.len() >= MAX_CACHED_REPLAYS {
+                    r.clear();
+                }
+                r.insert(key, replay);
+            });
+            replay
+        }
+    }?;
     let ppm =
         u128::from(replay.slack_bytes()) * 1_000_000 / u128::from(replay.allocated_bytes.max(1));
     plan.overheads.allocator_reserve_ppm = u64::try_from(ppm).unwrap_or(u64::MAX);
@@ -1070,6 +1086,18 @@ pub(crate) struct Fit {
     pub verdict: Option<FitVerdict>,
     /// The largest batch per GPU that fits (a device is chosen).
     pub max_batch: Option<MaxBatch>,
+}
+
+/// Replays kept for the steps asked again (more than a page asks for at once).
+const MAX_CACHED_REPLAYS: usize = 256;
+
+thread_local! {
+    /// The allocator replays of recent steps, by a hash of everything the replay reads: a
+    /// keystroke in the batch field replays only the new batch, and the largest-batch
+    /// search's neighbours and the advisor's plans are replayed once. (A replay is a pure
+    /// function of its key: the cache changes no figure.)
+    static REPLAYS: std::cell::RefCell<std::collections::HashMap<u64, Option<AllocatorPeaks>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
 /// Most batches the largest-batch search replays through the allocator beyond its guess.

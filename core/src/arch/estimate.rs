@@ -16,7 +16,7 @@ use crate::allocator::AllocatorMode;
 use crate::{Optimizer, OptimizerImpl};
 
 /// One training (or inference) step to estimate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TrainingStep {
     /// Samples per step.
     pub batch: u64,
