@@ -752,3 +752,56 @@ fn compile_lowers_the_saved_activations() {
     assert_eq!(code, 2);
     assert!(stderr.contains("off, layers, model"), "{stderr}");
 }
+
+/// What the caching allocator reserves: `--json` always has `reserved_bytes`, above the
+/// allocated peak; expandable segments reserve less than the default; a typed percentage
+/// replaces the replay; selective checkpointing lies between none and full.
+#[test]
+fn the_allocator_s_reserve_and_selective_checkpointing() {
+    let base = [
+        "--preset",
+        "llama3.2-1b",
+        "--batch",
+        "8",
+        "--seq",
+        "4096",
+        "--precision",
+        "bf16",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let (code, stdout, stderr) = memest(&with(&base, extra));
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        (
+            v["peak_bytes"].as_u64().unwrap(),
+            v["reserved_bytes"].as_u64().unwrap(),
+            v["query"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (peak, default, _) = run(&["--checkpointing", "full"]);
+    let (same, expandable, query) = run(&["--checkpointing", "full", "--allocator", "expandable"]);
+    assert_eq!(peak, same);
+    assert!(
+        default > expandable && expandable > peak,
+        "{default} {expandable} {peak}"
+    );
+    assert!(query.contains("alloc=expandable"), "{query}");
+    let (_, typed, _) = run(&["--checkpointing", "full", "--allocator-reserve", "10"]);
+    assert_eq!(typed, peak + peak / 10);
+    let (none, _, _) = run(&["--checkpointing", "none"]);
+    let (every, _, query) = run(&["--checkpointing", "every:2"]);
+    assert!(peak < every && every < none, "{peak} {every} {none}");
+    assert!(
+        query.contains("gc=every%3A2") || query.contains("gc=every:2"),
+        "{query}"
+    );
+    for bad in [
+        ["--allocator", "cudamalloc"],
+        ["--checkpointing", "every:9"],
+    ] {
+        let (code, _, stderr) = memest(&with(&base, &bad));
+        assert_eq!(code, 2, "{bad:?}");
+        assert!(stderr.starts_with("memest: "), "{stderr}");
+    }
+}
