@@ -371,6 +371,14 @@ fn with<'a>(base: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
     [base, more].concat()
 }
 
+/// `memest` with `base` and `extra`, which must succeed: its `--json` output.
+#[track_caller]
+fn json_of(base: &[&str], extra: &[&str]) -> serde_json::Value {
+    let (code, stdout, stderr) = memest(&with(base, extra));
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
 #[test]
 fn advise_lists_plans_that_fit_when_run_back() {
     let (code, stdout, stderr) = memest(&with(LLAMA_8B_ON_A_4090, &["--advise", "--json"]));
@@ -691,9 +699,7 @@ fn the_optimizer_implementation_follows_the_trainer() {
         "--json",
     ];
     let run = |extra: &[&str]| {
-        let (code, stdout, stderr) = memest(&with(&base, extra));
-        assert_eq!(code, 0, "{stderr}");
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let v = json_of(&base, extra);
         (
             v["peak_bytes"].as_u64().unwrap(),
             v["peak_phase"].as_str().unwrap().to_owned(),
@@ -733,9 +739,7 @@ fn compile_lowers_the_saved_activations() {
         "--json",
     ];
     let run = |extra: &[&str]| {
-        let (code, stdout, stderr) = memest(&with(&base, extra));
-        assert_eq!(code, 0, "{stderr}");
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let v = json_of(&base, extra);
         (
             v["peak_bytes"].as_u64().unwrap(),
             v["query"].as_str().unwrap().to_owned(),
@@ -770,9 +774,7 @@ fn the_allocator_s_reserve_and_selective_checkpointing() {
         "--json",
     ];
     let run = |extra: &[&str]| {
-        let (code, stdout, stderr) = memest(&with(&base, extra));
-        assert_eq!(code, 0, "{stderr}");
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let v = json_of(&base, extra);
         (
             v["peak_bytes"].as_u64().unwrap(),
             v["reserved_bytes"].as_u64().unwrap(),
