@@ -235,10 +235,11 @@ pub fn App() -> impl IntoView {
             let e = e.as_ref().ok()?;
             let index = e.step.stage?;
             Some(format!(
-                "Figures of pipeline stage {} of {}, the busiest ({} micro-batches in flight at most, {}).",
+                "Figures of pipeline stage {} of {}, the busiest ({} micro-batch{} in flight at most, {}).",
                 index + 1,
                 e.plan.pipeline_parallel,
                 e.step.stage_in_flight,
+                if e.step.stage_in_flight == 1 { "" } else { "es" },
                 e.plan.pipeline_schedule.label()
             ))
         })

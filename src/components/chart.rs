@@ -9,7 +9,8 @@ const WIDTH: u64 = 640;
 const HEIGHT: u64 = 300;
 const LEFT: u64 = 64;
 const RIGHT: u64 = 16;
-const TOP: u64 = 16;
+/// Room above the plot for the note that the axis is cut.
+const TOP: u64 = 28;
 const BOTTOM: u64 = 44;
 const TICKS: u64 = 4;
 
@@ -151,18 +152,34 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
             &format!("batch {batch}: peak {}", format_bytes(r.total_bytes, unit)),
         )
         .close("rect");
+        // a clipped bar says its value, and how far it is above the line
         if clipped {
             m.el(
                 "text",
                 &[
                     ("class", "clip-mark"),
                     ("data-testid", "chart-clipped"),
+                    ("data-bytes", &num(r.total_bytes)),
                     ("x", &middle),
                     ("y", &num(total_top + 12)),
                     ("text-anchor", "middle"),
                 ],
-                "\u{2191}",
+                &format!("\u{2191}{}", format_in_unit(r.total_bytes, unit)),
             );
+            if let Some(l) = line {
+                m.el(
+                    "text",
+                    &[
+                        ("class", "clip-over"),
+                        ("data-testid", "chart-clipped-over"),
+                        ("data-bytes", &num(r.total_bytes.saturating_sub(l))),
+                        ("x", &middle),
+                        ("y", &num(total_top + 24)),
+                        ("text-anchor", "middle"),
+                    ],
+                    &format!("+{}", format_in_unit(r.total_bytes.saturating_sub(l), unit)),
+                );
+            }
         }
         m.el(
             "text",
@@ -210,8 +227,8 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
             &[
                 ("class", "clip-note"),
                 ("data-testid", "chart-clip-note"),
-                ("x", &num(LEFT + 4)),
-                ("y", &num(TOP + 10)),
+                ("x", &num(LEFT)),
+                ("y", &num(TOP - 10)),
             ],
             &format!(
                 "Axis cut at {} {symbol}: taller bars (\u{2191}) are clipped",
