@@ -428,6 +428,12 @@ fn estimate_on(
         compile: step.compile,
     };
     let groups = spec.layer_groups();
+    // each layer's group (the index into `groups` and the forward's per-group figures)
+    let group_of: Vec<usize> = spec
+        .layers
+        .iter()
+        .map(|l| groups.iter().position(|(g, _)| *g == l).unwrap_or(0))
+        .collect();
     // sums `per_layer` over the layers, each distinct layer computed once
     let over_layers = |per_layer: &dyn Fn(&Layer) -> Res<u64>| -> Res<u64> {
         groups.iter().try_fold(0, |acc, (layer, count)| {
@@ -569,17 +575,9 @@ fn estimate_on(
     let acts = spec.forward(&shape)?;
     let allocations = match replay_mode {
         Some(mode) => {
-            let groups_of = spec.layer_groups();
-            let layers = spec
-                .layers
+            let layers = group_of
                 .iter()
-                .filter_map(|l| {
-                    groups_of
-                        .iter()
-                        .position(|(g, _)| *g == l)
-                        .and_then(|i| acts.per_group_log.get(i))
-                        .map(Vec::as_slice)
-                })
+                .filter_map(|&g| acts.per_group_log.get(g).map(Vec::as_slice))
                 .collect();
             let sized = |tensors: &[u64], bytes: u64| -> Res<Vec<u64>> {
                 tensors.iter().map(|&e| storage(e, bytes)).collect()
@@ -902,12 +900,6 @@ fn estimate_on(
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(shape.stream_tokens(tokens), mul(spec.hidden(), d.resid())?)?;
     let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
-    // selective checkpointing: each layer's group, and which layers are checkpointed
-    let group_of: Vec<usize> = spec
-        .layers
-        .iter()
-        .map(|l| groups.iter().position(|(g, _)| *g == l).unwrap_or(0))
-        .collect();
     let masks = add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?;
     let checkpointed = (0..spec.layers.len())
         .filter(|&i| step.checkpointing.checkpoints_layer(i))
