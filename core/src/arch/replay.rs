@@ -102,8 +102,8 @@ impl Transient {
     }
 }
 
-/// Replays the forward of one layer: returns what backward keeps, and leaves the layer's
-/// output pending in `flow`.
+/// Replays the forward of one layer: adds what backward keeps to `kept` (when `keep`), and
+/// leaves the layer's output pending in `flow`.
 fn layer_forward(
     a: &mut CachingAllocator,
     log: &[(u64, bool)],
