@@ -600,6 +600,8 @@ fn plans_json(plans: &[FitPlan]) -> serde_json::Value {
                 "peak_bytes": plan.peak_bytes,
                 "changes": plan.changes.iter().map(Change::label).collect::<Vec<_>>(),
                 "tier": plan.rank.tier.label(),
+                "more_gpus": plan.rank.more_gpus,
+                "gpus": plan.rank.gpus,
                 "batch": plan.batch,
                 "max_batch": max_batch_number(plan.max_batch),
             })
@@ -646,12 +648,21 @@ fn readable_plans(plans: &[FitPlan], unit: ByteUnit) -> String {
         _ => out.push_str("advice            what fits on this device, best first\n"),
     }
     for (n, plan) in plans.iter().enumerate() {
+        // the plans on the person's GPUs, then those on more, each group under its heading
+        if n == 0 || plans[n - 1].rank.more_gpus != plan.rank.more_gpus {
+            out.push_str(&format!("  {}\n", plan.group_heading()));
+        }
         let heading = if plan.changes.is_empty() {
             "As it is"
         } else {
             plan.rank.tier.label()
         };
-        out.push_str(&format!("{:>3}. {heading}\n", n + 1));
+        let gpus = if plan.rank.more_gpus {
+            format!(", {} GPUs", plan.rank.gpus)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!("{:>3}. {heading}{gpus}\n", n + 1));
         for change in &plan.changes {
             out.push_str(&prose(&change.label(), "     - "));
             out.push_str(&prose(&change.cost(), "       "));

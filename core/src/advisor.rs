@@ -27,12 +27,13 @@
 //! # Which plans are listed, in which order
 //! A plan is listed when it fits and no other fitting plan gives up less on every knob (all
 //! levels lower or equal): turning on checkpointing when ZeRO-3 alone fits adds nothing. The
-//! plans are ordered by [`RankKey`], a total order: what is given up first (the tier, then
+//! plans are ordered by [`RankKey`], a total order: the plans on the GPUs the person has
+//! first, then those that need more; within each group, what is given up first (the tier, then
 //! how far in each tier, from the task down), then the GPUs, the number of changes, the
 //! compute overhead, and the levels themselves to break ties. How far a plan goes within a
 //! tier comes before the number of changes: halving the sequence with checkpointing ranks
 //! before cutting it to a sixteenth alone. At most [`PLANS_PER_TIER`] plans of each tier are
-//! listed, so that the list spans the kinds of change (more GPUs, lower precision, a lighter
+//! listed in each group, so that the list spans the kinds of change (more GPUs, lower precision, a lighter
 //! optimizer, adapters, shorter sequences) rather than variants of the first; a plan left
 //! out still hides the plans it dominates. When the step fits as it is, the one plan is the
 //! unchanged configuration.
@@ -49,10 +50,10 @@
 //! `limit` plans are listed. A test compares it with a brute-force enumeration of the same
 //! plans.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use crate::evaluate::{shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
+use crate::fasthash::FxHashMap;
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
     fit_verdict, max_batch_that_fits, plan_accumulation, AccumulationPlan, Checkpointing,
@@ -60,7 +61,8 @@ use crate::{
     PrecisionRecipe, Sharding, StepMemory, WeightFormat, BYTES_PER_MIB, MAX_BATCH,
 };
 
-/// The most plans listed per [`Tier`]: the list spans what a person can give up instead of
+/// The most plans listed per [`Tier`] in each group (the GPUs the person has, more GPUs):
+/// the list spans what a person can give up instead of
 /// repeating variants of the first idea (ZeRO-2 or ZeRO-3, 16 GPUs or 32).
 pub const PLANS_PER_TIER: usize = 2;
 
@@ -399,9 +401,15 @@ const MONOTONE_GIVE_UPS: [usize; 5] = [PRECISION, FORMAT, KV, OPTIMIZER, SEQ];
 /// A plan: the level of every knob (0 = as it is).
 type Levels = [u8; KNOBS];
 
+/// What the search walks in order: whether more GPUs are needed, then the give-ups.
+type Group = (bool, [u8; 5]);
+
 /// The sort key of a plan: plans compare field by field, in this order (a total order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RankKey {
+    /// Whether the plan needs more GPUs than the person has: the plans on their own
+    /// hardware come first, whatever the others give up.
+    pub more_gpus: bool,
     /// The most a change of the plan gives up.
     pub tier: Tier,
     /// How far the plan goes in the tiers that give something up, the task first: options
@@ -441,6 +449,22 @@ pub struct FitPlan {
     pub max_batch: MaxBatch,
     /// Micro-batch x accumulation x GPUs, when the plan trains with a global batch to keep.
     pub accumulation: Option<AccumulationPlan>,
+}
+
+impl FitPlan {
+    /// The heading of its group: "On your RTX 4090" (or "On your 8 × H100 80 GB") for a
+    /// plan on the GPUs the inputs have, "On more GPUs" for the others.
+    #[must_use]
+    pub fn group_heading(&self) -> String {
+        if self.rank.more_gpus {
+            return "On more GPUs".to_owned();
+        }
+        let name = self.state.hardware.gpu.map_or("device", crate::Gpu::name);
+        match self.rank.gpus {
+            1 => format!("On your {name}"),
+            n => format!("On your {n} × {name}"),
+        }
+    }
 }
 
 /// The options of every knob, the current one first.
@@ -504,9 +528,9 @@ struct Search<'a> {
     global: u64,
     options: Options,
     /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
-    cache: HashMap<(Levels, u64), Option<u64>>,
+    cache: FxHashMap<(Levels, u64), Option<u64>>,
     /// The whole model's step by its settings (what sharding does not change).
-    estimates: HashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
+    estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
 }
 
 impl<'a> Search<'a> {
@@ -690,8 +714,8 @@ impl<'a> Search<'a> {
             training,
             global,
             options: o,
-            cache: HashMap::new(),
-            estimates: HashMap::new(),
+            cache: FxHashMap::default(),
+            estimates: FxHashMap::default(),
         }
     }
 
@@ -974,6 +998,7 @@ impl<'a> Search<'a> {
             Tier::SameMath
         };
         RankKey {
+            more_gpus: l[GPUS] > 0,
             tier,
             give_up,
             gpus: self
@@ -1011,18 +1036,21 @@ impl<'a> Search<'a> {
         // the GPU levels that keep the global batch, then those that grow it
         let keeps = (0..top).take_while(|&g| !self.grows(g)).count();
         let keeps = level(keeps);
-        // each give-up combination twice: on GPUs that keep the global batch, and on more
-        let mut combos: Vec<([u8; 5], Levels, std::ops::Range<u8>)> = Vec::new();
+        // each give-up combination three times: on the GPUs the person has, on more that
+        // keep the global batch, and on more that grow it
+        let cuts = [0, 1, keeps.max(1), top].map(|c| c.min(top));
+        let mut combos: Vec<(Group, Levels, std::ops::Range<u8>)> = Vec::new();
         for combo in self.give_up_combinations() {
-            for gpus in [0..keeps, keeps..top] {
+            for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
                 if !gpus.is_empty() {
                     let mut probe = combo;
                     probe[GPUS] = gpus.start;
-                    combos.push((self.rank(&probe).give_up, combo, gpus));
+                    let rank = self.rank(&probe);
+                    combos.push(((rank.more_gpus, rank.give_up), combo, gpus));
                 }
             }
         }
-        combos.sort_by_key(|(give_up, _, _)| *give_up);
+        combos.sort_by_key(|(group, _, _)| *group);
         // (the rest of the key depends on the same-math knobs: ordered within each group)
         let mut i = 0;
         while i < combos.len() && listed.len() < limit {
@@ -1073,7 +1101,10 @@ impl<'a> Search<'a> {
                     found.push(l);
                     if listed
                         .iter()
-                        .filter(|x| self.rank(x).tier == rank.tier)
+                        .filter(|x| {
+                            let r = self.rank(x);
+                            (r.more_gpus, r.tier) == (rank.more_gpus, rank.tier)
+                        })
                         .count()
                         < PLANS_PER_TIER
                     {
@@ -1390,7 +1421,11 @@ mod tests {
         let mut listed: Vec<(RankKey, Levels)> = Vec::new();
         for (rank, l) in kept {
             if listed.len() < limit
-                && listed.iter().filter(|(r, _)| r.tier == rank.tier).count() < PLANS_PER_TIER
+                && listed
+                    .iter()
+                    .filter(|(r, _)| (r.more_gpus, r.tier) == (rank.more_gpus, rank.tier))
+                    .count()
+                    < PLANS_PER_TIER
             {
                 listed.push((rank, l));
             }
@@ -1432,14 +1467,32 @@ mod tests {
         let plans = advice(query, 5);
         assert!(!plans.is_empty());
         every_plan_fits(query, &plans);
-        let gpus_only = |p: &FitPlan| p.changes.iter().all(|c| matches!(c, Change::Gpus { .. }));
-        assert!(!gpus_only(&plans[0]), "{:?}", plans[0].changes);
-        assert!(plans.iter().any(|p| !gpus_only(p)));
-        // the best keeps the global batch of 8 (one sample on each of 8 GPUs); growing it
-        // comes later
-        assert_ne!(plans[0].rank.tier, Tier::GlobalBatch);
-        assert!(plans[0].state.parallel.num_gpus.parse::<u64>().unwrap() <= 8);
-        assert!(plans.windows(2).all(|w| w[0].rank.tier <= w[1].rank.tier));
+        // the plans on the one GPU the person has come first, then those on more
+        assert_eq!(
+            plans[0].state.parallel.num_gpus, "1",
+            "{:?}",
+            plans[0].changes
+        );
+        assert!(!plans[0].rank.more_gpus);
+        assert_eq!(plans[0].group_heading(), "On your RTX 4090");
+        assert!(plans.windows(2).all(|w| w[0].rank <= w[1].rank));
+        let more = advice(query, 12);
+        every_plan_fits(query, &more);
+        let first_more = more
+            .iter()
+            .position(|p| p.rank.more_gpus)
+            .expect("plans on more GPUs");
+        assert!(first_more > 0);
+        assert!(more[first_more..].iter().all(|p| p.rank.more_gpus));
+        // among those, the best keeps the global batch of 8 (one sample on each of 8 GPUs);
+        // growing it comes later
+        let best = &more[first_more];
+        assert_eq!(best.group_heading(), "On more GPUs");
+        assert_ne!(best.rank.tier, Tier::GlobalBatch);
+        assert!(best.state.parallel.num_gpus.parse::<u64>().unwrap() <= 8);
+        for group in [&more[..first_more], &more[first_more..]] {
+            assert!(group.windows(2).all(|w| w[0].rank.tier <= w[1].rank.tier));
+        }
     }
 
     /// A small model with a large vocabulary: the logits are what does not fit, and TRL's
@@ -1476,7 +1529,7 @@ mod tests {
         assert_eq!(qlora.state.training.lora_targets, "all-linear");
         assert!(qlora.state.training.double_quant && qlora.state.training.kbit_prepare);
         assert_eq!(qlora.state.parallel.num_gpus, "1");
-        // at most PLANS_PER_TIER a tier, tiers in order
+        // at most PLANS_PER_TIER a tier in each group
         for tier in [
             Tier::SameMath,
             Tier::GlobalBatch,
@@ -1484,7 +1537,13 @@ mod tests {
             Tier::Lora,
             Tier::Task,
         ] {
-            assert!(plans.iter().filter(|p| p.rank.tier == tier).count() <= PLANS_PER_TIER);
+            for more_gpus in [false, true] {
+                let n = plans
+                    .iter()
+                    .filter(|p| (p.rank.more_gpus, p.rank.tier) == (more_gpus, tier))
+                    .count();
+                assert!(n <= PLANS_PER_TIER);
+            }
         }
         // a LoRA setup goes on to QLoRA with its own adapters
         let lora = "m=arch&model=llama3-8b&gpu=rtx4090&b=1&s=2048&method=lora&lr=8&lt=attention";

@@ -354,7 +354,10 @@ pub(crate) enum Model<'a> {
 #[derive(Clone, Debug)]
 pub(crate) enum Unsharded {
     Simple(crate::Breakdown),
-    Architecture(PeakEstimate),
+    /// The rank's estimate and its parameters by FSDP unit: the units are found here, once
+    /// per estimate, since sharding it (every GPU count, every engine the advisor tries)
+    /// reads them each time and listing them walks every tensor of the model.
+    Architecture(PeakEstimate, crate::ParameterUnits),
 }
 
 pub(crate) fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
@@ -609,7 +612,9 @@ pub(crate) fn unsharded(
             if let Some(weights) = *format_weight_bytes {
                 estimate = with_weight_format(estimate, weights);
             }
-            Ok(Unsharded::Architecture(estimate))
+            // the estimate has already refused a mesh the model does not split over
+            let units = model.arch.rank_parameter_units(mesh).unwrap_or_default();
+            Ok(Unsharded::Architecture(estimate, units))
         }
     }
 }
@@ -672,7 +677,7 @@ pub(crate) fn shard_step(
                 peft,
                 ..
             },
-            Unsharded::Architecture(estimate),
+            Unsharded::Architecture(estimate, units),
         ) => {
             let arch = &model.arch;
             let new_tokens = &model.new_tokens;
@@ -684,9 +689,6 @@ pub(crate) fn shard_step(
             // backward on, so each category is its largest over the phases.
             let persistent = |bytes: fn(&CategoryBytes) -> u64| estimate.persistent(bytes);
             let whole_params = persistent(|c| c.parameters);
-            // the rank's parameters by FSDP unit (the estimate has already refused a mesh
-            // the model does not split over)
-            let units = arch.rank_parameter_units(mesh).unwrap_or_default();
             let rank_params = units.root.saturating_add(units.layers).max(1);
             let gathered = u128::from(whole_params) * u128::from(units.largest_layer)
                 / u128::from(rank_params);
@@ -762,7 +764,7 @@ pub(crate) fn shard_step(
             let engine = match plan.sharding {
                 Sharding::Fsdp2 if trains_all => Some(RankEngine::Fsdp2(Fsdp2Rank::new(
                     estimate,
-                    &units,
+                    units,
                     step.precision,
                     group,
                     plan.reshard_after_forward,
@@ -772,7 +774,7 @@ pub(crate) fn shard_step(
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && ep <= 1 => {
                     Some(RankEngine::Zero(ZeroRank::new(
                         estimate,
-                        &units,
+                        units,
                         step.precision,
                         group,
                         &ZeroSettings {

@@ -11,6 +11,7 @@ mod allocator;
 mod bytes;
 mod distributed;
 mod evaluate;
+mod fasthash;
 mod formats;
 mod json;
 mod number;

@@ -263,6 +263,15 @@ impl Gpu {
         }
     }
 
+    /// Its name without the capacity: "RTX 4090".
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Gpu::Custom => "GPU",
+            _ => self.label().split(" (").next().unwrap_or_default(),
+        }
+    }
+
     /// The GPU whose [`key`](Self::key) is `key`.
     #[must_use]
     pub fn from_key(key: &str) -> Option<Self> {
@@ -507,8 +516,8 @@ pub enum MaxBatch {
 /// Searches the largest batch in `1..=max_batch` whose peak fits, evaluating `peak_at`
 /// (batch to peak bytes) with the same model the breakdown uses.
 ///
-/// The peak grows with the batch, so an exponential then a binary search finds it in
-/// O(log max_batch) evaluations. A batch whose estimate fails (too large to count) does
+/// The peak grows with the batch: a guess from batches 1 and 2, then a gallop and a
+/// bisection from it, find it in a few evaluations (O(log max_batch) at worst). A batch whose estimate fails (too large to count) does
 /// not fit.
 ///
 /// # Errors
@@ -519,20 +528,66 @@ pub fn max_batch_that_fits<E>(
     overheads: &Overheads,
     mut peak_at: impl FnMut(u64) -> Result<u64, E>,
 ) -> Result<MaxBatch, E> {
-    let first = fit_verdict(peak_at(1)?, capacity_bytes, overheads);
+    let peak_1 = peak_at(1)?;
+    let first = fit_verdict(peak_1, capacity_bytes, overheads);
     if !first.fits() {
         return Ok(MaxBatch::NoneFits(first));
     }
-    let mut fits = |batch: u64| {
-        peak_at(batch).is_ok_and(|peak| fit_verdict(peak, capacity_bytes, overheads).fits())
-    };
     let max_batch = max_batch.max(1);
+    // what a batch of `b` gives, `None` for a peak too large to figure
+    let mut peak = |batch: u64| peak_at(batch).ok();
+    let fits_peak = |peak: u64| fit_verdict(peak, capacity_bytes, overheads).fits();
     let mut good = 1u64;
     let mut bad = None;
+    // A peak grows about linearly with the batch: the line through batches 1 and 2 guesses
+    // the answer, and the search gallops from the guess to where the verdict turns, so
+    // that a handful of steps are estimated instead of a doubling and a bisection (the
+    // answer is the same: the largest batch that fits, the peaks rising with the batch).
+    let mut guess = None;
+    if max_batch >= 2 {
+        match peak(2) {
+            Some(peak_2) if fits_peak(peak_2) => {
+                good = 2;
+                let room = largest_peak_that_fits(capacity_bytes, overheads).saturating_sub(peak_1);
+                guess = Some(match peak_2.checked_sub(peak_1) {
+                    Some(slope) if slope > 0 => 1u64.saturating_add(room / slope),
+                    _ => max_batch,
+                });
+            }
+            _ => bad = Some(2),
+        }
+    }
+    let mut fits = |batch: u64| peak(batch).is_some_and(fits_peak);
+    if let Some(guess) = guess.map(|g| g.clamp(good, max_batch)) {
+        if guess > good {
+            if fits(guess) {
+                good = guess;
+            } else {
+                // down from the guess, in growing steps, to a batch that fits
+                bad = Some(guess);
+                let mut step = 1u64;
+                while let Some(b) = bad {
+                    let probe = b.saturating_sub(step);
+                    if probe <= good {
+                        break;
+                    }
+                    if fits(probe) {
+                        good = probe;
+                        break;
+                    }
+                    bad = Some(probe);
+                    step = step.saturating_mul(2);
+                }
+            }
+        }
+    }
+    // up from the largest batch known to fit, in growing steps, to one that does not
+    let mut step = 1u64;
     while bad.is_none() && good < max_batch {
-        let probe = good.saturating_mul(2).min(max_batch);
+        let probe = good.saturating_add(step).min(max_batch);
         if fits(probe) {
             good = probe;
+            step = step.saturating_mul(2);
         } else {
             bad = Some(probe);
         }
@@ -846,6 +901,51 @@ mod tests {
                 }
                 MaxBatch::NoneFits(v) => prop_assert!(!v.fits()),
             }
+        }
+
+        /// Peaks that curve and jump (rounding, a kernel's workspace) but never fall: the
+        /// search from the line's guess finds what a doubling and a bisection find.
+        #[test]
+        fn the_guess_finds_what_bisection_finds(
+            fixed in 0u64..50_000_000_000,
+            per_sample in 0u64..5_000_000_000,
+            curve in 0u64..2_000_000,
+            jump_every in 1u64..64,
+            jump in 0u64..3_000_000_000,
+            capacity_mib in 1_000u64..200_000,
+            max in 1u64..1 << 24,
+        ) {
+            let overheads = Overheads::default();
+            let capacity = capacity_mib * BYTES_PER_MIB;
+            let peak = |b: u64| -> Result<u64, ()> {
+                let linear = b.checked_mul(per_sample).ok_or(())?;
+                let curved = b.checked_mul(b).and_then(|x| x.checked_mul(curve)).ok_or(())? >> 10;
+                let jumps = (b / jump_every).checked_mul(jump).ok_or(())?;
+                fixed.checked_add(linear).and_then(|x| x.checked_add(curved))
+                    .and_then(|x| x.checked_add(jumps)).ok_or(())
+            };
+            let fits = |b: u64| peak(b).is_ok_and(|p| fit_verdict(p, capacity, &overheads).fits());
+            let expected = if !fits(1) {
+                None
+            } else {
+                let (mut good, mut bad) = (1u64, None);
+                while bad.is_none() && good < max {
+                    let probe = (good * 2).min(max);
+                    if fits(probe) { good = probe } else { bad = Some(probe) }
+                }
+                if let Some(mut bad) = bad {
+                    while bad - good > 1 {
+                        let mid = good + (bad - good) / 2;
+                        if fits(mid) { good = mid } else { bad = mid }
+                    }
+                }
+                Some(good)
+            };
+            let found = match max_batch_that_fits(max, capacity, &overheads, peak) {
+                Ok(MaxBatch::Fits(b)) => Some(b),
+                _ => None,
+            };
+            prop_assert_eq!(found, expected);
         }
 
         #[test]

@@ -45,9 +45,25 @@ pub fn FitAdvice(
                 );
             }
             Some(Ok(plans)) => {
-                m.open("ol", &[("class", "plans")]);
-                for p in plans {
-                    let what = if p.changes.is_empty() {
+                // the plans on the person's GPUs, then those on more: a list under a
+                // heading each, numbered on
+                for (i, p) in plans.iter().enumerate() {
+                    if i == 0 || plans[i - 1].rank.more_gpus != p.rank.more_gpus {
+                        if i > 0 {
+                            m.close("ol");
+                        }
+                        m.el(
+                            "h3",
+                            &[
+                                ("class", "plan-group"),
+                                ("data-testid", "plan-group"),
+                                ("data-more-gpus", if p.rank.more_gpus { "1" } else { "0" }),
+                            ],
+                            &p.group_heading(),
+                        )
+                        .open("ol", &[("class", "plans"), ("start", &(i + 1).to_string())]);
+                    }
+                    let mut what = if p.changes.is_empty() {
                         "As it is: it fits.".to_owned()
                     } else {
                         p.changes
@@ -56,6 +72,9 @@ pub fn FitAdvice(
                             .collect::<Vec<_>>()
                             .join(" · ")
                     };
+                    if p.rank.more_gpus {
+                        what = format!("{} GPUs: {what}", p.rank.gpus);
+                    }
                     let largest = match p.max_batch {
                         MaxBatch::Fits(b) => format!("largest batch {b}"),
                         MaxBatch::NoneFits(_) => String::new(),
@@ -66,6 +85,7 @@ pub fn FitAdvice(
                         &[
                             ("data-testid", "fit-plan"),
                             ("data-tier", tier),
+                            ("data-gpus", &p.rank.gpus.to_string()),
                             ("data-peak-bytes", &p.peak_bytes.to_string()),
                         ],
                     )
@@ -104,9 +124,10 @@ pub fn FitAdvice(
                 </label>
             </div>
             <p class="hint">
-                "Ranked by what you give up: the same math first (checkpointing, micro-batches with "
-                "accumulation, sharding, more GPUs), then precision, the optimizer, LoRA, QLoRA, and last the "
-                "sequence length. Each link opens the page with that plan."
+                "Plans on the GPUs you have first, then on more. Each group is ranked by what you give up: "
+                "the same math first (checkpointing, micro-batches with accumulation, sharding), then "
+                "precision, the optimizer, LoRA, QLoRA, and last the sequence length. Each link opens "
+                "the page with that plan."
             </p>
             <div aria-live="polite" inner_html=list></div>
         </section>

@@ -107,3 +107,34 @@ test('inference in 4-bit GGUF on a Mac and on the CPU RAM', async () => {
   assert.equal(await page.getByTestId('weight-format').inputValue(), 'q4_k_m');
   await context.close();
 });
+
+test('the plans on the GPU the person has come first, under a heading that names it', async () => {
+  // the issue's case: Llama 3 8B, a full fine-tune (HF Trainer's defaults), one RTX 4090
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + '/?m=arch&model=llama3-8b&gpu=rtx4090');
+  await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
+  const advice = page.getByTestId('fit-advice');
+  await advice.getByTestId('fit-plan').first().waitFor();
+  const groups = advice.getByTestId('plan-group');
+  assert.equal(await groups.first().textContent(), 'On your RTX 4090');
+  assert.equal(await groups.first().getAttribute('data-more-gpus'), '0');
+  const plans = advice.getByTestId('fit-plan');
+  assert.equal(await plans.first().getAttribute('data-gpus'), '1');
+  // the plans that need more GPUs come after, grouped, each titled with its GPU count
+  assert.equal(await groups.count(), 2);
+  assert.equal(await groups.nth(1).textContent(), 'On more GPUs');
+  const gpus = await plans.evaluateAll((ls) => ls.map((l) => Number(l.dataset.gpus)));
+  const firstMore = gpus.findIndex((g) => g > 1);
+  assert.ok(firstMore > 0, String(gpus));
+  assert.ok(gpus.slice(firstMore).every((g) => g > 1), String(gpus));
+  for (const [i, g] of gpus.entries()) {
+    const title = await plans.nth(i).locator('a').textContent();
+    if (i >= firstMore) assert.match(title, new RegExp(`^${g} GPUs: `));
+    else assert.doesNotMatch(title, /GPUs: /);
+  }
+  // the link of the first plan opens a one-GPU page that fits
+  await plans.first().locator('a').click();
+  await page.locator('[data-testid="fit-verdict"][data-fits="true"]').waitFor();
+  assert.equal(await page.getByTestId('num-gpus').inputValue(), '1');
+  assert.deepEqual(errors, []);
+  await context.close();
+});

@@ -4,7 +4,7 @@
 use super::error::{ConfigError, EstimateError};
 use super::family::ModelFamily;
 use super::mesh::Mesh;
-use super::model::{Head, ModelSpec};
+use super::model::{Head, Layer, ModelSpec};
 use super::ops::FeedForward;
 use super::peft::{LoraTargets, Naming, TargetsError};
 use crate::json::{Map, Value};
@@ -279,7 +279,20 @@ impl Architecture {
             spec = spec.stage(stage);
         }
         let sum = |v: Vec<u64>| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
-        let layers: Vec<u64> = spec.layers.iter().map(|l| sum(l.params())).collect();
+        // a model repeats a few kinds of layer: each run of equal layers is counted once
+        let mut last: Option<(&Layer, u64)> = None;
+        let layers: Vec<u64> = spec
+            .layers
+            .iter()
+            .map(|l| match last {
+                Some((seen, n)) if seen == l => n,
+                _ => {
+                    let n = sum(l.params());
+                    last = Some((l, n));
+                    n
+                }
+            })
+            .collect();
         let moe = spec.layers.iter().filter_map(|l| match &l.mlp {
             FeedForward::Moe(m) => Some((m.routed_params(), m.experts)),
             _ => None,
