@@ -1,14 +1,16 @@
 //! The form, drawn from data and wired with one listener.
 //!
 //! Every field is a row of a table ([`Spec`]): the state field it edits, its label and
-//! `data-testid`, and how it is edited. The form is written once as markup from those tables
-//! (the same elements and attributes as the [`NumberField`](crate::components::NumberField),
-//! [`SelectField`](crate::components::SelectField) and
-//! [`RadioGroup`](crate::components::RadioGroup) components draw); one `input` and one
-//! `change` listener on the form (capture phase) turn edits into state changes; two effects
-//! write back what the state changes (the texts and choices, the parts shown for the mode,
-//! device and method, each field's message) and touch only what differs. A field costs a row
-//! of data instead of a view of its own, and a keystroke re-renders none of the others.
+//! `data-testid`, and how it is edited. The form is written once as markup from those tables;
+//! one `input` and one `change` listener on the form (capture phase) turn edits into state
+//! changes; two effects write back what the state changes (the texts and choices, the parts
+//! shown for the mode, device and method, the folded sections' notes, each field's message)
+//! and touch only what differs. A field costs a row of data instead of a view of its own, and
+//! a keystroke re-renders none of the others.
+//!
+//! The essentials (the model, sequence, batch, precision, optimizer, trainer, training method
+//! and the GPUs) are always shown; the rest sits in folded sections ([`Fold`]) whose summary
+//! says what in them differs from the defaults, and which open when it does.
 
 use estimator_core::{
     AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Gpu, KvDtype,
@@ -164,6 +166,10 @@ enum Shown {
     Qlora,
     CpuRam,
     CustomGpu,
+    Fsdp2,
+    DeepSpeed,
+    TensorParallel,
+    Pipeline,
 }
 
 impl Shown {
@@ -179,8 +185,89 @@ impl Shown {
             Self::Qlora => s.training.method == Method::Qlora && trains,
             Self::CpuRam => s.hardware.gpu == Some(Gpu::CpuRam),
             Self::CustomGpu => s.hardware.gpu == Some(Gpu::Custom),
+            Self::Fsdp2 => s.parallel.sharding == Sharding::Fsdp2,
+            Self::DeepSpeed => matches!(
+                s.parallel.sharding,
+                Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+            ),
+            Self::TensorParallel => above_one(&s.parallel.tensor_parallel),
+            Self::Pipeline => above_one(&s.parallel.pipeline_parallel),
         }
     }
+}
+
+/// A folded section of the form (a `details`): closed on a first visit, its summary saying
+/// what in it differs from the defaults; it opens when something in it comes to matter (a
+/// value other than the default, or more than one GPU for the parallelism), and a person
+/// may open or close it at any time.
+#[derive(Clone, Copy, PartialEq)]
+enum Fold {
+    /// The kernels, checkpointing, torch.compile and what the trainer sets.
+    Step,
+    /// How several GPUs share the step, and the global batch.
+    Parallel,
+    /// What the device holds beyond the tensors.
+    Overheads,
+}
+
+impl Fold {
+    const fn key(self) -> &'static str {
+        match self {
+            Self::Step => "step",
+            Self::Parallel => "parallel",
+            Self::Overheads => "overheads",
+        }
+    }
+
+    const fn title(self) -> &'static str {
+        match self {
+            Self::Step => "Kernels, checkpointing and the trainer's settings",
+            Self::Parallel => "Parallelism and global batch",
+            Self::Overheads => "Memory overheads and the allocator",
+        }
+    }
+
+    /// Whether it matters for `s`, and its summary's note: the labels of its `controls`
+    /// whose values differ from the defaults (the step's: from the trainer whose defaults
+    /// are nearest).
+    fn state(self, s: &PageState, controls: &[Control]) -> (bool, String) {
+        let changed = |base: &PageState| -> Vec<&'static str> {
+            controls
+                .iter()
+                .filter(|c| c.source.text(s) != c.source.text(base))
+                .map(|c| c.label)
+                .collect()
+        };
+        let base = PageState::default();
+        let changed = if self == Self::Step {
+            Trainer::ALL
+                .iter()
+                .map(|t| {
+                    let mut base = base.clone();
+                    t.apply(&mut base);
+                    changed(&base)
+                })
+                .min_by_key(Vec::len)
+                .unwrap_or_default()
+        } else {
+            changed(&base)
+        };
+        let several = self == Self::Parallel && above_one(&s.parallel.num_gpus);
+        let note = if changed.is_empty() {
+            match self {
+                Self::Step => "as the trainer sets them".to_owned(),
+                _ => "defaults".to_owned(),
+            }
+        } else {
+            format!("changed: {}", changed.join(", "))
+        };
+        (several || !changed.is_empty(), note)
+    }
+}
+
+/// Whether a group size as typed is more than one GPU.
+fn above_one(text: &str) -> bool {
+    text.trim().parse::<u64>().is_ok_and(|n| n > 1)
 }
 
 /// Where the text of a control comes from.
@@ -210,6 +297,7 @@ impl Source {
 /// group (`id` is then the group's name, each input `{name}-{key}`) or has a message.
 struct Control {
     id: &'static str,
+    label: &'static str,
     source: Source,
     radios: Option<Options>,
     message: bool,
@@ -222,6 +310,8 @@ struct Builder<'a> {
     state: &'a PageState,
     shown: Vec<Shown>,
     controls: Vec<Control>,
+    /// The folded sections and the range of `controls` each holds.
+    folds: Vec<(Fold, std::ops::Range<usize>)>,
 }
 
 impl<'a> Builder<'a> {
@@ -231,7 +321,42 @@ impl<'a> Builder<'a> {
             state,
             shown: Vec::new(),
             controls: Vec::new(),
+            folds: Vec::new(),
         }
+    }
+
+    /// A folded section around `parts`; the form's effect writes its note and opens it
+    /// when it matters, from the first state on.
+    fn fold(&mut self, fold: Fold, parts: impl FnOnce(&mut Self)) {
+        let first = self.controls.len();
+        let key = fold.key();
+        self.m
+            .open(
+                "details",
+                &[
+                    ("class", "fold"),
+                    ("id", &format!("fold-{key}")),
+                    ("data-testid", &format!("fold-{key}")),
+                ],
+            )
+            .open(
+                "summary",
+                &[("data-testid", &format!("fold-{key}-summary"))],
+            )
+            .text(fold.title())
+            .el(
+                "span",
+                &[
+                    ("class", "fold-note"),
+                    ("id", &format!("fold-{key}-note")),
+                    ("data-testid", &format!("fold-{key}-note")),
+                ],
+                "",
+            )
+            .close("summary");
+        parts(self);
+        self.m.close("details");
+        self.folds.push((fold, first..self.controls.len()));
     }
 
     /// A `div.when` around `parts`, hidden unless `shown` holds.
@@ -363,6 +488,7 @@ impl<'a> Builder<'a> {
         }
         self.controls.push(Control {
             id: testid,
+            label,
             source,
             radios: None,
             message: matches!(kind, Kind::Typed { .. } | Kind::Refusable(_)),
@@ -370,7 +496,7 @@ impl<'a> Builder<'a> {
     }
 
     /// A fieldset of radio buttons (a [`RadioGroup`](crate::components::RadioGroup)).
-    fn radios(&mut self, legend: &str, name: &'static str, field: Field, options: Options) {
+    fn radios(&mut self, legend: &'static str, name: &'static str, field: Field, options: Options) {
         self.m
             .open(
                 "fieldset",
@@ -397,6 +523,7 @@ impl<'a> Builder<'a> {
         self.m.close("fieldset");
         self.controls.push(Control {
             id: name,
+            label: legend,
             source: Source::Field(field),
             radios: Some(options),
             message: false,
@@ -459,6 +586,7 @@ impl<'a> Builder<'a> {
             .close("div");
         self.controls.push(Control {
             id: "config-json",
+            label: "config.json",
             source: Source::Config,
             radios: None,
             message: false,
@@ -513,13 +641,9 @@ fn build(state: &PageState) -> Builder<'_> {
         b.field(&SEQ, None);
         b.fields(RECIPE);
         b.optimizer(Mode::Architecture);
-        b.when(Shown::Training, |b| b.fields(OPTIMIZER_IMPL));
         b.when(Shown::Training, |b| {
             b.control(&TRAINER_CHOICE, Source::Trainer, None)
         });
-        b.fields(KERNEL);
-        b.when(Shown::Training, |b| b.fields(COMPILE));
-        b.when(Shown::Training, |b| b.fields(TRAINER));
         b.when(Shown::Training, |b| b.fields(METHOD));
         b.when(Shown::Peft, |b| {
             b.group(
@@ -536,25 +660,35 @@ fn build(state: &PageState) -> Builder<'_> {
     });
     b.fields(BATCH);
     b.when(Shown::Simple, |b| b.fields(ACTIVATION_MB));
+    b.when(Shown::Architecture, |b| {
+        b.fold(Fold::Step, |b| {
+            b.when(Shown::Training, |b| b.fields(OPTIMIZER_IMPL));
+            b.fields(KERNEL);
+            b.when(Shown::Training, |b| b.fields(COMPILE));
+            b.when(Shown::Training, |b| b.fields(TRAINER));
+        });
+    });
     b.m.el("h3", &[("class", "section-title")], "Hardware");
     b.fields(GPU);
     b.when(Shown::CpuRam, |b| b.fields(RAM));
     b.when(Shown::CustomGpu, |b| b.fields(CUSTOM_GPU));
-    b.group("div", &[("class", "overheads")], |b| b.fields(OVERHEADS));
-    b.fields(ALLOCATOR);
-    b.group(
-        "fieldset",
-        &[("class", "parallelism"), ("data-testid", "parallelism")],
-        |b| {
-            b.m.el("legend", &[], "Parallelism (figures per GPU)");
-            b.fields(DATA_PARALLEL);
-            b.when(Shown::Architecture, |b| {
-                b.fields(MODEL_PARALLEL);
-                b.field(&EXPERT_PARALLEL, None);
-            });
-        },
-    );
-    b.fields(GLOBAL_BATCH);
+    b.fold(Fold::Parallel, |b| {
+        b.fields(DATA_PARALLEL);
+        b.when(Shown::Architecture, |b| {
+            b.when(Shown::Fsdp2, |b| b.fields(FSDP2));
+            b.when(Shown::DeepSpeed, |b| b.fields(DEEPSPEED));
+            b.fields(TENSOR_PARALLEL);
+            b.when(Shown::TensorParallel, |b| b.fields(TENSOR_PARALLEL_MORE));
+            b.fields(CONTEXT_PIPELINE);
+            b.when(Shown::Pipeline, |b| b.fields(PIPELINE_MORE));
+            b.field(&EXPERT_PARALLEL, None);
+        });
+        b.fields(GLOBAL_BATCH);
+    });
+    b.fold(Fold::Overheads, |b| {
+        b.group("div", &[("class", "overheads")], |b| b.fields(OVERHEADS));
+        b.fields(ALLOCATOR);
+    });
     b.radios(
         "Show figures in",
         "unit",
@@ -628,9 +762,9 @@ fn read_config(input: &web_sys::Element, state: RwSignal<PageState>) {
 /// The form over `state`: edits change the state, and the form follows the state and
 /// `page`'s messages.
 pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView {
-    let (markup, shown, controls) = state.with_untracked(|s| {
+    let (markup, shown, controls, folds) = state.with_untracked(|s| {
         let b = build(s);
-        (b.m.finish(), b.shown, b.controls)
+        (b.m.finish(), b.shown, b.controls, b.folds)
     });
     let form = NodeRef::<html::Form>::new();
     let count = controls.len();
@@ -639,6 +773,7 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
     // The state's changes, written into the form where they differ from what it shows.
     let texts = StoredValue::new(vec![None::<String>; count]);
     let parts = StoredValue::new(vec![None::<bool>; shown.len()]);
+    let fold_states = StoredValue::new(vec![None::<(bool, String)>; folds.len()]);
     let mode = StoredValue::new(None::<Mode>);
     watch(move || {
         let Some(form) = form.get() else { return };
@@ -679,6 +814,29 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                         }
                     }
                 }
+            });
+            // the folded sections' notes; a section opens when it comes to matter
+            controls.with_value(|controls| {
+                fold_states.update_value(|states| {
+                    for ((fold, range), was) in folds.iter().zip(states.iter_mut()) {
+                        let now = fold.state(s, controls.get(range.clone()).unwrap_or_default());
+                        if was.as_ref() == Some(&now) {
+                            continue;
+                        }
+                        let key = fold.key();
+                        if was.as_ref().map(|w| &w.1) != Some(&now.1) {
+                            if let Some(note) = by_id(&format!("fold-{key}-note")) {
+                                note.set_text_content(Some(&now.1));
+                            }
+                        }
+                        if now.0 && !was.as_ref().is_some_and(|w| w.0) {
+                            if let Some(details) = by_id(&format!("fold-{key}")) {
+                                let _ = details.set_attribute("open", "");
+                            }
+                        }
+                        *was = Some(now);
+                    }
+                });
             });
             // the texts and choices
             controls.with_value(|controls| {
@@ -1072,12 +1230,20 @@ pub const ACTIVATION_MB: &[Spec] = &[typed(
     "Intermediate tensors one sample keeps for backward, in MB (10⁶ bytes).",
 )];
 
-/// The device.
-pub const GPU: &[Spec] = &[choice_of(Field::Gpu, "GPU", "gpu", || {
-    let mut all = vec![("none", "No GPU in particular")];
-    all.extend(options(&Gpu::ALL, Gpu::key, Gpu::label));
-    all
-})];
+/// The device and how many.
+pub const GPU: &[Spec] = &[
+    choice_of(Field::Gpu, "GPU", "gpu", || {
+        let mut all = vec![("none", "No GPU in particular")];
+        all.extend(options(&Gpu::ALL, Gpu::key, Gpu::label));
+        all
+    }),
+    typed(
+        Field::NumGpus,
+        "GPUs in all",
+        "num-gpus",
+        "A multiple of tensor x context x pipeline parallel; the rest is data parallel.",
+    ),
+];
 
 /// The CPU's RAM, when the device is the CPU.
 pub const RAM: &[Spec] = &[typed(
@@ -1126,14 +1292,8 @@ pub const OVERHEADS: &[Spec] = &[
     ),
 ];
 
-/// Data parallelism.
+/// Data parallelism: the engine, offloading and NCCL's buffers.
 pub const DATA_PARALLEL: &[Spec] = &[
-    typed(
-        Field::NumGpus,
-        "GPUs in all",
-        "num-gpus",
-        "A multiple of tensor x context x pipeline parallel; the rest is data parallel.",
-    ),
     choice_of(Field::Sharding, "Data-parallel engine", "sharding", || {
         options(&Sharding::ALL, Sharding::key, Sharding::label)
     }),
@@ -1151,21 +1311,22 @@ pub const DATA_PARALLEL: &[Spec] = &[
     ),
 ];
 
-/// Architecture mode: FSDP2's resharding, tensor, sequence, loss, context and pipeline
-/// parallelism.
-pub const MODEL_PARALLEL: &[Spec] = &[
-    choice(
-        Field::ReshardAfterForward,
-        "FSDP2 reshard after forward",
-        "reshard-after-forward",
-        &[
-            ("on", "On: each layer re-gathered for backward"),
-            ("off", "Off: gathered layers kept until backward"),
-            ("2", "To 2 GPUs"),
-            ("4", "To 4 GPUs"),
-            ("8", "To 8 GPUs (a node)"),
-        ],
-    ),
+/// Architecture mode: FSDP2's resharding.
+pub const FSDP2: &[Spec] = &[choice(
+    Field::ReshardAfterForward,
+    "FSDP2 reshard after forward",
+    "reshard-after-forward",
+    &[
+        ("on", "On: each layer re-gathered for backward"),
+        ("off", "Off: gathered layers kept until backward"),
+        ("2", "To 2 GPUs"),
+        ("4", "To 4 GPUs"),
+        ("8", "To 8 GPUs (a node)"),
+    ],
+)];
+
+/// Architecture mode: DeepSpeed's buckets.
+pub const DEEPSPEED: &[Spec] = &[
     typed(
         Field::ReduceBucket,
         "DeepSpeed reduce bucket (elements)",
@@ -1178,12 +1339,18 @@ pub const MODEL_PARALLEL: &[Spec] = &[
         "prefetch-bucket",
         "stage3_prefetch_bucket_size; DeepSpeed's default 5e7.",
     ),
-    typed(
-        Field::TensorParallel,
-        "Tensor parallelism (GPUs per group)",
-        "tensor-parallel",
-        "torchtitan's plan: heads, MLP and vocabulary split; norms and the residual stream whole.",
-    ),
+];
+
+/// Architecture mode: the tensor-parallel group.
+pub const TENSOR_PARALLEL: &[Spec] = &[typed(
+    Field::TensorParallel,
+    "Tensor parallelism (GPUs per group)",
+    "tensor-parallel",
+    "torchtitan's plan: heads, MLP and vocabulary split; norms and the residual stream whole.",
+)];
+
+/// Architecture mode: what a tensor-parallel group of 2+ GPUs also splits.
+pub const TENSOR_PARALLEL_MORE: &[Spec] = &[
     choice(
         Field::SequenceParallel,
         "Sequence parallelism",
@@ -1205,6 +1372,10 @@ pub const MODEL_PARALLEL: &[Spec] = &[
             ("on", "On: loss on each GPU's vocabulary slice"),
         ],
     ),
+];
+
+/// Architecture mode: context and pipeline parallelism.
+pub const CONTEXT_PIPELINE: &[Spec] = &[
     typed(
         Field::ContextParallel,
         "Context parallelism (GPUs per group)",
@@ -1217,6 +1388,10 @@ pub const MODEL_PARALLEL: &[Spec] = &[
         "pipeline-parallel",
         "Layers split into stages; the figures are the busiest stage's GPU.",
     ),
+];
+
+/// Architecture mode: how a pipeline of 2+ stages runs.
+pub const PIPELINE_MORE: &[Spec] = &[
     choice_of(
         Field::PipelineSchedule,
         "Pipeline schedule",

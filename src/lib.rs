@@ -11,3 +11,4 @@ mod form;
 mod markup;
 
 pub use app::App;
+pub use form::input_form;

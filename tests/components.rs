@@ -2,11 +2,10 @@
 #![cfg(target_arch = "wasm32")]
 
 use batch_size_estimator::components::{
-    BreakdownCard, BreakdownDetail, BreakdownPart, FitAdvice, ModelNotes, NumberField, SelectField,
-    SweepTable,
+    BreakdownCard, BreakdownDetail, BreakdownPart, FitAdvice, ModelNotes, SweepTable,
 };
-use batch_size_estimator::App;
-use estimator_core::{ByteUnit, SweepRow};
+use batch_size_estimator::{input_form, App};
+use estimator_core::{decode_query, parse_page, ByteUnit, PageState, SweepRow};
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_test::*;
@@ -192,32 +191,6 @@ async fn model_notes_show_one_item_per_note_and_nothing_without() {
 }
 
 #[wasm_bindgen_test]
-async fn select_field_groups_its_choices() {
-    let root = container();
-    let chosen = RwSignal::new("b".to_owned());
-    let handle = leptos::mount::mount_to(root.clone(), move || {
-        view! {
-            <SelectField
-                label="Model"
-                testid="grouped"
-                groups=vec![("First", vec![("a", "A")]), ("Second", vec![("b", "B"), ("c", "C")])]
-                options=vec![("custom", "Custom")]
-                value=chosen
-                on_change=Callback::new(move |v: String| chosen.set(v))
-            />
-        }
-    });
-    let select: web_sys::HtmlSelectElement = by_testid(&root, "grouped").unchecked_into();
-    assert_eq!(select.value(), "b");
-    let groups = select.query_selector_all("optgroup").unwrap();
-    assert_eq!(groups.length(), 2);
-    let last: web_sys::Element = select.last_element_child().unwrap();
-    assert_eq!(last.tag_name(), "OPTION");
-    assert_eq!(last.get_attribute("value").as_deref(), Some("custom"));
-    drop(handle);
-}
-
-#[wasm_bindgen_test]
 async fn breakdown_card_explains_a_missing_figure() {
     let root = container();
     let handle = leptos::mount::mount_to(root.clone(), move || {
@@ -234,68 +207,6 @@ async fn breakdown_card_explains_a_missing_figure() {
     let total = by_testid(&root, "total");
     assert_eq!(total.get_attribute("data-bytes"), None);
     assert_eq!(total.text_content().unwrap(), "Too large to count.");
-    drop(handle);
-}
-
-#[wasm_bindgen_test]
-async fn number_field_shows_its_error_and_reports_typing() {
-    let root = container();
-    let text = RwSignal::new("8".to_owned());
-    let error = Signal::derive(move || {
-        estimator_core::parse_batch(&text.get())
-            .err()
-            .map(|e| e.to_string())
-    });
-    let handle = leptos::mount::mount_to(root.clone(), move || {
-        view! {
-            <NumberField
-                label="Batch size"
-                testid="batch"
-                value=text
-                on_input=Callback::new(move |v| text.set(v))
-                error=error
-            />
-        }
-    });
-    assert_eq!(by_testid(&root, "batch-error").text_content().unwrap(), "");
-    let input: web_sys::HtmlInputElement = by_testid(&root, "batch").unchecked_into();
-    input.set_value("2.5");
-    input
-        .dispatch_event(&web_sys::Event::new("input").unwrap())
-        .unwrap();
-    next_tick().await;
-    assert_eq!(text.get_untracked(), "2.5");
-    assert_eq!(
-        by_testid(&root, "batch-error").text_content().unwrap(),
-        "Must be a whole number of samples."
-    );
-    assert_eq!(input.get_attribute("aria-invalid").as_deref(), Some("true"));
-    drop(handle);
-}
-
-#[wasm_bindgen_test]
-async fn select_field_reports_the_chosen_key() {
-    let root = container();
-    let chosen = RwSignal::new("a".to_owned());
-    let handle = leptos::mount::mount_to(root.clone(), move || {
-        view! {
-            <SelectField
-                label="Letter"
-                testid="letter"
-                options=vec![("a", "A"), ("b", "B")]
-                value=chosen
-                on_change=Callback::new(move |v: String| chosen.set(v))
-            />
-        }
-    });
-    let select: web_sys::HtmlSelectElement = by_testid(&root, "letter").unchecked_into();
-    assert_eq!(select.value(), "a");
-    select.set_value("b");
-    select
-        .dispatch_event(&web_sys::Event::new("change").unwrap())
-        .unwrap();
-    next_tick().await;
-    assert_eq!(chosen.get_untracked(), "b");
     drop(handle);
 }
 
@@ -480,5 +391,89 @@ async fn fit_advice_links_each_plan() {
         .any(|li| li.text_content().unwrap().contains("QLoRA")));
     let href: web_sys::Element = links.item(0).unwrap().unchecked_into();
     assert!(href.get_attribute("href").unwrap().starts_with("?m=arch"));
+    drop(handle);
+}
+
+/// The form the page draws, over the inputs of `query`.
+fn mount_form(query: &str) -> (web_sys::HtmlElement, RwSignal<PageState>, impl Drop) {
+    let root = container();
+    let state = RwSignal::new(decode_query(query).state);
+    let page = Memo::new(move |_| state.with(parse_page));
+    let handle = leptos::mount::mount_to(root.clone(), move || input_form(state, page));
+    (root, state, handle)
+}
+
+#[wasm_bindgen_test]
+async fn the_form_shows_a_field_s_message_and_reports_typing() {
+    let (root, state, handle) = mount_form("b=8&gpu=none");
+    next_tick().await;
+    assert_eq!(by_testid(&root, "batch-error").text_content().unwrap(), "");
+    let input: web_sys::HtmlInputElement = by_testid(&root, "batch").unchecked_into();
+    assert_eq!(input.value(), "8");
+    input.set_value("2.5");
+    input
+        .dispatch_event(&web_sys::Event::new("input").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(state.with_untracked(|s| s.step.batch.clone()), "2.5");
+    assert_eq!(
+        by_testid(&root, "batch-error").text_content().unwrap(),
+        "Must be a whole number of samples."
+    );
+    assert_eq!(input.get_attribute("aria-invalid").as_deref(), Some("true"));
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn the_form_groups_the_models_and_reports_a_choice() {
+    let (root, state, handle) = mount_form("m=arch&model=llama3-8b&gpu=none");
+    next_tick().await;
+    let model: web_sys::HtmlSelectElement = by_testid(&root, "model").unchecked_into();
+    assert_eq!(model.value(), "llama3-8b");
+    assert!(model.query_selector_all("optgroup").unwrap().length() > 5);
+    let last: web_sys::Element = model.last_element_child().unwrap();
+    assert_eq!(last.tag_name(), "OPTION");
+    assert_eq!(last.get_attribute("value").as_deref(), Some("custom"));
+    let recipe: web_sys::HtmlSelectElement = by_testid(&root, "recipe").unchecked_into();
+    recipe.set_value("bf16");
+    recipe
+        .dispatch_event(&web_sys::Event::new("change").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(
+        state.with_untracked(|s| s.step.recipe),
+        estimator_core::PrecisionRecipe::Bf16
+    );
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn the_form_s_sections_open_when_they_matter() {
+    let (root, state, handle) = mount_form("m=arch&model=llama3-8b&gpu=h100-80&gpus=2&tp=2");
+    next_tick().await;
+    let parallel = by_testid(&root, "fold-parallel");
+    assert!(parallel.has_attribute("open"));
+    assert!(by_testid(&root, "fold-parallel-note")
+        .text_content()
+        .unwrap()
+        .contains("Tensor parallelism"));
+    let overheads = by_testid(&root, "fold-overheads");
+    assert!(!overheads.has_attribute("open"));
+    assert_eq!(
+        by_testid(&root, "fold-overheads-note")
+            .text_content()
+            .unwrap(),
+        "defaults"
+    );
+    // a change of the state that touches a section opens it and names the field
+    state.update(|s| {
+        let _ = s.set(estimator_core::Field::SafetyMargin, "20");
+    });
+    next_tick().await;
+    assert!(overheads.has_attribute("open"));
+    assert!(by_testid(&root, "fold-overheads-note")
+        .text_content()
+        .unwrap()
+        .contains("Safety margin"));
     drop(handle);
 }

@@ -2,10 +2,8 @@
 
 mod breakdown;
 mod chart;
-mod config_input;
 mod copy_button;
 mod explanations;
-mod fields;
 mod fit_advice;
 mod model_notes;
 mod notices;
@@ -17,10 +15,8 @@ pub use breakdown::{
     BreakdownPart,
 };
 pub use chart::{chart_markup, memory_chart, MemoryChart};
-pub use config_input::ConfigInput;
 pub use copy_button::CopyButton;
 pub use explanations::Explanations;
-pub use fields::{NumberField, OptionGroup, RadioGroup, SelectField};
 pub use fit_advice::FitAdvice;
 pub use model_notes::{model_notes, notes_markup, ModelNotes};
 pub use notices::Notices;

@@ -4,13 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
-import {
-  useServerAndBrowser,
-  bytesOf,
-  typeInto,
-  fixture,
-  openArchitecturePage,
-} from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, fixture, openArchitecturePage, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -148,7 +142,7 @@ test('a Gemma 3 preset shows its notes; the saved parts follow the checkpointing
   assert.match(await page.getByTestId('model-notes').textContent(), /language model/);
   let parts = await savedParts(page);
   assert.ok(parts['qk-norms'] > 0n && parts['post-norms'] > 0n, JSON.stringify(Object.keys(parts)));
-  await page.getByTestId('checkpointing').selectOption('full');
+  await choose(page, 'checkpointing', 'full');
   parts = await savedParts(page);
   assert.ok(parts['layer-inputs'] > 0n, JSON.stringify(Object.keys(parts)));
   assert.equal(parts['mlp'], undefined);

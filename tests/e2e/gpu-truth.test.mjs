@@ -3,7 +3,7 @@
 // caching allocator's reserve beside the allocated peak.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openPage, urlSettled } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, openPage, urlSettled, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -32,7 +32,7 @@ test("Llama 3 8B under HF Trainer: fused AdamW leaves the optimizer step's tempo
   const fused = Number(await bytesOf(page, 'total'));
   assert.match(await page.getByTestId('peak-phase').textContent(), /backward/i);
 
-  await page.getByTestId('optimizer-impl').selectOption('foreach');
+  await choose(page, 'optimizer-impl', 'foreach');
   const foreach = await changed(page, 'total', fused);
   // foreach AdamW's parameter-sized bf16 temporary (16 GB) sets the peak in the step
   assert.ok(foreach > fused * 1.2, `foreach ${foreach} against fused ${fused}`);
@@ -63,11 +63,11 @@ test('selective checkpointing lies between none and every layer, and travels in 
   const base = '/?m=arch&model=qwen3-0.6b&b=4&s=2048&r=bf16&gpu=none&oi=fused';
   const { page, errors, context } = await openPage(env.browser, env.server.origin + base + '&gc=none');
   const none = Number(await bytesOf(page, 'total'));
-  await page.getByTestId('checkpointing').selectOption('full');
+  await choose(page, 'checkpointing', 'full');
   const full = await changed(page, 'total', none);
-  await page.getByTestId('checkpointing').selectOption('every:2');
+  await choose(page, 'checkpointing', 'every:2');
   const every2 = await changed(page, 'total', full);
-  await page.getByTestId('checkpointing').selectOption('ops');
+  await choose(page, 'checkpointing', 'ops');
   const ops = await changed(page, 'total', every2);
   assert.ok(full < ops && ops < every2 && every2 < none, `${full} ${ops} ${every2} ${none}`);
   // measured with torchtitan's per-op policy under fake tensors: 23,292,992,512 bytes (foreach)
@@ -86,10 +86,10 @@ test('torch.compile keeps less for backward, per layer or whole model, and trave
   const base = '/?m=arch&model=llama3.2-1b&b=1&s=2048&r=bf16&gpu=none&oi=fused';
   const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
   const eager = Number(await bytesOf(page, 'total'));
-  await page.getByTestId('compile').selectOption('layers');
+  await choose(page, 'compile', 'layers');
   const layers = await changed(page, 'total', eager);
   assert.ok(layers < eager, `compiled ${layers} against eager ${eager}`);
-  await page.getByTestId('compile').selectOption('model');
+  await choose(page, 'compile', 'model');
   const model = await changed(page, 'total', layers);
   assert.ok(model < eager, `${model}`);
   await urlSettled(page);
@@ -108,7 +108,7 @@ test("the caching allocator's reserve sits beside the peak, and expandable segme
   const reserve = Number(await bytesOf(page, 'need-reserve'));
   assert.equal(Number(await bytesOf(page, 'need-peak')) + reserve, reserved);
 
-  await page.getByTestId('allocator').selectOption('expandable');
+  await choose(page, 'allocator', 'expandable');
   const expandable = await changed(page, 'reserved', reserved);
   assert.ok(expandable < reserved && expandable > peak, `${expandable}`);
   assert.equal(Number(await bytesOf(page, 'total')), peak);

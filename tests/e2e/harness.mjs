@@ -97,8 +97,29 @@ export async function bytesOf(page, testid) {
   return value === null ? null : BigInt(value);
 }
 
+/**
+ * Opens the folded section that holds the field, if it is closed, the way a person does:
+ * a click on its summary.
+ */
+export async function reveal(page, testid) {
+  const field = page.getByTestId(testid);
+  await field.waitFor({ state: 'attached' });
+  const fold = await field.evaluate((el) => {
+    const details = el.closest('details');
+    return details && !details.open ? details.dataset.testid : null;
+  });
+  if (fold) await page.getByTestId(`${fold}-summary`).click();
+}
+
+/** Chooses `value` in a drop-down, opening its folded section first. */
+export async function choose(page, testid, value) {
+  await reveal(page, testid);
+  await page.getByTestId(testid).selectOption(value);
+}
+
 /** Replaces the text of a field the way a person does: select all, type. */
 export async function typeInto(page, testid, text) {
+  await reveal(page, testid);
   const field = page.getByTestId(testid);
   await field.click();
   await field.press('ControlOrMeta+a');

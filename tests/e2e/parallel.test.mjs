@@ -3,7 +3,7 @@
 // and its host RAM, NCCL's buffers in the verdict, and the plan carried by a link.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 const base = '/?m=arch&model=llama3.3-70b&b=1&s=4096&r=bf16&o=adamw&gc=full&gpu=h100-80';
@@ -14,10 +14,10 @@ test('a 70B full fine-tune over 64 GPUs with FSDP2 x TP x PP fits, read at its b
   const one = await bytesOf(page, 'total');
 
   await typeInto(page, 'num-gpus', '64');
-  await page.getByTestId('sharding').selectOption('fsdp2');
+  await choose(page, 'sharding', 'fsdp2');
   await typeInto(page, 'tensor-parallel', '8');
-  await page.getByTestId('sequence-parallel').selectOption('on');
-  await page.getByTestId('loss-parallel').selectOption('on');
+  await choose(page, 'sequence-parallel', 'on');
+  await choose(page, 'loss-parallel', 'on');
   await typeInto(page, 'pipeline-parallel', '4');
 
   // 64 = 2 data-parallel x 8 tensor x 4 pipeline: each GPU holds a quarter of the layers' share
@@ -62,14 +62,14 @@ test('offload moves state to host RAM, shown beside the verdict', async () => {
     + '/?m=arch&model=llama3-8b&b=1&s=2048&r=mixed-bf16&o=adamw&gc=full&gpu=rtx4090&gpus=8&shard=zero3');
   const onGpu = await bytesOf(page, 'total');
   assert.equal(await page.getByTestId('host-ram').count(), 0);
-  await page.getByTestId('offload').selectOption('optimizer+params');
+  await choose(page, 'offload', 'optimizer+params');
   const offloaded = await bytesOf(page, 'total');
   assert.ok(offloaded < onGpu, `${offloaded} >= ${onGpu}`);
   // ZeRO-3 offloads 20 bytes per parameter of the rank's partition: about 20 GB of 8B / 8
   const host = await bytesOf(page, 'host-ram');
   assert.ok(host > 19_000_000_000n && host < 21_000_000_000n, `${host}`);
   // DDP cannot offload: the field says so
-  await page.getByTestId('sharding').selectOption('ddp');
+  await choose(page, 'sharding', 'ddp');
   assert.match(await page.getByTestId('offload-error').textContent(), /FSDP2 or DeepSpeed/);
   await context.close();
 });

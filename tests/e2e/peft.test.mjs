@@ -4,7 +4,7 @@
 // and a module name the model does not have is refused next to its field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -14,7 +14,7 @@ test('QLoRA on Llama 3 8B fits a 24 GB GPU at the largest batch the page gives, 
   await typeInto(page, 'seq', '2048');
   await typeInto(page, 'batch', '1');
   await page.getByTestId('recipe').selectOption('amp-bf16');
-  await page.getByTestId('checkpointing').selectOption('full');
+  await choose(page, 'checkpointing', 'full');
   // full fine-tuning of an 8B model is far from fitting one 24 GB card
   await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
 

@@ -2,7 +2,7 @@
 // GPUs, accumulation, the KV cache and the chart.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled } from './harness.mjs';
+import { useServerAndBrowser, openPage, bytesOf, typeInto, urlSettled, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -50,7 +50,7 @@ test('sharding lowers per-GPU memory stage by stage, and says it is per GPU', as
   const ddp = await bytesOf(page, 'total');
   const peaks = {};
   for (const stage of ['zero1', 'zero2', 'zero3']) {
-    await page.getByTestId('sharding').selectOption(stage);
+    await choose(page, 'sharding', stage);
     peaks[stage] = await bytesOf(page, 'total');
     assert.ok(peaks[stage] < ddp, `${stage}: ${peaks[stage]} >= ${ddp}`);
   }
@@ -107,7 +107,7 @@ test('the hardware settings travel in the URL', async () => {
   await page.getByTestId('gpu').selectOption('custom');
   await typeInto(page, 'gpu-capacity', '30000');
   await typeInto(page, 'num-gpus', '16');
-  await page.getByTestId('sharding').selectOption('zero2');
+  await choose(page, 'sharding', 'zero2');
   await typeInto(page, 'global-batch', '512');
   await urlSettled(page);
   const url = page.url();

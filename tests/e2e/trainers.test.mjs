@@ -4,7 +4,7 @@
 // changed default shows as a custom setup.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -16,9 +16,9 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   await typeInto(page, 'seq', '2048');
   await typeInto(page, 'batch', '4');
   await page.getByTestId('recipe').selectOption('bf16');
-  await page.getByTestId('checkpointing').selectOption('full');
+  await choose(page, 'checkpointing', 'full');
   assert.equal(await page.getByTestId('trainer').inputValue(), 'custom');
-  await page.getByTestId('checkpointing').selectOption('none');
+  await choose(page, 'checkpointing', 'none');
   assert.equal(await page.getByTestId('trainer').inputValue(), 'hf');
   const plain = Number(await bytesOf(page, 'total'));
 
@@ -36,7 +36,7 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   assert.ok(plain > 2.5 * trl, `plain loop ${plain / GIB} GiB against TRL ${trl / GIB} GiB`);
   // TRL 1.13's own code measured under fake tensors with foreach AdamW: 5.55 GiB (peak in
   // the optimizer step); the changed kernel makes the setup custom
-  await page.getByTestId('optimizer-impl').selectOption('foreach');
+  await choose(page, 'optimizer-impl', 'foreach');
   await page.waitForFunction((before) => {
     const el = document.querySelector('[data-testid="total"]');
     return el && Number(el.dataset.bytes) !== before;
@@ -44,7 +44,7 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   const foreach = Number(await bytesOf(page, 'total'));
   assert.ok(Math.abs(foreach / GIB - 5.55) < 0.01, `TRL SFT, foreach: ${foreach / GIB} GiB`);
   assert.equal(await page.getByTestId('trainer').inputValue(), 'custom');
-  await page.getByTestId('optimizer-impl').selectOption('fused');
+  await choose(page, 'optimizer-impl', 'fused');
 
   await urlSettled(page);
   const url = new URL(page.url());
@@ -56,7 +56,7 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
   assert.equal(Number(await bytesOf(page, 'total')), trl);
 
   // a changed default is no trainer's: the select says so, the figure follows the loss
-  await page.getByTestId('loss').selectOption('hf');
+  await choose(page, 'loss', 'hf');
   assert.equal(await page.getByTestId('trainer').inputValue(), 'custom');
   assert.deepEqual(errors, []);
   await context.close();
@@ -70,7 +70,7 @@ test("TRL's SFTTrainer on Qwen3-8B: the trainer's defaults give a smaller peak t
   await typeInto(page, 'batch', '8');
   await page.getByTestId('recipe').selectOption('bf16');
   await page.getByTestId('trainer').selectOption('hf');
-  await page.getByTestId('checkpointing').selectOption('full');
+  await choose(page, 'checkpointing', 'full');
   const hf = Number(await bytesOf(page, 'total'));
   for (const trainer of ['trl-1.13', 'trl']) {
     await page.getByTestId('trainer').selectOption(trainer);
@@ -94,13 +94,13 @@ test('packing, padding and flash_attention_2 travel in the URL and change the at
   assert.equal(await page.getByTestId('loss').inputValue(), 'liger');
   const flash = Number(await bytesOf(page, 'total'));
   // SDPA with a padded, packed batch builds a 4-D mask per layer and loses the flash kernel
-  await page.getByTestId('attention').selectOption('sdpa');
+  await choose(page, 'attention', 'sdpa');
   await page.waitForFunction((before) => {
     const el = document.querySelector('[data-testid="total"]');
     return el && Number(el.dataset.bytes) > before;
   }, flash);
-  await page.getByTestId('padding').selectOption('off');
-  await page.getByTestId('packing').selectOption('off');
+  await choose(page, 'padding', 'off');
+  await choose(page, 'packing', 'off');
   await page.waitForFunction((before) => {
     const el = document.querySelector('[data-testid="total"]');
     // the same flash kernel without flash-attn's RNG state (one 512-byte block per layer)
