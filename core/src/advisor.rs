@@ -531,6 +531,8 @@ struct Search<'a> {
     cache: FxHashMap<(Levels, u64), Option<u64>>,
     /// The whole model's step by its settings (what sharding does not change).
     estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
+    /// [`Self::fewest_gpus`] of each combination asked.
+    fewest: FxHashMap<Levels, Option<u8>>,
 }
 
 impl<'a> Search<'a> {
@@ -716,6 +718,7 @@ impl<'a> Search<'a> {
             options: o,
             cache: FxHashMap::default(),
             estimates: FxHashMap::default(),
+            fewest: FxHashMap::default(),
         }
     }
 
@@ -803,13 +806,18 @@ impl<'a> Search<'a> {
 
     /// The peak of `l` (a smaller micro-batch is evaluated at batch 1), cached.
     fn peak(&mut self, l: &Levels) -> Option<u64> {
-        let (knobs, plan) = self.config(l);
-        let batch = if l[MICRO] > 0 { 1 } else { knobs.batch };
+        // (the key before the configuration: most calls find their peak cached)
+        let batch = if l[MICRO] > 0 {
+            1
+        } else {
+            self.per_gpu_batch(l[GPUS])
+        };
         let mut key = *l;
         key[MICRO] = 0;
         if let Some(&peak) = self.cache.get(&(key, batch)) {
             return peak;
         }
+        let (knobs, plan) = self.config(l);
         let peak = self.step(knobs, &plan, batch).ok().map(|s| s.peak_bytes);
         self.cache.insert((key, batch), peak);
         peak
@@ -945,7 +953,17 @@ impl<'a> Search<'a> {
 
     /// The fewest GPUs (level) with which `l`'s give-ups and checkpointing might fit, with
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
+    /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
+        if let Some(&fewest) = self.fewest.get(l) {
+            return fewest;
+        }
+        let fewest = self.find_fewest_gpus(l);
+        self.fewest.insert(*l, fewest);
+        fewest
+    }
+
+    fn find_fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
         // First the corners that settle many combinations with one estimate: every
         // monotone give-up at its last option, then the sequence alone.
         if !self.corner_might_fit(l, &MONOTONE_GIVE_UPS) || !self.corner_might_fit(l, &[SEQ]) {
@@ -1375,11 +1393,20 @@ pub(crate) fn advise_parsed(
     // the search holds every plan to the page's reserve; a plan whose own replay reserves
     // more may not fit after all: it is dropped, and the search asked for more
     let mut asked = limit;
+    // each plan is evaluated once, however often the search is asked again
+    let mut evaluated: FxHashMap<Levels, FitPlan> = FxHashMap::default();
     loop {
         let found = search.run(asked);
         let mut plans = Vec::new();
         for l in &found {
-            let plan = search.plan_of(state, l)?;
+            let plan = match evaluated.get(l) {
+                Some(plan) => plan.clone(),
+                None => {
+                    let plan = search.plan_of(state, l)?;
+                    evaluated.insert(*l, plan.clone());
+                    plan
+                }
+            };
             if plan.verdict.fits() {
                 plans.push(plan);
             }

@@ -1122,9 +1122,21 @@ pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit
             Some(
                 if plan.replay_reserve && matches!(model, Model::Architecture { .. }) {
                     refine_max_batch(guess, |b| {
+                        // (the reserve changes the verdict, not the peak)
+                        let peak = step_at(model, plan, b).ok()?.peak_bytes;
+                        if b > 1 {
+                            // a batch that does not fit without any reserve needs no replay
+                            let bare = crate::Overheads {
+                                allocator_reserve_ppm: 0,
+                                ..plan.overheads
+                            };
+                            let bare = fit_verdict(peak, c, &bare);
+                            if !bare.fits() {
+                                return Some(bare);
+                            }
+                        }
                         let mut own = plan.clone();
                         resolve_reserve(&mut own, model, b);
-                        let peak = step_at(model, &own, b).ok()?.peak_bytes;
                         Some(fit_verdict(peak, c, &own.overheads))
                     })
                 } else {
