@@ -202,6 +202,21 @@ impl SortedMap {
             .chain(self.0.iter().skip(class + 1).flatten())
             .copied()
     }
+    /// The first entry from `from` on: [`Self::range`]'s first, without its iterator.
+    fn first_from(&self, from: u128) -> Option<(u128, usize)> {
+        let class = Self::class(from);
+        if let Some(&found) = self.0.get(class).and_then(|b| {
+            let i = b.partition_point(|&(k, _)| k < from);
+            b.get(i)
+        }) {
+            return Some(found);
+        }
+        self.0
+            .iter()
+            .skip(class + 1)
+            .find_map(|b| b.first())
+            .copied()
+    }
     fn values(&self) -> impl Iterator<Item = &usize> {
         self.0.iter().flatten().map(|(_, v)| v)
     }
@@ -387,9 +402,12 @@ impl CachingAllocator {
     /// lower address), removed from the pool.
     fn get_free_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
         let blocks = &self.blocks;
-        let mut candidates = self.pools[pool as usize].blocks.range(size_key(size, 0));
-        let (mut key, mut slot) = candidates.next()?;
+        let (mut key, mut slot) = self.pools[pool as usize]
+            .blocks
+            .first_from(size_key(size, 0))?;
         if blocks[slot].segment != NIL && self.mode == AllocatorMode::Expandable {
+            let mut candidates = self.pools[pool as usize].blocks.range(key);
+            candidates.next();
             // "for the purposes of 'best fit' we consider its size to be the size it can
             // expand to": a free block followed by unmapped address space counts as that
             // much bigger, and the search walks on while the next block is smaller so.
@@ -409,7 +427,6 @@ impl CachingAllocator {
                 slot = s;
             }
         }
-        drop(candidates);
         let found = blocks[slot].size;
         // "Do not return an oversized block for a large request": no block reaches the
         // default max_split_size (SIZE_MAX), so neither rule ever refuses one here.
