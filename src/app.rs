@@ -244,16 +244,24 @@ pub fn App() -> impl IntoView {
             ))
         })
     };
-    // Storage follows every change (it is cheap); the address bar, replaced so that Back
-    // leaves the page, follows once typing pauses for URL_SYNC_DELAY, since Chromium's
-    // replaceState costs milliseconds a call. The share link carries the query at once.
+    // The address bar (replaced so that Back leaves the page) and the stored inputs follow
+    // once typing pauses for URL_SYNC_DELAY: Chromium's replaceState costs milliseconds a
+    // call, and localStorage's setItem a tenth of a keystroke. The share link carries the
+    // query at once.
     let query = Memo::new(move |_| state.with(encode_query));
+    // Leaving the page within the pause stores what the pause would have.
+    let _ = window_event_listener_untyped("pagehide", move |_| {
+        query.with_untracked(|q| browser::store(q));
+    });
     // The tab's title too, with the peak (setting it costs about a twentieth of a keystroke).
     let page_sync = Debounced::new(URL_SYNC_DELAY);
     watch(move || {
-        query.with(|q| browser::store(q));
+        query.track();
         page_sync.run(move || {
-            query.with_untracked(|q| browser::replace_query(q));
+            query.with_untracked(|q| {
+                browser::store(q);
+                browser::replace_query(q);
+            });
             let peak = evaluation.with_untracked(|e| e.as_ref().ok().map(|e| e.step.peak_bytes));
             browser::set_title(&match peak {
                 Some(bytes) => format!(

@@ -111,12 +111,18 @@ pub const fn when(on: bool, name: &'static str) -> &'static str {
 
 /// A directive, `use:children=markup`: keeps the element's children those of `markup` (one
 /// string per child element, from [`Markup::pieces`]), parsing again only the children whose
-/// markup changed; all of them when their number changes.
+/// markup changed; all of them at once when their number changes or most of them changed
+/// (one parse of the whole is cheaper than one per child).
 pub fn children(el: web_sys::Element, markup: Memo<Vec<String>>) {
     let mut shown: Vec<String> = Vec::new();
     watch(move || {
         markup.with(|pieces| {
-            if pieces.len() == shown.len() {
+            let changed = shown
+                .iter()
+                .zip(pieces)
+                .filter(|(was, now)| was != now)
+                .count();
+            if pieces.len() == shown.len() && changed * 2 <= pieces.len() {
                 let mut child = el.first_element_child();
                 for (was, now) in shown.iter().zip(pieces) {
                     let Some(current) = child else { break };
