@@ -398,6 +398,10 @@ const GIVE_UPS: [usize; 7] = [RECIPE, PRECISION, FORMAT, KV, OPTIMIZER, METHOD, 
 /// The give-ups along which the peak shrinks (all but the recipe).
 const MONOTONE_GIVE_UPS: [usize; 5] = [PRECISION, FORMAT, KV, OPTIMIZER, SEQ];
 
+/// The batch under which [`Search::fewest_gpus`] keeps its answers in the peaks' cache: no
+/// step has it (batches stop at [`MAX_BATCH`]).
+const FEWEST_GPUS_KEY: u64 = u64::MAX;
+
 /// A plan: the level of every knob (0 = as it is).
 type Levels = [u8; KNOBS];
 
@@ -528,11 +532,10 @@ struct Search<'a> {
     global: u64,
     options: Options,
     /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
+    /// Also the fewest GPUs of a combination, under [`FEWEST_GPUS_KEY`].
     cache: FxHashMap<(Levels, u64), Option<u64>>,
     /// The whole model's step by its settings (what sharding does not change).
     estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
-    /// [`Self::fewest_gpus`] of each combination asked.
-    fewest: FxHashMap<Levels, Option<u8>>,
 }
 
 impl<'a> Search<'a> {
@@ -718,7 +721,6 @@ impl<'a> Search<'a> {
             options: o,
             cache: FxHashMap::default(),
             estimates: FxHashMap::default(),
-            fewest: FxHashMap::default(),
         }
     }
 
@@ -955,11 +957,14 @@ impl<'a> Search<'a> {
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
     /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
-        if let Some(&fewest) = self.fewest.get(l) {
-            return fewest;
+        // kept in the peaks' map under a batch no step has (one map type less in the
+        // bundle)
+        let key = (*l, FEWEST_GPUS_KEY);
+        if let Some(&fewest) = self.cache.get(&key) {
+            return fewest.map(|g| level(g as usize));
         }
         let fewest = self.find_fewest_gpus(l);
-        self.fewest.insert(*l, fewest);
+        self.cache.insert(key, fewest.map(u64::from));
         fewest
     }
 
@@ -1394,16 +1399,17 @@ pub(crate) fn advise_parsed(
     // more may not fit after all: it is dropped, and the search asked for more
     let mut asked = limit;
     // each plan is evaluated once, however often the search is asked again
-    let mut evaluated: FxHashMap<Levels, FitPlan> = FxHashMap::default();
+    // (a few dozen at most: a list, which weighs less in the bundle than a map)
+    let mut evaluated: Vec<(Levels, FitPlan)> = Vec::new();
     loop {
         let found = search.run(asked);
         let mut plans = Vec::new();
         for l in &found {
-            let plan = match evaluated.get(l) {
-                Some(plan) => plan.clone(),
+            let plan = match evaluated.iter().find(|(e, _)| e == l) {
+                Some((_, plan)) => plan.clone(),
                 None => {
                     let plan = search.plan_of(state, l)?;
-                    evaluated.insert(*l, plan.clone());
+                    evaluated.push((*l, plan.clone()));
                     plan
                 }
             };
