@@ -1,6 +1,7 @@
 // Trunk post-build hook: writes the Content-Security-Policy into the staged index.html.
 // The policy allows only the page's own origin; Trunk's inline loader script is allowed by
-// its SHA-256 hash (it changes with every build), never by 'unsafe-inline'.
+// its SHA-256 hash (it changes with every build), never by 'unsafe-inline'. A release build
+// minifies index.html (Trunk.toml), which drops the quotes around attribute values.
 import { createHash } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -10,7 +11,7 @@ if (!staging) throw new Error('TRUNK_STAGING_DIR is not set: run this as a Trunk
 const file = join(staging, 'index.html');
 let html = await readFile(file, 'utf8');
 
-const hashes = [...html.matchAll(/<script type="module">([\s\S]*?)<\/script>/g)].map(
+const hashes = [...html.matchAll(/<script type="?module"?>([\s\S]*?)<\/script>/g)].map(
   ([, body]) => `'sha256-${createHash('sha256').update(body).digest('base64')}'`,
 );
 if (hashes.length === 0) throw new Error('no inline loader script found in index.html');
@@ -27,8 +28,8 @@ const policy = [
   "form-action 'none'",
 ].join('; ');
 
-const placeholder = '__CONTENT_SECURITY_POLICY__';
-if (!html.includes(placeholder)) throw new Error(`no ${placeholder} in index.html`);
-html = html.replace(placeholder, policy);
+const placeholder = /content=("?)__CONTENT_SECURITY_POLICY__\1/;
+if (!placeholder.test(html)) throw new Error('no __CONTENT_SECURITY_POLICY__ in index.html');
+html = html.replace(placeholder, () => `content="${policy}"`);
 await writeFile(file, html);
 console.log(`CSP written (${hashes.length} inline script hash)`);

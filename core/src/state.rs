@@ -1116,10 +1116,13 @@ fn choice_by<T: Copy>(
     key: fn(T) -> &'static str,
     from_key: impl Fn(&str) -> Option<T>,
 ) -> Result<T, String> {
-    from_key(value).ok_or_else(|| {
-        let keys: Vec<&str> = all.iter().map(|&v| key(v)).collect();
-        format!("expected one of {}.", keys.join(", "))
-    })
+    from_key(value).ok_or_else(|| expected_one_of(&mut all.iter().map(|&v| key(v))))
+}
+
+/// The error of [`choice_by`], written once for every type (not generic).
+fn expected_one_of(keys: &mut dyn Iterator<Item = &'static str>) -> String {
+    let keys: Vec<&str> = keys.collect();
+    format!("expected one of {}.", keys.join(", "))
 }
 
 fn on_off(value: bool) -> &'static str {

@@ -783,6 +783,19 @@ pub(crate) struct ForwardTape {
     pub first_layer_discount: u64,
 }
 
+/// How many different values `values` holds (the attention types' masks: full, one per
+/// sliding window). A linear search over the few kept, rather than a sort (smaller in
+/// WebAssembly).
+fn distinct(values: impl Iterator<Item = Option<u64>>) -> u64 {
+    let mut seen: Vec<Option<u64>> = Vec::new();
+    for v in values {
+        if !seen.contains(&v) {
+            seen.push(v);
+        }
+    }
+    seen.len() as u64
+}
+
 impl ModelSpec {
     pub fn hidden(&self) -> u64 {
         self.embedding.hidden
@@ -820,18 +833,13 @@ impl ModelSpec {
     /// takes a mask (a sliding window the sequence reaches, or every type for padded or
     /// packed rows): checkpointing keeps them as layer arguments until backward.
     pub fn sdpa_masks(&self, s: &StepShape) -> Res<u64> {
-        let mut windows: Vec<Option<u64>> = self
-            .layers
-            .iter()
-            .filter(|l| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
-            .map(|l| l.attention.window)
-            .collect();
-        windows.sort_unstable();
-        windows.dedup();
-        mul(
-            storage(mul(s.batch, mul(s.seq, s.seq)?)?, 1)?,
-            windows.len() as u64,
-        )
+        let windows = distinct(
+            self.layers
+                .iter()
+                .filter(|l| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
+                .map(|l| l.attention.window),
+        );
+        mul(storage(mul(s.batch, mul(s.seq, s.seq)?)?, 1)?, windows)
     }
     pub fn eager_masks(&self, s: &StepShape) -> Res<u64> {
         if !self
@@ -841,11 +849,8 @@ impl ModelSpec {
         {
             return Ok(0);
         }
-        let mut windows: Vec<Option<u64>> =
-            self.layers.iter().map(|l| l.attention.window).collect();
-        windows.sort_unstable();
-        windows.dedup();
-        mul(Attention::eager_mask(s)?, windows.len() as u64)
+        let windows = distinct(self.layers.iter().map(|l| l.attention.window));
+        mul(Attention::eager_mask(s)?, windows)
     }
     /// Element counts of the embeddings' parameter tensors (a tied head matrix among them).
     pub fn embedding_parameter_tensors(&self) -> Vec<u64> {
