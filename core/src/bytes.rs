@@ -87,7 +87,7 @@ fn group_digits(value: u128) -> String {
     let digits: Vec<char> = digits(value).collect();
     let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, &digit) in digits.iter().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(digit);
