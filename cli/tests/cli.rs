@@ -414,10 +414,28 @@ fn advise_lists_plans_that_fit_when_run_back() {
         assert_eq!(back["max_batch"], plan["max_batch"], "{query}");
     }
 
-    // The readable form numbers the plans and links each one.
+    // The plans on the one GPU given come first, then those on more GPUs.
+    assert_eq!(plans[0]["more_gpus"], false, "{stdout}");
+    assert_eq!(plans[0]["gpus"], 1, "{stdout}");
+    let first_more = plans
+        .iter()
+        .position(|p| p["more_gpus"] == true)
+        .expect("plans on more GPUs");
+    assert!(plans[first_more..]
+        .iter()
+        .all(|p| p["more_gpus"] == true && p["gpus"].as_u64().unwrap() > 1));
+
+    // The readable form numbers the plans under their groups' headings and links each one.
     let (code, stdout, stderr) = memest(&with(LLAMA_8B_ON_A_4090, &["--advise"]));
     assert_eq!(code, 0, "{stderr}");
     let advice = &stdout[stdout.find("\nadvice").expect("an advice section")..];
+    let own = advice
+        .find("\n  On your RTX 4090\n")
+        .expect("the group on the GPU given");
+    let more = advice
+        .find("\n  On more GPUs\n")
+        .expect("the group on more GPUs");
+    assert!(own < more, "{advice}");
     assert!(advice.contains("\n  1. "), "{advice}");
     assert!(advice.contains("QLoRA"), "{advice}");
     assert!(advice.contains("largest batch"), "{advice}");
