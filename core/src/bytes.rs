@@ -64,11 +64,10 @@ impl ByteUnit {
 pub fn format_in_unit(bytes: u64, unit: ByteUnit) -> String {
     let divisor = u128::from(unit.bytes_per_unit());
     let hundredths = (u128::from(bytes) * 100 + divisor / 2) / divisor;
-    format!(
-        "{}.{:02}",
-        group_thousands(hundredths / 100),
-        hundredths % 100
-    )
+    let mut text = group_digits(hundredths / 100);
+    text.push('.');
+    text.extend(digits(hundredths % 100 + 100).skip(1));
+    text
 }
 
 /// `bytes` in `unit` with two decimals and the symbol: `102.10 GB`.
@@ -80,15 +79,34 @@ pub fn format_bytes(bytes: u64, unit: ByteUnit) -> String {
 /// An integer with thin groups of three digits: `102,096,000,000`.
 #[must_use]
 pub fn group_thousands(value: impl Into<u128>) -> String {
-    let digits = value.into().to_string();
+    group_digits(value.into())
+}
+
+/// [`group_thousands`], not generic.
+fn group_digits(value: u128) -> String {
+    let digits: Vec<char> = digits(value).collect();
     let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+    for (i, &digit) in digits.iter().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(digit);
     }
     grouped
+}
+
+/// The decimal digits of `value`, most significant first: what `value.to_string()` writes,
+/// without the formatting machinery of `u128` (about half a kilobyte of WebAssembly).
+fn digits(mut value: u128) -> impl Iterator<Item = char> {
+    let mut reversed = Vec::new();
+    loop {
+        reversed.push(char::from(b'0' + (value % 10) as u8));
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    reversed.into_iter().rev()
 }
 
 #[cfg(test)]
@@ -114,6 +132,29 @@ mod tests {
         check(4_995_000_000, ByteUnit::Gb, "5.00 GB");
         check(4_994_999_999, ByteUnit::Gb, "4.99 GB");
         check(u64::MAX, ByteUnit::Gb, "18,446,744,073.71 GB");
+    }
+
+    #[test]
+    fn digits_are_those_of_to_string() {
+        for v in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u128::from(u64::MAX),
+            u128::MAX,
+        ] {
+            assert_eq!(digits(v).collect::<String>(), v.to_string());
+        }
+        assert_eq!(
+            group_thousands(u128::MAX),
+            "340,282,366,920,938,463,463,374,607,431,768,211,455"
+        );
+        assert_eq!(format_in_unit(1_050_000_000, ByteUnit::Gb), "1.05");
+        assert_eq!(format_in_unit(1_005_000_000, ByteUnit::Gb), "1.01");
     }
 
     #[test]
