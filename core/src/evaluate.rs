@@ -1037,7 +1037,12 @@ pub(crate) fn resolve_reserve(
         (&model.arch.spec, step, peft, mesh, plan.allocator).hash(&mut h);
         h.finish()
     };
-    let cached = REPLAYS.with(|r| r.borrow().get(&key).copied());
+    let cached = REPLAYS.with(|r| {
+        r.borrow()
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|&(_, replay)| replay)
+    });
     let replay = match cached {
         Some(replay) => replay,
         None => {
@@ -1050,7 +1055,7 @@ pub(crate) fn resolve_reserve(
                 if r.len() >= MAX_CACHED_REPLAYS {
                     r.clear();
                 }
-                r.insert(key, replay);
+                r.push((key, replay));
             });
             replay
         }
@@ -1095,9 +1100,11 @@ thread_local! {
     /// The allocator replays of recent steps, by a hash of everything the replay reads: a
     /// keystroke in the batch field replays only the new batch, and the largest-batch
     /// search's neighbours and the advisor's plans are replayed once. (A replay is a pure
-    /// function of its key: the cache changes no figure.)
-    static REPLAYS: std::cell::RefCell<std::collections::HashMap<u64, Option<AllocatorPeaks>>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// function of its key: the cache changes no figure.) A list searched in order rather
+    /// than a hash map: a few hundred keys compare in no time, and the bundle is spared a
+    /// hash table of its own.
+    static REPLAYS: std::cell::RefCell<Vec<(u64, Option<AllocatorPeaks>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Most batches the largest-batch search replays through the allocator beyond its guess.
