@@ -8,6 +8,9 @@ pub(crate) type Res<T> = Result<T, EstimateError>;
 /// The CUDA caching allocator's block: every storage is rounded up to it.
 pub(crate) const BLOCK: u64 = 512;
 
+// Out of line: inlined, each of the hundreds of calls spells out a 128-bit multiply
+// (`__multi3` and its stack slots) to check for overflow.
+#[inline(never)]
 pub(crate) fn mul(a: u64, b: u64) -> Res<u64> {
     a.checked_mul(b).ok_or(EstimateError::TooLarge)
 }
