@@ -1103,6 +1103,7 @@ impl Field {
 }
 
 /// The choice of `all` whose key is `value` (the message lists the keys otherwise).
+#[inline(never)]
 fn choice<T: Copy>(value: &str, all: &[T], key: fn(T) -> &'static str) -> Result<T, String> {
     choice_by(value, all, key, |v| {
         all.iter().copied().find(|&c| key(c) == v)
@@ -1142,6 +1143,7 @@ fn adapter_dtype_key(fp32: bool) -> &'static str {
     }
 }
 
+#[inline(never)]
 fn text(value: &str) -> Result<String, String> {
     if value.chars().count() > MAX_TEXT_FIELD_CHARS {
         return Err(format!("longer than {MAX_TEXT_FIELD_CHARS} characters."));
