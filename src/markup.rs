@@ -79,7 +79,9 @@ impl Markup {
         self.ends
             .iter()
             .map(|&end| {
-                let piece = self.html[start..end].to_owned();
+                // (`get`, not indexing: a str slice's panic path pulls the char Debug
+                // formatter and its Unicode tables into the bundle; every end is a boundary)
+                let piece = self.html.get(start..end).unwrap_or_default().to_owned();
                 start = end;
                 piece
             })

@@ -114,10 +114,8 @@ fn decimal_to_f64(text: &str) -> f64 {
         Some(r) => (true, r),
         None => (false, text),
     };
-    let (mantissa_text, exp_text) = match rest.find(['e', 'E']) {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, "0"),
-    };
+    // (not sliced at an index: see `number::parse_decimal`)
+    let (mantissa_text, exp_text) = rest.split_once(['e', 'E']).unwrap_or((rest, "0"));
     let mut exponent: i64 = exp_text
         .trim_start_matches('+')
         .parse::<i64>()

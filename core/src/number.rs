@@ -106,8 +106,10 @@ fn parse_decimal(text: &str) -> Result<Decimal, FieldError> {
             None => text,
         },
     };
-    let (mantissa, exponent_text) = match unsigned.find(['e', 'E']) {
-        Some(at) => (&unsigned[..at], Some(&unsigned[at + 1..])),
+    // (split_once rather than slicing at the index: a str slice's panic path alone pulls
+    // the char Debug formatter and its Unicode tables into the bundle)
+    let (mantissa, exponent_text) = match unsigned.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => (mantissa, Some(exponent)),
         None => (unsigned, None),
     };
     let mut digits: u128 = 0;
