@@ -5,7 +5,7 @@
 //! bundle smaller. Numbers keep their source text, so a compact form written back prints them
 //! exactly as they were read (no float printer, no rounding).
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// An object: keys sorted, as `serde_json`'s default map writes them (a sorted list: configs
 /// have tens of keys, and a tree map's code is several KB of the bundle).
@@ -70,7 +70,7 @@ impl Value {
     #[must_use]
     pub fn as_u64(&self) -> Option<u64> {
         match self {
-            Value::Number(text) => text.parse().ok(),
+            Value::Number(text) => crate::number::parse_u64(text),
             _ => None,
         }
     }
@@ -116,9 +116,7 @@ fn decimal_to_f64(text: &str) -> f64 {
     };
     // (not sliced at an index: see `number::parse_decimal`)
     let (mantissa_text, exp_text) = rest.split_once(['e', 'E']).unwrap_or((rest, "0"));
-    let mut exponent: i64 = exp_text
-        .trim_start_matches('+')
-        .parse::<i64>()
+    let mut exponent: i64 = crate::number::parse_i64(exp_text.trim_start_matches('+'))
         .unwrap_or(0)
         .clamp(-1000, 1000);
     let mut digits: u64 = 0;
@@ -176,6 +174,7 @@ impl fmt::Display for ParseError {
 /// Parses one JSON document (whitespace around it allowed, nothing else).
 pub(crate) fn parse(text: &str) -> Result<Value, ParseError> {
     let mut p = Parser {
+        text,
         bytes: text.as_bytes(),
         pos: 0,
     };
@@ -189,6 +188,7 @@ pub(crate) fn parse(text: &str) -> Result<Value, ParseError> {
 }
 
 struct Parser<'a> {
+    text: &'a str,
     bytes: &'a [u8],
     pos: usize,
 }
@@ -325,8 +325,8 @@ impl Parser<'_> {
                 return Err(self.error("invalid number"));
             }
         }
-        // The slice is ASCII digits and signs, so it is valid UTF-8.
-        let text = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or("0");
+        // The run is ASCII digits and signs, so its ends are character boundaries.
+        let text = self.text.get(start..self.pos).unwrap_or("0");
         Ok(Value::Number(text.into()))
     }
 
@@ -357,7 +357,7 @@ impl Parser<'_> {
                 self.pos += 1;
             }
             // Runs end before ASCII bytes only, so they are whole UTF-8 characters.
-            out.push_str(std::str::from_utf8(&self.bytes[run_start..self.pos]).unwrap_or(""));
+            out.push_str(self.text.get(run_start..self.pos).unwrap_or(""));
             match self.peek() {
                 None => return Err(self.error("EOF while parsing a string")),
                 Some(b'"') => {
@@ -450,8 +450,9 @@ fn write_string(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
             '\u{c}' => f.write_str("\\f")?,
             c if (c as u32) < 0x20 => {
                 let b = c as usize;
-                let escaped = [b'\\', b'u', b'0', b'0', HEX[b >> 4], HEX[b & 0xf]];
-                f.write_str(std::str::from_utf8(&escaped).unwrap_or(""))?;
+                f.write_str("\\u00")?;
+                f.write_char(char::from(HEX[b >> 4]))?;
+                f.write_char(char::from(HEX[b & 0xf]))?;
             }
             c => {
                 let mut buf = [0u8; 4];

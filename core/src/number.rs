@@ -156,7 +156,7 @@ fn parse_decimal(text: &str) -> Result<Decimal, FieldError> {
         if exponent_digits.is_empty() || !exponent_digits.bytes().all(|b| b.is_ascii_digit()) {
             return Err(FieldError::NotANumber);
         }
-        let value: i64 = exponent_digits.parse().unwrap_or(i64::from(i32::MAX));
+        let value = parse_i64(exponent_digits).unwrap_or(i64::from(i32::MAX));
         exponent = exponent.saturating_add(if negative { -value } else { value });
     }
     exponent = exponent.saturating_add(overflowed_digits);
@@ -167,6 +167,49 @@ fn parse_decimal(text: &str) -> Result<Decimal, FieldError> {
         exponent += 1;
     }
     Ok(Decimal { digits, exponent })
+}
+
+/// `text.parse::<u64>().ok()`: an optional `+`, then ASCII digits, without overflow. Written
+/// out, as [`parse_i64`], so that the standard library's integer parser stays out of the
+/// bundle.
+pub(crate) fn parse_u64(text: &str) -> Option<u64> {
+    let digits = text.strip_prefix('+').unwrap_or(text);
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value: u64 = 0;
+    for b in digits.bytes() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(value)
+}
+
+/// `text.parse::<i64>().ok()`: an optional `+` or `-`, then ASCII digits, without overflow.
+pub(crate) fn parse_i64(text: &str) -> Option<i64> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(digits) => (true, digits),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for b in digits.bytes() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        let digit = i64::from(b - b'0');
+        value = value.checked_mul(10)?;
+        value = if negative {
+            value.checked_sub(digit)?
+        } else {
+            value.checked_add(digit)?
+        };
+    }
+    Some(value)
 }
 
 /// `value x 10^power`, or `None` past `u128`.
@@ -324,7 +367,50 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn integers_read_as_the_standard_parser_reads_them() {
+        for text in [
+            "",
+            "+",
+            "-",
+            "0",
+            "+0",
+            "-0",
+            "7",
+            "+7",
+            "-7",
+            "007",
+            "12345678901234567890",
+            "18446744073709551615",
+            "18446744073709551616",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "++1",
+            "+-1",
+            "-+1",
+            "--1",
+            " 1",
+            "1 ",
+            "1e3",
+            "1.0",
+            "١",
+            "0x10",
+            "\u{2212}1",
+        ] {
+            assert_eq!(parse_u64(text), text.parse::<u64>().ok(), "{text:?}");
+            assert_eq!(parse_i64(text), text.parse::<i64>().ok(), "{text:?}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn integers_read_as_the_standard_parser_reads_any_text(text in "[-+0-9a ]{0,22}") {
+            prop_assert_eq!(parse_u64(&text), text.parse::<u64>().ok());
+            prop_assert_eq!(parse_i64(&text), text.parse::<i64>().ok());
+        }
+
         #[test]
         fn never_panics_on_any_text(text in ".{0,80}") {
             let _ = parse_whole_count(&text, 1_000_000_000, u64::MAX, "things");

@@ -359,8 +359,8 @@ impl Reshard {
         match key {
             "on" => Some(Reshard::On),
             "off" => Some(Reshard::Off),
-            n => match n.parse::<u64>() {
-                Ok(n) if (2..=1024).contains(&n) && n.to_string() == key => Some(Reshard::To(n)),
+            n => match crate::number::parse_u64(n) {
+                Some(n) if (2..=1024).contains(&n) && n.to_string() == key => Some(Reshard::To(n)),
                 _ => None,
             },
         }

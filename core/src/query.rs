@@ -3,6 +3,7 @@
 //! Every input travels under a short key. Decoding never fails: a bad or unknown part is
 //! dropped, its default kept, and a notice says what was ignored.
 
+use crate::number::parse_u64;
 use crate::state::{Field, PageState};
 use crate::FieldError;
 
@@ -98,13 +99,13 @@ pub fn decode_query(query: &str) -> Decoded {
     let legacy_data_parallel = legacy_data_parallel.or_else(|| Some("1".to_owned()));
     if let Some(n) = legacy_data_parallel.filter(|_| !seen.contains(&Field::NumGpus)) {
         let p = &decoded.state.parallel;
-        let group = |text: &str| text.trim().parse::<u64>().unwrap_or(1).max(1);
+        let group = |text: &str| parse_u64(text.trim()).unwrap_or(1).max(1);
         let groups = group(&p.tensor_parallel)
             .saturating_mul(group(&p.context_parallel))
             .saturating_mul(group(&p.pipeline_parallel));
-        let total = match n.trim().parse::<u64>() {
-            Ok(n) => n.saturating_mul(groups).to_string(),
-            Err(_) => n,
+        let total = match parse_u64(n.trim()) {
+            Some(n) => n.saturating_mul(groups).to_string(),
+            None => n,
         };
         if groups > 1 && seen_legacy {
             notices.push(format!(
@@ -158,9 +159,7 @@ pub fn decode_query(query: &str) -> Decoded {
 
 /// The data-parallel count a legacy link gave, back from its total.
 fn n_text(total: &str, groups: u64) -> String {
-    total
-        .parse::<u64>()
-        .map_or_else(|_| total.to_owned(), |t| (t / groups.max(1)).to_string())
+    parse_u64(total).map_or_else(|| total.to_owned(), |t| (t / groups.max(1)).to_string())
 }
 
 fn shorten(value: &str) -> String {
@@ -187,6 +186,19 @@ pub fn percent_encode(text: &str) -> String {
     out
 }
 
+/// The byte the two bytes after a `%` spell, as `u8::from_str_radix(hex, 16)` reads them
+/// (which takes `+F` for 15 too), written out to keep the standard library's integer parser
+/// out of the bundle.
+fn hex_byte(hex: &[u8]) -> Option<u8> {
+    let digit = |b: u8| char::from(b).to_digit(16);
+    let value = match *hex {
+        [b'+', low] => digit(low)?,
+        [high, low] => digit(high)? * 16 + digit(low)?,
+        _ => return None,
+    };
+    u8::try_from(value).ok()
+}
+
 /// Decodes `%XX` escapes and `+` (a space in query strings).
 ///
 /// # Errors
@@ -199,9 +211,7 @@ pub fn percent_decode(text: &str) -> Result<String, &'static str> {
         match bytes[i] {
             b'%' => {
                 let hex = bytes.get(i + 1..i + 3).ok_or("cut short after a %")?;
-                let hex = std::str::from_utf8(hex).map_err(|_| "badly percent-encoded")?;
-                let byte = u8::from_str_radix(hex, 16).map_err(|_| "badly percent-encoded")?;
-                out.push(byte);
+                out.push(hex_byte(hex).ok_or("badly percent-encoded")?);
                 i += 3;
             }
             b'+' => {
@@ -365,6 +375,17 @@ mod tests {
     fn percent_coding_round_trips() {
         for text in ["", "a b", "100%", "ü→😀", "&=?#+"] {
             assert_eq!(percent_decode(&percent_encode(text)).as_deref(), Ok(text));
+        }
+    }
+
+    #[test]
+    fn hex_bytes_read_as_from_str_radix_reads_them() {
+        // every pair of bytes that can follow a `%`
+        for hex in (0..=u16::MAX).map(u16::to_be_bytes) {
+            let std = std::str::from_utf8(&hex)
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            assert_eq!(hex_byte(&hex), std, "{hex:?}");
         }
     }
 
