@@ -30,7 +30,7 @@ pub fn encode_query(state: &PageState) -> String {
             parts.push(format!("{}={}", field.key(), percent_encode(&value)));
         }
     }
-    parts.join("&")
+    crate::sweep::join(&parts, "&")
 }
 
 /// Reads a query string (with or without its leading `?`) into inputs and notices.

@@ -159,6 +159,19 @@ fn fit_cell(fits: Option<bool>) -> String {
     }
 }
 
+/// `parts.join(separator)`, written out: the standard library's `join` is generic and its
+/// copy for `String`s served only these tables and the query string.
+pub(crate) fn join(parts: &[String], separator: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push_str(separator);
+        }
+        out.push_str(part);
+    }
+    out
+}
+
 /// The sweep as a Markdown table that reads well pasted into notes.
 ///
 /// The chosen batch is in bold; figures are in `unit`, with the unit in the header. Every
@@ -167,7 +180,7 @@ fn fit_cell(fits: Option<bool>) -> String {
 pub fn sweep_markdown(rows: &[SweepRow], unit: ByteUnit) -> String {
     let columns = Columns::of(rows);
     let header = columns.header(unit);
-    let mut out = format!("| {} |\n", header.join(" | "));
+    let mut out = format!("| {} |\n", join(&header, " | "));
     out.push('|');
     for _ in &header {
         out.push_str(" ---: |");
@@ -182,7 +195,7 @@ pub fn sweep_markdown(rows: &[SweepRow], unit: ByteUnit) -> String {
                 }
             }
         }
-        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        out.push_str(&format!("| {} |\n", join(&cells, " | ")));
     }
     out
 }
@@ -195,12 +208,12 @@ pub fn sweep_tsv(rows: &[SweepRow], unit: ByteUnit) -> String {
     let columns = Columns::of(rows);
     let mut header = columns.header(unit);
     header.push("Selected".to_owned());
-    let mut out = header.join("\t");
+    let mut out = join(&header, "\t");
     out.push('\n');
     for row in rows {
         let mut cells = columns.cells(row, |b| format_in_unit(b, unit).replace(',', ""));
         cells.push(if row.is_selected { "yes" } else { "" }.to_owned());
-        out.push_str(&cells.join("\t"));
+        out.push_str(&join(&cells, "\t"));
         out.push('\n');
     }
     out
