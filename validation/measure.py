@@ -603,6 +603,50 @@ def build_model(cfg, arch, attn, dtype):
     return model
 
 
+def measured_step(model, inputs, fwd, opt, train, amp):
+    """One step of `fwd` (forward + loss, backward, `opt.step()`, `zero_grad`) under a
+    PhaseTracker that counts `model`'s parameters, `inputs` and `opt`'s state as theirs, the
+    peak reset at each phase boundary. Returns the tracker's snapshots and peaks:
+    (start, end of forward, AMP weight-copy bytes alive, {phase: peak}, after backward or
+    None, end)."""
+    param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
+    mt = PhaseTracker(param_cdata)
+    mt.track_external(model, *inputs)
+    if opt is not None:
+        mt.track_external(opt)
+    phase_peaks = {}
+    with mt:
+        start = mt.snap()
+        mt.reset_peak()
+        mt.record_copies = amp
+        if train:
+            # keep only the loss, as a training loop does (the logits die here)
+            out = _LossOnly(fwd().loss)
+        else:
+            with torch.no_grad():
+                out = fwd()
+        mt.record_copies = False
+        end_fwd = mt.snap()
+        amp_copy = mt.alive_copy_bytes() if amp else 0
+        phase_peaks["fwd"] = mt.peak()
+        after_bwd = None
+        if train:
+            loss = out.loss
+            mt.reset_peak()
+            loss.backward()
+            del loss, out
+            phase_peaks["bwd"] = mt.peak()
+            after_bwd = mt.snap()
+            mt.reset_peak()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            phase_peaks["opt"] = mt.peak()
+        else:
+            del out
+        end = mt.snap()
+    return start, end_fwd, amp_copy, phase_peaks, after_bwd, end
+
+
 def warm_up(fwd, opt, train, step_ctx=None):
     """One untracked step, so that lazily created state (optimizer moments, autocast's
     caches, CUDA kernels) exists before measuring. `step_ctx` wraps `opt.step()`."""
@@ -670,41 +714,8 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
 
         warm_up(fwd, opt, train)  # untracked
 
-        param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
-        mt = PhaseTracker(param_cdata)
-        mt.track_external(model, ids)
-        if opt is not None:
-            mt.track_external(opt)
-        phase_peaks = {}
-        with mt:
-            start = mt.snap()
-            mt.reset_peak()
-            mt.record_copies = amp
-            if train:
-                # keep only the loss, as a training loop does (the logits die here)
-                out = _LossOnly(fwd().loss)
-            else:
-                with torch.no_grad():
-                    out = fwd()
-            mt.record_copies = False
-            end_fwd = mt.snap()
-            amp_copy = mt.alive_copy_bytes() if amp else 0
-            phase_peaks["fwd"] = mt.peak()
-            after_bwd = None
-            if train:
-                loss = out.loss
-                mt.reset_peak()
-                loss.backward()
-                del loss, out
-                phase_peaks["bwd"] = mt.peak()
-                after_bwd = mt.snap()
-                mt.reset_peak()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                phase_peaks["opt"] = mt.peak()
-            else:
-                del out
-            end = mt.snap()
+        start, end_fwd, amp_copy, phase_peaks, after_bwd, end = measured_step(
+            model, (ids,), fwd, opt, train, amp)
 
     n_params = sum(p.numel() for p in model.parameters())
     param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]

@@ -765,40 +765,8 @@ def measure_vlm(config_path, model_name, batch, images, image_size, text_tokens,
                                                              projector, lora_r)
         M.warm_up(fwd, opt, train)
         M.SDPA_LOG.clear()
-        param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
-        mt = M.PhaseTracker(param_cdata)
-        mt.track_external(model, *inputs.values())
-        if opt is not None:
-            mt.track_external(opt)
-        phase_peaks = {}
-        with mt:
-            start = mt.snap()
-            mt.reset_peak()
-            mt.record_copies = amp
-            if train:
-                out = M._LossOnly(fwd().loss)
-            else:
-                with torch.no_grad():
-                    out = fwd()
-            mt.record_copies = False
-            end_fwd = mt.snap()
-            amp_copy = mt.alive_copy_bytes() if amp else 0
-            phase_peaks["fwd"] = mt.peak()
-            after_bwd = None
-            if train:
-                loss = out.loss
-                mt.reset_peak()
-                loss.backward()
-                del loss, out
-                phase_peaks["bwd"] = mt.peak()
-                after_bwd = mt.snap()
-                mt.reset_peak()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                phase_peaks["opt"] = mt.peak()
-            else:
-                del out
-            end = mt.snap()
+        start, end_fwd, amp_copy, phase_peaks, after_bwd, end = M.measured_step(
+            model, tuple(inputs.values()), fwd, opt, train, amp)
     n_params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     def count(ms):
