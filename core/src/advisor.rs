@@ -398,10 +398,6 @@ const GIVE_UPS: [usize; 7] = [RECIPE, PRECISION, FORMAT, KV, OPTIMIZER, METHOD, 
 /// The give-ups along which the peak shrinks (all but the recipe).
 const MONOTONE_GIVE_UPS: [usize; 5] = [PRECISION, FORMAT, KV, OPTIMIZER, SEQ];
 
-/// The batch under which [`Search::fewest_gpus`] keeps its answers in the peaks' cache: no
-/// step has it (batches stop at [`MAX_BATCH`]).
-const FEWEST_GPUS_KEY: u64 = u64::MAX;
-
 /// A plan: the level of every knob (0 = as it is).
 type Levels = [u8; KNOBS];
 
@@ -532,8 +528,9 @@ struct Search<'a> {
     global: u64,
     options: Options,
     /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
-    /// Also the fewest GPUs of a combination, under [`FEWEST_GPUS_KEY`].
     cache: FxHashMap<(Levels, u64), Option<u64>>,
+    /// [`Self::fewest_gpus`] of each combination asked.
+    fewest: FxHashMap<Levels, Option<u8>>,
     /// The whole model's step by its settings (what sharding does not change).
     estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
 }
@@ -720,6 +717,7 @@ impl<'a> Search<'a> {
             global,
             options: o,
             cache: FxHashMap::default(),
+            fewest: FxHashMap::default(),
             estimates: FxHashMap::default(),
         }
     }
@@ -957,14 +955,11 @@ impl<'a> Search<'a> {
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
     /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
-        // kept in the peaks' map under a batch no step has (one map type less in the
-        // bundle)
-        let key = (*l, FEWEST_GPUS_KEY);
-        if let Some(&fewest) = self.cache.get(&key) {
-            return fewest.map(|g| level(g as usize));
+        if let Some(&fewest) = self.fewest.get(l) {
+            return fewest;
         }
         let fewest = self.find_fewest_gpus(l);
-        self.cache.insert(key, fewest.map(u64::from));
+        self.fewest.insert(*l, fewest);
         fewest
     }
 
