@@ -119,17 +119,24 @@ pub fn children(el: web_sys::Element, markup: Memo<Vec<String>>) {
     let mut shown: Vec<String> = Vec::new();
     watch(move || {
         markup.with(|pieces| {
-            let changed = shown
-                .iter()
-                .zip(pieces)
-                .filter(|(was, now)| was != now)
-                .count();
-            if pieces.len() == shown.len() && changed * 2 <= pieces.len() {
+            // each piece compared once (the pieces are kilobytes of markup)
+            let same_count = pieces.len() == shown.len();
+            let changed: Vec<bool> = if same_count {
+                shown
+                    .iter()
+                    .zip(pieces)
+                    .map(|(was, now)| was != now)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let few = changed.iter().filter(|&&c| c).count() * 2 <= pieces.len();
+            if same_count && few {
                 let mut child = el.first_element_child();
-                for (was, now) in shown.iter().zip(pieces) {
+                for (&differs, now) in changed.iter().zip(pieces) {
                     let Some(current) = child else { break };
                     child = current.next_element_sibling();
-                    if was != now {
+                    if differs {
                         current.set_outer_html(now);
                     }
                 }
