@@ -228,9 +228,9 @@ impl Fold {
     }
 
     /// Whether it matters for `s`, and its summary's note: the labels of its `controls`
-    /// whose values differ from the defaults (the step's: from the trainer whose defaults
+    /// whose values differ from the `defaults` (the step's: from the trainer whose defaults
     /// are nearest).
-    fn state(self, s: &PageState, controls: &[Control]) -> (bool, String) {
+    fn state(self, s: &PageState, controls: &[Control], defaults: &Defaults) -> (bool, String) {
         let changed = |base: &PageState| -> Vec<&'static str> {
             controls
                 .iter()
@@ -238,19 +238,15 @@ impl Fold {
                 .map(|c| c.label)
                 .collect()
         };
-        let base = PageState::default();
         let changed = if self == Self::Step {
-            Trainer::ALL
+            defaults
+                .trainers
                 .iter()
-                .map(|t| {
-                    let mut base = base.clone();
-                    t.apply(&mut base);
-                    changed(&base)
-                })
+                .map(changed)
                 .min_by_key(Vec::len)
                 .unwrap_or_default()
         } else {
-            changed(&base)
+            changed(&defaults.page)
         };
         let several = self == Self::Parallel && above_one(&s.parallel.num_gpus);
         let note = if changed.is_empty() {
@@ -262,6 +258,28 @@ impl Fold {
             format!("changed: {}", changed.join(", "))
         };
         (several || !changed.is_empty(), note)
+    }
+}
+
+/// The inputs the folded sections compare with: the page's defaults, and those with each
+/// trainer's defaults applied (made once: they never change).
+struct Defaults {
+    page: PageState,
+    trainers: Vec<PageState>,
+}
+
+impl Defaults {
+    fn new() -> Self {
+        let page = PageState::default();
+        let trainers = Trainer::ALL
+            .iter()
+            .map(|t| {
+                let mut with = page.clone();
+                t.apply(&mut with);
+                with
+            })
+            .collect();
+        Self { page, trainers }
     }
 }
 
@@ -774,6 +792,7 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
     let texts = StoredValue::new(vec![None::<String>; count]);
     let parts = StoredValue::new(vec![None::<bool>; shown.len()]);
     let fold_states = StoredValue::new(vec![None::<(bool, String)>; folds.len()]);
+    let defaults = StoredValue::new(Defaults::new());
     let mode = StoredValue::new(None::<Mode>);
     watch(move || {
         let Some(form) = form.get() else { return };
@@ -819,7 +838,9 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
             controls.with_value(|controls| {
                 fold_states.update_value(|states| {
                     for ((fold, range), was) in folds.iter().zip(states.iter_mut()) {
-                        let now = fold.state(s, controls.get(range.clone()).unwrap_or_default());
+                        let now = defaults.with_value(|d| {
+                            fold.state(s, controls.get(range.clone()).unwrap_or_default(), d)
+                        });
                         if was.as_ref() == Some(&now) {
                             continue;
                         }
