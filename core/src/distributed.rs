@@ -159,8 +159,9 @@ impl Fsdp2Rank {
         let s = &self.state;
         match phase {
             // a layer's gathered weights, and the previous layer's all-gather output that
-            // stays referenced until the next copy-out
-            Phase::Forward => CategoryBytes {
+            // stays referenced until the next copy-out (generation and scoring are
+            // no-gradient forwards, gathered the same way)
+            Phase::Forward | Phase::Generation | Phase::Scoring => CategoryBytes {
                 parameters: s
                     .parameter_bytes
                     .saturating_add(self.root)
@@ -390,7 +391,8 @@ impl ZeroRank {
     pub(crate) fn at(&self, phase: Phase, c: &CategoryBytes) -> CategoryBytes {
         let s = &self.state;
         match phase {
-            Phase::Forward => CategoryBytes {
+            // generation and scoring are no-gradient forwards
+            Phase::Forward | Phase::Generation | Phase::Scoring => CategoryBytes {
                 parameters: s.parameter_bytes.saturating_add(if self.stage == 3 {
                     self.working_set
                 } else {

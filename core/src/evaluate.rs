@@ -357,7 +357,7 @@ pub(crate) enum Unsharded {
     /// The rank's estimate and its parameters by FSDP unit: the units are found here, once
     /// per estimate, since sharding it (every GPU count, every engine the advisor tries)
     /// reads them each time and listing them walks every tensor of the model.
-    Architecture(PeakEstimate, crate::ParameterUnits),
+    Architecture(Box<PeakEstimate>, crate::ParameterUnits),
 }
 
 pub(crate) fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
@@ -614,7 +614,7 @@ pub(crate) fn unsharded(
             }
             // the estimate has already refused a mesh the model does not split over
             let units = model.arch.rank_parameter_units(mesh).unwrap_or_default();
-            Ok(Unsharded::Architecture(estimate, units))
+            Ok(Unsharded::Architecture(Box::new(estimate), units))
         }
     }
 }

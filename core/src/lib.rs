@@ -57,10 +57,11 @@ pub use trainer::{Trainer, TrainerDefaults};
 mod arch;
 
 pub use arch::{
-    estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed, parse_hf_config,
-    AllocatorPeaks, Architecture, AttentionKernel, BackwardMoment, CategoryBytes, Checkpointing,
-    Compile, ConfigError, EstimateError, LoraTargets, LossKind, Mesh, Method, ModelFamily,
-    ParameterUnits, PeakEstimate, Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4,
-    SavedPart, Stage, TargetsError, TpPlan, TrainingStep,
+    estimate_objective, estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed,
+    parse_hf_config, AllocatorPeaks, Architecture, AttentionKernel, BackwardMoment, CategoryBytes,
+    Checkpointing, Compile, ConfigError, EstimateError, Generator, LoraTargets, LossKind, Mesh,
+    Method, ModelFamily, Objective, ObjectiveKind, ObjectivePhases, ParameterUnits, PeakEstimate,
+    Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, Reference, SavedPart, Stage,
+    StepPhase, TargetsError, TpPlan, TrainingStep,
 };
 // arch-end

@@ -480,3 +480,183 @@ proptest! {
         }
     }
 }
+
+/// One row of `rl-measured.jsonl` (`validation/rl.py`): its objective, phases and peak,
+/// estimated.
+struct RlRow {
+    name: String,
+    measured: u64,
+    estimated: u64,
+    /// (measured, estimated) per phase: generation, scoring, training.
+    phases: [(Option<u64>, Option<u64>); 3],
+    measured_phase: String,
+    estimated_phase: &'static str,
+}
+
+fn rl_rows() -> Vec<RlRow> {
+    use estimator_core::{
+        estimate_objective, Generator, Mesh, Objective, ObjectiveKind, Reference,
+    };
+    let text = std::fs::read_to_string(format!("{FIXTURES}/rl-measured.jsonl")).expect("rows");
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).expect("valid JSON line");
+        let c = &v["config"];
+        let model = c["model"].as_str().expect("model");
+        // rl.py names Llama 3.2 1B's config (configs/llama-1b.json) by its Hub name
+        let config = if model == "llama-3.2-1b" {
+            "llama-1b"
+        } else {
+            model
+        };
+        let arch = architecture(config).unwrap_or_else(|| panic!("no architecture for {model}"));
+        let precision = match c["precision"].as_str().expect("precision") {
+            "amp_bf16" => PrecisionRecipe::AmpBf16,
+            "bf16" => PrecisionRecipe::Bf16,
+            p => panic!("unknown precision {p}"),
+        };
+        let kind = ObjectiveKind::from_key(c["objective"].as_str().expect("objective"))
+            .expect("objective");
+        let peft = c["lora"].as_object().map(|l| {
+            let targets = match l["targets"].as_str().expect("targets") {
+                "default" => "q_proj,v_proj",
+                t => t,
+            };
+            Peft {
+                method: Method::Lora,
+                rank: l["r"].as_u64().expect("r"),
+                dropout: true,
+                targets: arch.lora_targets(targets).expect("targets"),
+                adapter_fp32: l["adapter_dtype"].as_str() == Some("float32"),
+                quant: Quant4::Nf4,
+                double_quant: false,
+                kbit_prepare: false,
+            }
+        });
+        let generations = c["generations"].as_u64().unwrap_or(1);
+        let objective = Objective {
+            kind,
+            reference: Reference::from_key(c["reference"].as_str().expect("reference"))
+                .expect("reference"),
+            max_prompt: c["max_prompt"].as_u64().expect("max_prompt"),
+            max_completion: c["max_completion"].as_u64().expect("max_completion"),
+            generations,
+            generator: c["generator"].as_str().map_or(Generator::Model, |g| {
+                Generator::from_key(g).expect("generator")
+            }),
+            vllm_memory_permille: 300,
+            steps_per_generation: c["steps_per_generation"].as_u64().unwrap_or(1),
+            iterations: c["num_iterations"].as_u64().unwrap_or(1),
+        };
+        let batch = match kind {
+            ObjectiveKind::Grpo => c["prompts"].as_u64().expect("prompts"),
+            _ => c["batch"].as_u64().expect("batch"),
+        };
+        let step = TrainingStep {
+            batch,
+            seq_len: objective.seq_len(),
+            precision,
+            optimizer: Optimizer::AdamW,
+            optimizer_impl: optimizer_impl(c["opt_impl"].as_str().unwrap_or("fused")),
+            attention: AttentionKernel::Sdpa,
+            checkpointing: if c["gc"].as_bool() == Some(true) {
+                Checkpointing::Full
+            } else {
+                Checkpointing::None
+            },
+            compile: estimator_core::Compile::Off,
+            loss: estimator_core::LossKind::TrlFused,
+            packing: false,
+            padding: false,
+            optimizer_in_backward: false,
+            activation_offload: false,
+        };
+        let est = estimate_objective(&arch, &step, peft.as_ref(), &Mesh::SINGLE, &objective, None)
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        let phases = est.objective.expect("an objective's phases");
+        let measured = |k: &str| v["phases"][k].as_u64();
+        out.push(RlRow {
+            name: format!(
+                "{model} {} ref={} {} gc={} {}b{batch} P{} C{}{}{}",
+                kind.key(),
+                objective.reference.key(),
+                precision.key(),
+                step.checkpointing != Checkpointing::None,
+                if peft.is_some() { "lora " } else { "" },
+                objective.max_prompt,
+                objective.max_completion,
+                if kind == ObjectiveKind::Grpo {
+                    format!(
+                        " G{generations} {} spg{} it{}",
+                        objective.generator.key(),
+                        objective.steps_per_generation,
+                        objective.iterations
+                    )
+                } else {
+                    String::new()
+                },
+                if c["beta"].as_f64().unwrap_or(0.0) > 0.0 && kind == ObjectiveKind::Grpo {
+                    " beta>0"
+                } else {
+                    ""
+                },
+            ),
+            measured: v["peak_bytes"].as_u64().expect("peak_bytes"),
+            estimated: est.peak_bytes,
+            phases: [
+                (measured("generation"), phases.generation_bytes),
+                (measured("scoring"), phases.scoring_bytes),
+                (measured("training"), Some(phases.training_bytes)),
+            ],
+            measured_phase: v["peak_phase_rl"].as_str().unwrap_or("?").to_owned(),
+            estimated_phase: phases.peak.key(),
+        });
+    }
+    out
+}
+
+/// DPO and GRPO (TRL 1.16.0) per phase: the step's peak within 3%, every phase that runs
+/// estimated (and none that does not), the phase that sets the peak named.
+#[test]
+fn dpo_and_grpo_steps_are_within_three_percent() {
+    let rows = rl_rows();
+    assert!(rows.len() >= 16, "rl rows missing");
+    let pct = |e: u64, m: u64| (e as f64 - m as f64) / m as f64 * 100.0;
+    println!("\nrl-measured.jsonl");
+    println!("| configuration | measured | estimated | error | generation | scoring | training | peak phase (measured/estimated) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    let mut failing = Vec::new();
+    let mut worst: f64 = 0.0;
+    for r in &rows {
+        let e = pct(r.estimated, r.measured);
+        worst = worst.max(e.abs());
+        let cells: Vec<String> = r
+            .phases
+            .iter()
+            .map(|p| match *p {
+                (Some(m), Some(e)) => format!("{:+.2}%", pct(e, m)),
+                (None, None) => "—".to_owned(),
+                (m, e) => {
+                    failing.push(format!("{}: phase measured {m:?}, estimated {e:?}", r.name));
+                    "missing".to_owned()
+                }
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} | {e:+.2}% | {} | {} | {} | {}/{} |",
+            r.name,
+            r.measured,
+            r.estimated,
+            cells[0],
+            cells[1],
+            cells[2],
+            r.measured_phase,
+            r.estimated_phase
+        );
+        if e.abs() > 3.0 {
+            failing.push(format!("{}: {e:+.2}%", r.name));
+        }
+    }
+    println!("max |error| {worst:.2}% over {} rows", rows.len());
+    assert!(failing.is_empty(), "{failing:#?}");
+}

@@ -75,6 +75,8 @@ pub enum EstimateError {
     },
     /// A way of splitting the step that is not modelled for this model or setting.
     MeshUnsupported(&'static str),
+    /// DPO or GRPO settings that do not go together (or a model they do not train).
+    ObjectiveUnsupported(&'static str),
 }
 
 impl fmt::Display for EstimateError {
@@ -103,7 +105,9 @@ impl fmt::Display for EstimateError {
                 f,
                 "the model's {count} {what} do not split evenly over {group} tensor-parallel GPUs"
             ),
-            EstimateError::MeshUnsupported(why) => write!(f, "{why}"),
+            EstimateError::MeshUnsupported(why) | EstimateError::ObjectiveUnsupported(why) => {
+                write!(f, "{why}")
+            }
         }
     }
 }

@@ -64,6 +64,55 @@ pub enum Phase {
     Backward,
     /// `optimizer.step()`.
     OptimizerStep,
+    /// GRPO's generation of completions under `no_grad` (before training).
+    Generation,
+    /// The no-gradient log-probability passes of DPO and GRPO (before training).
+    Scoring,
+}
+
+/// A phase of a DPO or GRPO step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepPhase {
+    /// Completions generated under `no_grad`.
+    Generation,
+    /// Log-probabilities of the old policy or the reference, under `no_grad`.
+    Scoring,
+    /// Forward, backward and optimizer step.
+    Training,
+}
+
+impl StepPhase {
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            StepPhase::Generation => "generation",
+            StepPhase::Scoring => "scoring",
+            StepPhase::Training => "training",
+        }
+    }
+}
+
+/// The phases of a DPO or GRPO step, beside its training tape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectivePhases {
+    /// Peak bytes of the generation (GRPO), if it runs in this process's memory.
+    pub generation_bytes: Option<u64>,
+    /// Peak bytes of the scoring passes, if any run.
+    pub scoring_bytes: Option<u64>,
+    /// Peak bytes of the training phase.
+    pub training_bytes: u64,
+    /// The training phase's own peak moment.
+    pub training_peak_phase: Phase,
+    /// The phase that sets the step's peak.
+    pub peak: StepPhase,
+    /// The generation's KV cache at its largest.
+    pub kv_cache_bytes: u64,
+    /// A separate reference's weights (resident in every phase).
+    pub reference_param_bytes: u64,
+    /// Colocated vLLM's share of the device, per mille (its reservation is counted where
+    /// the device is known).
+    pub vllm_permille: Option<u32>,
 }
 
 /// A moment of the backward pass whose tape figures a data-parallel engine adds its own
@@ -86,6 +135,8 @@ impl Phase {
             Phase::Forward => "fwd",
             Phase::Backward => "bwd",
             Phase::OptimizerStep => "opt",
+            Phase::Generation => "generation",
+            Phase::Scoring => "scoring",
         }
     }
     /// Name shown to a person.
@@ -95,6 +146,8 @@ impl Phase {
             Phase::Forward => "Forward",
             Phase::Backward => "Backward",
             Phase::OptimizerStep => "Optimizer step",
+            Phase::Generation => "Generation",
+            Phase::Scoring => "Scoring",
         }
     }
 }
@@ -161,6 +214,8 @@ pub struct PeakEstimate {
     /// The step's allocations replayed through the caching allocator, when asked for
     /// ([`estimate_rank_replayed`]).
     pub allocator: Option<AllocatorPeaks>,
+    /// DPO's and GRPO's phases, when the step is one of theirs.
+    pub objective: Option<Box<ObjectivePhases>>,
 }
 
 impl PeakEstimate {
@@ -216,7 +271,7 @@ pub fn estimate_rank(
     peft: Option<&Peft>,
     mesh: &Mesh,
 ) -> Result<PeakEstimate, EstimateError> {
-    rank_step(arch, step, peft, mesh, None)
+    rank_step(arch, step, peft, mesh, TrainerTape::default())
 }
 
 /// Estimates one rank's step as [`estimate_rank`] does, and replays its allocations
@@ -232,15 +287,38 @@ pub fn estimate_rank_replayed(
     mesh: &Mesh,
     mode: AllocatorMode,
 ) -> Result<PeakEstimate, EstimateError> {
-    rank_step(arch, step, peft, mesh, Some(mode))
+    rank_step(
+        arch,
+        step,
+        peft,
+        mesh,
+        TrainerTape {
+            replay: Some(mode),
+            ..TrainerTape::default()
+        },
+    )
 }
 
-fn rank_step(
+/// What a caller asks of [`rank_step`] beyond the step: the allocator replay, and what a
+/// trainer's own step adds to the tape (DPO's and GRPO's).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TrainerTape {
+    /// Replay the step's allocations through the caching allocator in this mode.
+    pub replay: Option<AllocatorMode>,
+    /// Tokens per row the loss scores when not all of them (the completions).
+    pub scored_per_row: Option<u64>,
+    /// The trainer runs the forward under its own bf16 autocast (TRL's `bf16=True`) even on
+    /// 16-bit weights: fp32 adapters then keep the 16-bit cast of their input.
+    pub autocast: bool,
+}
+
+/// One rank's step, with what the trainer adds to its tape.
+pub(crate) fn rank_step(
     arch: &Architecture,
     step: &TrainingStep,
     peft: Option<&Peft>,
     mesh: &Mesh,
-    replay_mode: Option<AllocatorMode>,
+    trainer: TrainerTape,
 ) -> Result<PeakEstimate, EstimateError> {
     if !mesh.splits_the_step() {
         return estimate_on(
@@ -250,7 +328,7 @@ fn rank_step(
             step.seq_len,
             &Mesh::SINGLE,
             arch.vocab_size(),
-            replay_mode,
+            trainer,
         );
     }
     if peft.is_some() {
@@ -307,7 +385,7 @@ fn rank_step(
         step.seq_len / cp,
         &mesh,
         arch.vocab_size(),
-        replay_mode,
+        trainer,
     )?;
     estimate.n_params = arch.parameter_count();
     Ok(estimate)
@@ -323,8 +401,9 @@ fn estimate_on(
     seq: u64,
     mesh: &Mesh,
     vocab: u64,
-    replay_mode: Option<AllocatorMode>,
+    trainer: TrainerTape,
 ) -> Result<PeakEstimate, EstimateError> {
+    let replay_mode = trainer.replay;
     let step = &TrainingStep {
         seq_len: seq,
         ..*step
@@ -412,6 +491,7 @@ fn estimate_on(
             adapter_bytes,
             quantized,
             input_grad: step.checkpointing.recomputes(),
+            autocast: trainer.autocast,
         }),
         seq_shards: if mesh.sequence_parallel {
             mesh.tensor.max(1)
@@ -426,6 +506,7 @@ fn estimate_on(
         loss_parallel: mesh.loss_parallel,
         in_place_loss: mesh.loss_parallel && mesh.plan == TpPlan::Megatron,
         compile: step.compile,
+        scored_per_row: trainer.scored_per_row,
     };
     let groups = spec.layer_groups();
     // each layer's group (the index into `groups` and the forward's per-group figures)
@@ -794,6 +875,7 @@ fn estimate_on(
             trainable_params: 0,
             paged_bytes: 0,
             allocator,
+            objective: None,
         });
     }
     // one layer's saved tensors with its weight copies, per group
@@ -896,7 +978,27 @@ fn estimate_on(
     } else {
         0
     };
-    let layer_transient = add(layer_transient, dequantized)?;
+    // peft casts an adapted linear's input to the adapters' dtype: the gradient of that copy
+    // comes back in the adapters' dtype (fp32) before its cast to the input's, the widest
+    // input's (the down projection's) largest; through a dropout, the gradients of its
+    // output and of its input live together
+    let adapter_input_grad = match (peft, spec.layers.last()) {
+        (Some(f), Some(l)) if adapter_bytes > d.act && !(quantized && d.amp) => {
+            let widest = l
+                .roled_linears()
+                .iter()
+                .filter(|(role, _)| f.targets.contains(*role))
+                .map(|(_, lin)| lin.n_in)
+                .max()
+                .unwrap_or(0);
+            mul(
+                storage(mul(tokens, widest)?, adapter_bytes)?,
+                1 + u64::from(f.dropout),
+            )?
+        }
+        _ => 0,
+    };
+    let layer_transient = add(add(layer_transient, dequantized)?, adapter_input_grad)?;
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(shape.stream_tokens(tokens), mul(spec.hidden(), d.resid())?)?;
     let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
@@ -1411,6 +1513,7 @@ fn estimate_on(
         trainable_params: if trains { trainable_params } else { 0 },
         paged_bytes: optimizer.paged,
         allocator,
+        objective: None,
     })
 }
 

@@ -346,7 +346,8 @@ impl CausalHead {
     /// and of the whole head weight, copied to the parameters' dtype at its return.
     fn trl_fused(&self, tape: &mut Tape, x: T, s: &StepShape) -> Res<LossCosts> {
         let (h, v) = (self.hidden, self.vocab);
-        let n = mul(s.batch, s.seq.saturating_sub(1))?.max(1);
+        let scored = s.scored_per_row.unwrap_or(s.seq.saturating_sub(1));
+        let n = mul(s.batch, scored.min(s.seq))?.max(1);
         let a = x.bytes;
         let compact = tape.raw(mul(n, h)?, a)?; // hidden_states[mask]
         tape.save(compact)?;
@@ -420,6 +421,7 @@ mod tests {
             loss_parallel: false,
             in_place_loss: false,
             compile: crate::arch::recipe::Compile::Off,
+            scored_per_row: None,
         };
         let head = CausalHead {
             hidden: h,

@@ -66,6 +66,7 @@ mod family;
 mod loss;
 mod mesh;
 mod model;
+mod objective;
 mod ops;
 mod peft;
 mod presets;
@@ -77,11 +78,12 @@ pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
 pub use estimate::{
     estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed, BackwardMoment,
-    CategoryBytes, PeakEstimate, Phase, TrainingStep,
+    CategoryBytes, ObjectivePhases, PeakEstimate, Phase, StepPhase, TrainingStep,
 };
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
 pub use mesh::{Mesh, PipelineSchedule, Stage, TpPlan};
+pub use objective::{estimate_objective, Generator, Objective, ObjectiveKind, Reference};
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;

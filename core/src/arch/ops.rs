@@ -354,7 +354,8 @@ impl Linear {
             // peft casts the input to the adapters' dtype (a copy of its own per linear when
             // the dtypes differ; bitsandbytes' LoRA layer skips it under autocast), and under
             // autocast lora_A's matmul casts that to 16 bits: a copy of its own again
-            let x_in = if d.amp && p.quantized {
+            let amp = d.amp || p.autocast;
+            let x_in = if amp && p.quantized {
                 x
             } else {
                 tape.cast(x, p.adapter_bytes)?
@@ -366,13 +367,9 @@ impl Linear {
             } else {
                 x_in
             };
-            let kept = if d.amp {
-                tape.cast(dropped, 2)?
-            } else {
-                dropped
-            };
+            let kept = if amp { tape.cast(dropped, 2)? } else { dropped };
             tape.save(kept)?;
-            let a_bytes = if d.amp { 2 } else { p.adapter_bytes };
+            let a_bytes = if amp { 2 } else { p.adapter_bytes };
             tape.saved(p.rank, a_bytes)?; // lora_A's output, kept by lora_B
             tape.part = part;
         }

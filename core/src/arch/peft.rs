@@ -309,6 +309,8 @@ pub(crate) struct TapePeft {
     /// Whether the embeddings' output requires a gradient (checkpointing enables it):
     /// without it, the first layer keeps nothing until its first adapter.
     pub input_grad: bool,
+    /// The trainer's autocast wraps a 16-bit model's forward (TRL's `bf16=True`).
+    pub autocast: bool,
 }
 
 /// Bytes of one 4-bit weight of `elems` elements on the GPU: the packed data (the parameter)

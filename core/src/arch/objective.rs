@@ -1,0 +1,768 @@
+//! Preference and reinforcement objectives as TRL 1.16.0 runs them: DPO (`DPOTrainer`) and
+//! GRPO (`GRPOTrainer`), each step split into the phases it runs (generation, scoring,
+//! training), the training phase being the supervised step's tape on what the trainer
+//! feeds it.
+//!
+//! Every rule is read off TRL 1.16.0's source and checked against the harness
+//! (`validation/rl.py`, `validation/RL.md`, `tests/fixtures/rl-measured.jsonl`): the
+//! reference's weights and its no-gradient forward on top of the policy's saved tensors, the
+//! generation's growing KV cache and last-token logits, the scoring passes' working set.
+//! vLLM is not run: a colocated engine reserves `ceil(total x gpu_memory_utilization)` of
+//! the device for the whole run (vLLM 0.31.0's `request_memory`), counted where the device
+//! is known.
+
+use super::arith::{add, mul, storage, sum_storages, Res};
+use super::config::Architecture;
+use super::error::EstimateError;
+use super::estimate::{
+    rank_step, CategoryBytes, ObjectivePhases, PeakEstimate, Phase, StepPhase, TrainerTape,
+    TrainingStep,
+};
+use super::mesh::Mesh;
+use super::peft::Peft;
+use super::recipe::{LossKind, PrecisionRecipe};
+use crate::AllocatorMode;
+
+/// TRL's `ChunkedLogProbFunction` tiles (`trl/kernels/chunked_logprob.py`).
+const FUSED_TOKENS: u64 = 4096;
+const FUSED_VOCAB: u64 = 32_768;
+
+/// What the step trains for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObjectiveKind {
+    /// Supervised fine-tuning: one forward of the batch, the loss on its tokens.
+    Sft,
+    /// Direct preference optimization: chosen and rejected completions in one forward,
+    /// against a reference.
+    Dpo,
+    /// Group relative policy optimization: completions generated per prompt, scored, then
+    /// trained on.
+    Grpo,
+}
+
+impl ObjectiveKind {
+    /// Every objective, in the order the page lists them.
+    pub const ALL: [ObjectiveKind; 3] =
+        [ObjectiveKind::Sft, ObjectiveKind::Dpo, ObjectiveKind::Grpo];
+
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            ObjectiveKind::Sft => "sft",
+            ObjectiveKind::Dpo => "dpo",
+            ObjectiveKind::Grpo => "grpo",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            ObjectiveKind::Sft => "Supervised (SFT)",
+            ObjectiveKind::Dpo => "DPO (TRL 1.16)",
+            ObjectiveKind::Grpo => "GRPO (TRL 1.16)",
+        }
+    }
+
+    /// The objective whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.key() == key)
+    }
+}
+
+/// Where the reference log-probabilities come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reference {
+    /// A separate frozen copy of the policy, resident for the whole run.
+    Separate,
+    /// The LoRA policy with its adapters disabled (`use_adapter(model, None)`): no copy.
+    AdaptersOff,
+    /// DPO's `precompute_ref_log_probs`: one pass before training, no reference after.
+    Precomputed,
+    /// None: GRPO's default `beta = 0.0`.
+    None,
+}
+
+impl Reference {
+    /// Every choice, in the order the page lists them.
+    pub const ALL: [Reference; 4] = [
+        Reference::Separate,
+        Reference::AdaptersOff,
+        Reference::Precomputed,
+        Reference::None,
+    ];
+
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Reference::Separate => "separate",
+            Reference::AdaptersOff => "adapters-off",
+            Reference::Precomputed => "precomputed",
+            Reference::None => "none",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Reference::Separate => "Separate frozen copy",
+            Reference::AdaptersOff => "LoRA base, adapters off",
+            Reference::Precomputed => "Precomputed log-probs",
+            Reference::None => "None (GRPO beta = 0)",
+        }
+    }
+
+    /// The choice whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.key() == key)
+    }
+}
+
+/// What generates GRPO's completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Generator {
+    /// The policy's own `generate` (TRL's default `use_vllm=False`).
+    Model,
+    /// A vLLM engine in the training process, holding its share of the device.
+    VllmColocated,
+    /// A vLLM server on other GPUs.
+    VllmServer,
+}
+
+impl Generator {
+    /// Every choice, in the order the page lists them.
+    pub const ALL: [Generator; 3] = [
+        Generator::Model,
+        Generator::VllmColocated,
+        Generator::VllmServer,
+    ];
+
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Generator::Model => "model",
+            Generator::VllmColocated => "vllm-colocated",
+            Generator::VllmServer => "vllm-server",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Generator::Model => "The model's generate",
+            Generator::VllmColocated => "vLLM colocated",
+            Generator::VllmServer => "vLLM server (other GPUs)",
+        }
+    }
+
+    /// The choice whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.key() == key)
+    }
+}
+
+/// The objective of a step with its own settings. For DPO the step's batch counts pairs;
+/// for GRPO it counts prompts, each generating [`generations`](Self::generations)
+/// completions. The sequence is `max_prompt + max_completion` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Objective {
+    /// Which objective.
+    pub kind: ObjectiveKind,
+    /// The reference (DPO; GRPO with `beta > 0`).
+    pub reference: Reference,
+    /// Prompt tokens per sequence.
+    pub max_prompt: u64,
+    /// Completion tokens per sequence (the scored ones).
+    pub max_completion: u64,
+    /// GRPO's `num_generations`: completions per prompt.
+    pub generations: u64,
+    /// GRPO: what generates.
+    pub generator: Generator,
+    /// GRPO with colocated vLLM: `vllm_gpu_memory_utilization`, per mille of the device.
+    pub vllm_memory_permille: u32,
+    /// GRPO's `steps_per_generation`: micro-batches the generation batch is split into
+    /// (gradient accumulation steps, by default the same).
+    pub steps_per_generation: u64,
+    /// GRPO's `num_iterations`: passes over each generation batch.
+    pub iterations: u64,
+}
+
+impl Objective {
+    /// Supervised fine-tuning (the other fields unused).
+    pub const SFT: Objective = Objective {
+        kind: ObjectiveKind::Sft,
+        reference: Reference::Separate,
+        max_prompt: 512,
+        max_completion: 512,
+        generations: 8,
+        generator: Generator::Model,
+        vllm_memory_permille: 300,
+        steps_per_generation: 1,
+        iterations: 1,
+    };
+
+    /// Tokens per sequence.
+    #[must_use]
+    pub fn seq_len(&self) -> u64 {
+        self.max_prompt.saturating_add(self.max_completion)
+    }
+
+    /// Whether GRPO computes the old policy's log-probabilities before training: with
+    /// vLLM (its importance-sampling correction is on by default) or when a generation
+    /// batch is trained on more than once (TRL 1.16 `grpo_trainer.py` l. 2643-2645, with
+    /// gradient accumulation equal to `steps_per_generation`).
+    #[must_use]
+    pub fn old_log_probs(&self) -> bool {
+        self.kind == ObjectiveKind::Grpo
+            && (self.generator != Generator::Model || self.iterations > 1)
+    }
+}
+
+/// Estimates one rank's step of `objective`: the supervised step as
+/// [`estimate_rank`](super::estimate_rank) does for [`ObjectiveKind::Sft`], else the largest
+/// of the objective's phases ([`PeakEstimate::objective`] says which); with `replay`, the
+/// training phase's allocations replayed through the caching allocator.
+///
+/// # Errors
+/// As [`estimate_rank`](super::estimate_rank), and for settings that do not go together (an
+/// adapters-off reference without LoRA, a precomputed reference in GRPO, a generation batch
+/// that does not split into its micro-batches).
+pub fn estimate_objective(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+    mesh: &Mesh,
+    objective: &Objective,
+    replay: Option<AllocatorMode>,
+) -> Result<PeakEstimate, EstimateError> {
+    if objective.kind == ObjectiveKind::Sft {
+        return rank_step(
+            arch,
+            step,
+            peft,
+            mesh,
+            TrainerTape {
+                replay,
+                ..TrainerTape::default()
+            },
+        );
+    }
+    if !arch.is_causal_lm() {
+        return Err(EstimateError::ObjectiveUnsupported(
+            "DPO and GRPO train causal language models",
+        ));
+    }
+    if objective.max_completion == 0 {
+        return Err(EstimateError::ObjectiveUnsupported(
+            "DPO and GRPO need at least one completion token",
+        ));
+    }
+    if !step.optimizer.trains() {
+        return Err(EstimateError::ObjectiveUnsupported(
+            "DPO and GRPO train: pick an optimizer",
+        ));
+    }
+    match objective.reference {
+        Reference::AdaptersOff if peft.is_none() => {
+            return Err(EstimateError::ObjectiveUnsupported(
+                "the adapters-off reference needs LoRA or QLoRA",
+            ))
+        }
+        Reference::Precomputed if objective.kind == ObjectiveKind::Grpo => {
+            return Err(EstimateError::ObjectiveUnsupported(
+                "GRPO has no precomputed reference: pick none (beta = 0), separate or adapters-off",
+            ))
+        }
+        Reference::None if objective.kind == ObjectiveKind::Dpo => {
+            return Err(EstimateError::ObjectiveUnsupported(
+                "DPO needs a reference: separate, adapters-off or precomputed",
+            ))
+        }
+        _ => {}
+    }
+    // DPOConfig's `disable_dropout=True` sets every dropout's p to 0, LoRA's among them,
+    // and a dropout of p = 0 returns its input (ATen `_dropout`): nothing is kept
+    let without_dropout = peft.map(|f| Peft {
+        dropout: f.dropout && objective.kind != ObjectiveKind::Dpo,
+        ..*f
+    });
+    let ctx = Ctx::new(arch, step, without_dropout.as_ref(), mesh)?;
+    match objective.kind {
+        ObjectiveKind::Dpo => dpo(&ctx, objective, replay),
+        _ => grpo(&ctx, objective, replay),
+    }
+}
+
+/// What every phase reads.
+struct Ctx<'a> {
+    arch: &'a Architecture,
+    step: &'a TrainingStep,
+    peft: Option<&'a Peft>,
+    mesh: &'a Mesh,
+    /// Bytes per element: stored weights, matmul outputs, the residual stream.
+    weight: u64,
+    act: u64,
+    resid: u64,
+    /// fp32 weights under autocast: a forward of weights that require grad caches a 16-bit
+    /// copy of every Linear weight until it returns.
+    casts_weights: bool,
+    /// The rank's share of the tensor-parallel split.
+    tp: u64,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(
+        arch: &'a Architecture,
+        step: &'a TrainingStep,
+        peft: Option<&'a Peft>,
+        mesh: &'a Mesh,
+    ) -> Res<Self> {
+        let p: PrecisionRecipe = step.precision;
+        Ok(Self {
+            arch,
+            step,
+            peft,
+            mesh,
+            weight: p.weight_bytes(),
+            act: p.activation_bytes(),
+            resid: p.residual_bytes(),
+            casts_weights: p.autocast() && p.weight_bytes() == 4,
+            tp: mesh.tensor.max(1),
+        })
+    }
+
+    /// The training tape of `batch` rows of the objective's sequences, the loss scoring
+    /// the completions through TRL's fused head.
+    fn training(
+        &self,
+        batch: u64,
+        o: &Objective,
+        replay: Option<AllocatorMode>,
+    ) -> Res<PeakEstimate> {
+        let step = TrainingStep {
+            batch,
+            seq_len: o.seq_len(),
+            loss: LossKind::TrlFused,
+            ..*self.step
+        };
+        rank_step(
+            self.arch,
+            &step,
+            self.peft,
+            self.mesh,
+            TrainerTape {
+                replay,
+                scored_per_row: Some(o.max_completion),
+                // TRL's configs default to `bf16=True`: accelerate's autocast around every
+                // forward, whatever the weights' dtype
+                autocast: true,
+            },
+        )
+    }
+
+    /// A separate reference: the policy's weights again, in its dtype (TRL loads it with
+    /// `dtype = policy.dtype`), without gradients or optimizer state.
+    fn reference_bytes(&self) -> Res<u64> {
+        Ok(sum_storages(&self.arch.spec.parameter_tensors(), self.weight)? / self.tp)
+    }
+
+    /// autocast's 16-bit copies of every Linear weight of the layers (`with_head`: and the
+    /// head, which `generate` runs as a plain Linear).
+    fn weight_casts(&self, with_head: bool) -> Res<u64> {
+        let spec = &self.arch.spec;
+        let mut total = spec.layer_groups().iter().try_fold(0, |acc, (l, count)| {
+            add(acc, mul(sum_storages(&l.linear_params(false), 2)?, *count)?)
+        })?;
+        if with_head {
+            total = add(
+                total,
+                storage(mul(self.arch.vocab_size(), spec.token_width())?, 2)?,
+            )?;
+        }
+        Ok(total / self.tp)
+    }
+
+    /// What one decoder layer holds at its peak in a no-grad forward of `tokens` tokens,
+    /// besides the weights: the MLP's three inner tensors next to four of the residual
+    /// stream (hidden, residual, normed input, output), or, with per-head q/k norms, the
+    /// query's fp32 norm (measured: `validation/RL.md`).
+    fn layer_working_set(&self, tokens: u64) -> Res<u64> {
+        let mut worst = 0;
+        for (l, _) in self.arch.spec.layer_groups() {
+            let h = mul(tokens, l.attention.hidden)?;
+            let inner = mul(tokens, l.mlp.inner_per_token() / self.tp)?;
+            let mlp = add(
+                mul(storage(inner, self.act)?, 3)?,
+                mul(storage(h, self.resid)?, 4)?,
+            )?;
+            worst = worst.max(mlp);
+            if l.attention.qk_norm.is_some() {
+                let q = mul(tokens, l.attention.heads * l.attention.head_dim / self.tp)?;
+                let norm = add(
+                    add(mul(storage(q, 4)?, 2)?, storage(q, self.act)?)?,
+                    mul(storage(h, self.resid)?, 3)?,
+                )?;
+                worst = worst.max(norm);
+            }
+        }
+        Ok(worst)
+    }
+
+    /// The fused head's no-gradient pass on `scored` of `tokens` rows: the final norm's
+    /// output, the scored rows' copy, one logits tile and the per-row statistics.
+    fn head_working_set(&self, tokens: u64, scored: u64) -> Res<u64> {
+        let h = self.arch.spec.token_width();
+        let v = self.arch.vocab_size().min(FUSED_VOCAB);
+        let m = scored.min(FUSED_TOKENS);
+        let compute = if self.act == 4 && !self.step.precision.autocast() {
+            4
+        } else {
+            2
+        };
+        let mut total = add(
+            add(
+                storage(mul(tokens, h)?, self.resid)?,
+                storage(mul(scored, h)?, self.resid)?,
+            )?,
+            storage(mul(m, v)?, compute)?,
+        )?;
+        // running statistics, targets and the mask's nonzero indices
+        total = add(
+            total,
+            add(mul(storage(scored, 4)?, 10)?, mul(storage(scored, 8)?, 3)?)?,
+        )?;
+        if self.casts_weights {
+            total = add(
+                total,
+                add(storage(mul(m, h)?, 2)?, storage(mul(v, h)?, 2)?)?,
+            )?;
+        }
+        Ok(total)
+    }
+
+    /// A no-gradient forward's working set through the fused head (the reference's, or a
+    /// scoring pass's): a layer's or the head's, whichever is larger, and the weight
+    /// copies when the weights run under autocast and require grad.
+    fn scoring_working_set(&self, tokens: u64, scored: u64, casts: bool) -> Res<u64> {
+        let working = self
+            .layer_working_set(tokens)?
+            .max(self.head_working_set(tokens, scored)?);
+        if casts && self.casts_weights {
+            add(working, self.weight_casts(false)?)
+        } else {
+            Ok(working)
+        }
+    }
+}
+
+/// DPO: `[chosen; rejected]` in one forward of twice the batch; the reference's forward
+/// under `no_grad` on top of everything the policy's forward saved.
+fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakEstimate> {
+    let rows = mul(ctx.step.batch, 2)?;
+    let seq = o.seq_len();
+    let mut e = ctx.training(rows, o, replay)?;
+    let tokens = mul(rows, seq)? / ctx.mesh.context.max(1);
+    let scored = mul(rows, o.max_completion)?;
+    let reference = if o.reference == Reference::Separate {
+        ctx.reference_bytes()?
+    } else {
+        0
+    };
+    // input ids, attention mask and completion mask, where the tape counts the ids
+    let inputs = mul(storage(mul(rows, seq)?, 8)?, 2)?;
+    add_everywhere(&mut e, reference, inputs)?;
+    let mut scoring = None;
+    match o.reference {
+        Reference::Separate | Reference::AdaptersOff => {
+            // a frozen base (adapters off) keeps no weight copies
+            let working =
+                ctx.scoring_working_set(tokens, scored, o.reference == Reference::Separate)?;
+            if let Some((_, fwd)) = e.phase_peaks.iter_mut().find(|(p, _)| *p == Phase::Forward) {
+                let window = CategoryBytes {
+                    temporaries: working,
+                    ..*fwd
+                };
+                if window.total() > fwd.total() {
+                    *fwd = window;
+                }
+            }
+        }
+        // the pass before training holds the weights only
+        _ => {
+            let working = ctx.scoring_working_set(tokens, scored, ctx.peft.is_none())?;
+            let fwd = first_phase(&e)?;
+            scoring = Some(CategoryBytes {
+                parameters: fwd.parameters,
+                buffers: fwd.buffers,
+                temporaries: working,
+                ..CategoryBytes::default()
+            });
+        }
+    }
+    finish(e, None, 0, scoring, reference, None)
+}
+
+/// GRPO: the generation batch of `prompts x generations` sequences generated, scored when
+/// the old policy's or the reference's log-probabilities are needed, then trained on in
+/// micro-batches.
+fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakEstimate> {
+    let generations = o.generations.max(1);
+    let sequences = mul(ctx.step.batch, generations)?;
+    let split = o.steps_per_generation.max(1);
+    if !sequences.is_multiple_of(split) {
+        return Err(EstimateError::ObjectiveUnsupported(
+            "the generation batch (prompts x generations) must divide into steps_per_generation micro-batches",
+        ));
+    }
+    let micro = sequences / split;
+    let seq = o.seq_len();
+    let (prompt, completion) = (o.max_prompt, o.max_completion);
+    let mut e = ctx.training(micro, o, replay)?;
+    if split > 1 {
+        // gradient accumulation over the micro-batches (`gradient_accumulation_steps` =
+        // `steps_per_generation` by default): after the first, every moment of a later
+        // micro-batch holds all the gradients
+        let grads = e
+            .phase_peaks
+            .iter()
+            .map(|(_, c)| c.gradients)
+            .max()
+            .unwrap_or(0);
+        let accumulated = |c: &mut CategoryBytes| c.gradients = c.gradients.max(grads);
+        e.phase_peaks.iter_mut().for_each(|(_, c)| accumulated(c));
+        e.backward_moments
+            .iter_mut()
+            .for_each(|(_, c)| accumulated(c));
+        // the backward's peak may now be another of its moments
+        let largest = e
+            .backward_moments
+            .iter()
+            .map(|(_, c)| *c)
+            .max_by_key(|c| c.total().unwrap_or(u64::MAX));
+        if let (Some(largest), Some((_, bwd))) = (
+            largest,
+            e.phase_peaks
+                .iter_mut()
+                .find(|(p, _)| *p == Phase::Backward),
+        ) {
+            if largest.total() > bwd.total() {
+                *bwd = largest;
+            }
+        }
+    }
+    let reference = if o.reference == Reference::Separate {
+        ctx.reference_bytes()?
+    } else {
+        0
+    };
+    let kinds = u64::from(o.old_log_probs()) + u64::from(o.reference != Reference::None);
+    // the generation batch (prompt and completion ids and masks) and the log-probabilities
+    // scored ahead, kept through training
+    let batch_inputs = mul(
+        add(
+            storage(mul(sequences, prompt)?, 8)?,
+            storage(mul(sequences, completion)?, 8)?,
+        )?,
+        2,
+    )?;
+    let log_probs = mul(storage(mul(sequences, completion)?, 4)?, kinds)?;
+    add_everywhere(&mut e, reference, add(batch_inputs, log_probs)?)?;
+    // between steps: weights, optimizer state, buffers (gradients are set to None)
+    let at_start = |extra: u64| -> Res<CategoryBytes> {
+        let first = first_phase(&e)?;
+        Ok(CategoryBytes {
+            parameters: first.parameters,
+            buffers: add(first.buffers.saturating_sub(log_probs), extra)?,
+            optimizer_states: first.optimizer_states,
+            ..CategoryBytes::default()
+        })
+    };
+    let (generation, kv) = match o.generator {
+        Generator::Model => {
+            let (c, kv) = generation(ctx, sequences, prompt, completion)?;
+            let state = at_start(0)?;
+            (
+                Some(CategoryBytes {
+                    activations: c.activations,
+                    temporaries: c.temporaries,
+                    ..state
+                }),
+                kv,
+            )
+        }
+        // vLLM holds its own memory: this process keeps its state meanwhile
+        _ => (Some(at_start(0)?), 0),
+    };
+    let scoring = if kinds > 0 {
+        let working = ctx.scoring_working_set(
+            mul(micro, seq)? / ctx.mesh.context.max(1),
+            mul(micro, completion)?,
+            ctx.peft.is_none(),
+        )?;
+        Some(CategoryBytes {
+            temporaries: working,
+            ..at_start(log_probs)?
+        })
+    } else {
+        None
+    };
+    let vllm =
+        (o.generator == Generator::VllmColocated).then_some(o.vllm_memory_permille.min(1000));
+    finish(e, generation, kv, scoring, reference, vllm)
+}
+
+/// `model.generate` of `sequences` rows under `no_grad` with transformers' `DynamicCache`:
+/// the largest of the prefill and the last token, as what is alive beyond the state
+/// (activations: the KV cache; temporaries: the rest), and the cache's bytes.
+fn generation(
+    ctx: &Ctx<'_>,
+    sequences: u64,
+    prompt: u64,
+    completion: u64,
+) -> Res<(CategoryBytes, u64)> {
+    let spec = &ctx.arch.spec;
+    // fp32 weights under autocast: the key leaves rotary (fp32 tables) or its fp32 norm
+    // in fp32, the value the projection's bf16
+    let (key_bytes, value_bytes) = if ctx.casts_weights {
+        (4, 2)
+    } else {
+        (ctx.act, ctx.act)
+    };
+    let key_bytes = |l: &super::model::Layer| {
+        if ctx.casts_weights && l.attention.rotary_dim.is_none() && l.attention.qk_norm.is_none() {
+            2
+        } else {
+            key_bytes
+        }
+    };
+    let tp = ctx.tp;
+    let per_layer = |l: &super::model::Layer, positions: u64| -> Res<(u64, u64)> {
+        let a = &l.attention;
+        let kept = a.window.map_or(positions, |w| positions.min(w));
+        let rows = mul(sequences, mul(a.kv_heads.div_ceil(tp), kept)?)?;
+        Ok((
+            storage(mul(rows, a.head_dim)?, key_bytes(l))?,
+            storage(mul(rows, a.v_head_dim)?, value_bytes)?,
+        ))
+    };
+    let cache = |positions: u64| -> Res<u64> {
+        spec.layer_groups().iter().try_fold(0, |acc, (l, count)| {
+            let (k, v) = per_layer(l, positions)?;
+            add(acc, mul(add(k, v)?, *count)?)
+        })
+    };
+    let last = add(prompt, completion)?.saturating_sub(1);
+    let logits = storage(mul(sequences, ctx.arch.vocab_size())?, 4)?;
+    // `torch.cat` of the old and the new value tensor while a layer appends
+    let growing = spec.layer_groups().iter().try_fold(0, |acc: u64, (l, _)| {
+        Ok::<u64, EstimateError>(acc.max(per_layer(l, last.saturating_sub(1))?.1))
+    })?;
+    // the previous token's fp32 logits and probabilities stay bound through the next
+    // forward, beside this one's
+    let decode_extra = add(growing, mul(logits, 2)?)?.max(mul(logits, 4)?);
+    let casts = if ctx.casts_weights && ctx.peft.is_none() {
+        ctx.weight_casts(true)?
+    } else {
+        0
+    };
+    let kv_last = cache(last)?;
+    let kv_prompt = cache(prompt)?;
+    let prefill_extra = add(ctx.layer_working_set(mul(sequences, prompt)?)?, logits)?;
+    let decode = add(kv_last, decode_extra)?;
+    let prefill = add(kv_prompt, prefill_extra)?;
+    let (kv, rest) = if decode >= prefill {
+        (kv_last, decode_extra)
+    } else {
+        (kv_prompt, prefill_extra)
+    };
+    Ok((
+        CategoryBytes {
+            activations: kv,
+            temporaries: add(rest, casts)?,
+            ..CategoryBytes::default()
+        },
+        kv,
+    ))
+}
+
+/// The training tape's first phase (the forward), whose state every phase starts from.
+fn first_phase(e: &PeakEstimate) -> Res<CategoryBytes> {
+    e.phase_peaks
+        .first()
+        .map(|(_, c)| *c)
+        .ok_or(EstimateError::TooLarge)
+}
+
+/// Adds a separate reference's weights and the trainer's own inputs to every moment of the
+/// training tape.
+fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) -> Res<()> {
+    let grow = |c: &mut CategoryBytes| -> Res<()> {
+        c.parameters = add(c.parameters, parameters)?;
+        c.buffers = add(c.buffers, buffers)?;
+        Ok(())
+    };
+    for (_, c) in &mut e.phase_peaks {
+        grow(c)?;
+    }
+    for (_, c) in &mut e.backward_moments {
+        grow(c)?;
+    }
+    grow(&mut e.at_peak)
+}
+
+/// The step's peak over its phases, the training tape's moments among them.
+fn finish(
+    mut e: PeakEstimate,
+    generation: Option<CategoryBytes>,
+    kv_cache_bytes: u64,
+    scoring: Option<CategoryBytes>,
+    reference_param_bytes: u64,
+    vllm_permille: Option<u32>,
+) -> Res<PeakEstimate> {
+    let total = |c: &CategoryBytes| c.total().ok_or(EstimateError::TooLarge);
+    let mut training = (Phase::Forward, CategoryBytes::default(), 0);
+    for (phase, c) in &e.phase_peaks {
+        let t = total(c)?;
+        if t > training.2 || (t == training.2 && *phase == Phase::OptimizerStep) {
+            training = (*phase, *c, t);
+        }
+    }
+    let mut best = (StepPhase::Training, training.0, training.1, training.2);
+    let mut extra = Vec::new();
+    for (step_phase, phase, c) in [
+        (StepPhase::Generation, Phase::Generation, generation),
+        (StepPhase::Scoring, Phase::Scoring, scoring),
+    ] {
+        if let Some(c) = c {
+            let t = total(&c)?;
+            if t > best.3 {
+                best = (step_phase, phase, c, t);
+            }
+            extra.push((phase, c));
+        }
+    }
+    extra.append(&mut e.phase_peaks);
+    e.phase_peaks = extra;
+    e.peak_bytes = best.3;
+    e.peak_phase = best.1;
+    e.at_peak = best.2;
+    e.objective = Some(Box::new(ObjectivePhases {
+        generation_bytes: generation.as_ref().map(total).transpose()?,
+        scoring_bytes: scoring.as_ref().map(total).transpose()?,
+        training_bytes: training.2,
+        training_peak_phase: training.0,
+        peak: best.0,
+        kv_cache_bytes,
+        reference_param_bytes,
+        vllm_permille,
+    }));
+    Ok(e)
+}
