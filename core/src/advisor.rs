@@ -687,17 +687,21 @@ impl<'a> Search<'a> {
             Some(a) if training => method_chain(a, knobs.peft),
             _ => vec![knobs.peft],
         };
+        // DPO and GRPO set their sequence from the prompt and completion, and always run
+        // TRL's fused head
+        let sft = knobs.objective.kind == crate::ObjectiveKind::Sft;
         o.seq = match text_arch {
-            Some(_) => (0..=4)
+            Some(_) if sft => (0..=4)
                 .map(|k| knobs.seq_len >> k)
                 .take_while(|&s| s >= 1)
                 .collect(),
-            None => vec![knobs.seq_len],
+            _ => vec![knobs.seq_len],
         };
         // a loss that keeps the logits whole gives way to TRL's chunked one (causal LMs)
         o.loss = match text_arch {
             Some(a)
                 if training
+                    && sft
                     && a.is_causal_lm()
                     && matches!(
                         knobs.loss,
@@ -793,6 +797,7 @@ impl<'a> Search<'a> {
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),
+            objective: k.objective,
         };
         let plan = PlanInputs {
             num_gpus: self.gpus_at(l[GPUS]),

@@ -7,12 +7,11 @@ use crate::formats::WeightShape;
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::Offload;
 use crate::{
-    estimate_rank, estimate_rank_replayed, fit_verdict, max_batch_that_fits, plan_accumulation,
-    shard_model_state, simple_breakdown_at_batch, sweep, AccumulationPlan, AllocatorPeaks,
-    Architecture, AttentionKernel, CategoryBytes, Checkpointing, Compile, FitVerdict, KvDtype,
-    LossKind, MaxBatch, Optimizer, OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe,
-    SavedPart, ShardedState, Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat,
-    MAX_BATCH,
+    fit_verdict, max_batch_that_fits, plan_accumulation, shard_model_state,
+    simple_breakdown_at_batch, sweep, AccumulationPlan, AllocatorPeaks, Architecture,
+    AttentionKernel, CategoryBytes, Checkpointing, Compile, FitVerdict, KvDtype, LossKind,
+    MaxBatch, Optimizer, OptimizerImpl, PeakEstimate, Phase, Precision, PrecisionRecipe, SavedPart,
+    ShardedState, Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat, MAX_BATCH,
 };
 
 /// A kind of memory in the breakdown.
@@ -35,6 +34,9 @@ pub enum PartKind {
     /// A paged optimizer's state in CUDA managed memory: on the GPU, outside PyTorch's
     /// caching allocator (and so outside `max_memory_allocated`).
     PagedOptimizerStates,
+    /// GRPO with colocated vLLM: the share of the device vLLM reserves for the whole run
+    /// (`ceil(total x gpu_memory_utilization)`, vLLM 0.31.0's `request_memory`).
+    VllmReservation,
 }
 
 impl PartKind {
@@ -50,6 +52,7 @@ impl PartKind {
             PartKind::Temporaries => "temporaries",
             PartKind::KvCache => "kv-cache",
             PartKind::PagedOptimizerStates => "paged-optimizer-states",
+            PartKind::VllmReservation => "vllm-reservation",
         }
     }
 
@@ -66,6 +69,9 @@ impl PartKind {
             PartKind::KvCache => "KV cache",
             PartKind::PagedOptimizerStates => {
                 "Paged optimizer states (outside PyTorch's allocator)"
+            }
+            PartKind::VllmReservation => {
+                "vLLM's reservation (colocated, outside PyTorch's allocator)"
             }
         }
     }
@@ -88,6 +94,9 @@ impl PartKind {
             }
             PartKind::KvCache => "Generate fewer tokens, quantize the KV cache, or run a smaller batch.",
             PartKind::Buffers => "Try a larger GPU.",
+            PartKind::VllmReservation => {
+                "Lower vllm_gpu_memory_utilization, or run vLLM as a server on other GPUs."
+            }
         }
     }
 }
@@ -166,6 +175,23 @@ pub struct StepMemory {
     pub stage_in_flight: u64,
     /// Host RAM one GPU's process needs for what FSDP2 or DeepSpeed offloads (0 without).
     pub host_bytes: u64,
+    /// DPO and GRPO: the peak of each phase per GPU, and which sets the step's peak.
+    pub objective_phases: Option<PhasePeaks>,
+}
+
+/// DPO's and GRPO's peaks per GPU by phase of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PhasePeaks {
+    /// GRPO's generation (the training process's memory meanwhile).
+    pub generation_bytes: Option<u64>,
+    /// The no-gradient log-probability passes, when any run.
+    pub scoring_bytes: Option<u64>,
+    /// Forward, backward and optimizer step.
+    pub training_bytes: u64,
+    /// The training phase's own peak moment (forward, backward or optimizer step).
+    pub training_peak_phase: Phase,
+    /// The phase that sets the step's peak.
+    pub peak: crate::StepPhase,
 }
 
 /// `parts` (summing to `whole`) scaled to sum exactly to `target`: each part in proportion,
@@ -332,6 +358,8 @@ pub(crate) struct Knobs {
     pub kv_dtype: KvDtype,
     /// LoRA / QLoRA (architecture mode), `None` for full fine-tuning.
     pub peft: Option<crate::Peft>,
+    /// Supervised, DPO or GRPO with its settings (architecture mode).
+    pub objective: crate::Objective,
 }
 
 /// A model ready to be evaluated at any batch.
@@ -346,6 +374,8 @@ pub(crate) enum Model<'a> {
         kv_dtype: KvDtype,
         /// LoRA / QLoRA, `None` for full fine-tuning.
         peft: Option<crate::Peft>,
+        /// Supervised, DPO or GRPO.
+        objective: crate::Objective,
     },
 }
 
@@ -392,6 +422,7 @@ pub(crate) fn parse_model(
         weight_format: state.inference.weight_format,
         kv_dtype: state.inference.kv_dtype,
         peft: None,
+        objective: crate::Objective::SFT,
     };
     match state.mode {
         Mode::Simple => {
@@ -422,11 +453,21 @@ pub(crate) fn parse_model(
                 None => state.architecture(),
             }
             .map_err(|e| EvaluationError::Model(e.to_string()))?;
-            let peft = state.parsed_peft(&arch).map_err(fields_error)?;
+            let peft = state.parsed_peft(&arch);
+            let objective = state.parsed_objective();
+            let (peft, objective) = match (peft, objective) {
+                (Ok(p), Ok(o)) => (p, o),
+                (p, o) => {
+                    return Err(fields_error(
+                        p.err().into_iter().chain(o.err()).flatten().collect(),
+                    ))
+                }
+            };
             Ok((
                 Parsed::Architecture(ArchModel::new(arch, new_tokens)),
                 Knobs {
                     peft,
+                    objective,
                     ..knobs(batch, seq_len)
                 },
             ))
@@ -480,6 +521,7 @@ impl Parsed {
                 },
                 kv_dtype: knobs.kv_dtype,
                 peft: knobs.peft,
+                objective: knobs.objective,
             },
         }
     }
@@ -604,11 +646,13 @@ pub(crate) fn unsharded(
             step,
             format_weight_bytes,
             peft,
+            objective,
             ..
         } => {
             let step = TrainingStep { batch, ..*step };
-            let mut estimate = estimate_rank(&model.arch, &step, peft.as_ref(), mesh)
-                .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
+            let mut estimate =
+                crate::estimate_objective(&model.arch, &step, peft.as_ref(), mesh, objective, None)
+                    .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
             if let Some(weights) = *format_weight_bytes {
                 estimate = with_weight_format(estimate, weights);
             }
@@ -667,6 +711,7 @@ pub(crate) fn shard_step(
                 stage: None,
                 stage_in_flight: 1,
                 host_bytes: 0,
+                objective_phases: None,
             })
         }
         (
@@ -813,6 +858,29 @@ pub(crate) fn shard_step(
             } else {
                 0
             };
+            let objective = estimate.objective.as_deref();
+            // a separate reference, which the engines' moments (the policy's) leave out: TRL
+            // prepares it with the same engine (sharded under FSDP2 and ZeRO-3)
+            let reference = match (&engine, objective) {
+                (Some(_), Some(o)) if o.reference_param_bytes > 0 => {
+                    if matches!(plan.sharding, Sharding::Fsdp2 | Sharding::Zero3) {
+                        o.reference_param_bytes.div_ceil(group.max(1))
+                    } else {
+                        o.reference_param_bytes
+                    }
+                }
+                _ => 0,
+            };
+            // colocated vLLM holds its share of the device's total memory whatever runs
+            let vllm = match (objective.and_then(|o| o.vllm_permille), plan.capacity_bytes) {
+                (Some(permille), Some(capacity)) => {
+                    u64::try_from((u128::from(capacity) * u128::from(permille)).div_ceil(1000))
+                        .unwrap_or(u64::MAX)
+                }
+                _ => 0,
+            };
+            let mut phase_totals = [None::<u64>; 2];
+            let mut training_best = (Phase::Forward, 0u64);
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
             for (phase, c) in &moments {
                 let sharded = if engine.is_some() {
@@ -847,11 +915,28 @@ pub(crate) fn shard_step(
                         buffers: c.buffers,
                     }
                 };
+                let sharded = CategoryBytes {
+                    parameters: sharded.parameters.saturating_add(reference),
+                    ..sharded
+                };
                 let total = sharded
                     .total()
                     .and_then(|t| t.checked_add(if *phase == Phase::Forward { kv } else { 0 }))
                     .and_then(|t| t.checked_add(paged))
+                    .and_then(|t| t.checked_add(vllm))
                     .ok_or_else(too_large)?;
+                match phase {
+                    Phase::Generation | Phase::Scoring => {
+                        let slot = &mut phase_totals[usize::from(*phase == Phase::Scoring)];
+                        *slot = Some(slot.map_or(total, |t| t.max(total)));
+                    }
+                    _ if total > training_best.1
+                        || (total == training_best.1 && *phase == Phase::OptimizerStep) =>
+                    {
+                        training_best = (*phase, total);
+                    }
+                    _ => {}
+                }
                 if best.as_ref().is_none_or(|(_, _, t)| total > *t) {
                     best = Some((*phase, sharded, total));
                 }
@@ -868,6 +953,17 @@ pub(crate) fn shard_step(
             let kv_at_peak = if phase == Phase::Forward { kv } else { 0 };
             if kv_at_peak > 0 {
                 parts.push((PartKind::KvCache, kv_at_peak));
+            }
+            // the generation's cache is among its activations: shown as what it is
+            if let (Phase::Generation, Some(o)) = (phase, objective) {
+                let cache = o.kv_cache_bytes.min(c.activations);
+                if let Some((_, a)) = parts.iter_mut().find(|(k, _)| *k == PartKind::Activations) {
+                    *a -= cache;
+                }
+                parts.push((PartKind::KvCache, cache));
+            }
+            if vllm > 0 {
+                parts.push((PartKind::VllmReservation, vllm));
             }
             if paged > 0 {
                 parts.push((PartKind::PagedOptimizerStates, paged));
@@ -917,6 +1013,17 @@ pub(crate) fn shard_step(
                 stage: mesh.stage.map(|s| s.index),
                 stage_in_flight: mesh.stage.map_or(1, |s| s.in_flight()),
                 host_bytes: engine.as_ref().map_or(0, RankEngine::host_bytes),
+                objective_phases: objective.is_some().then(|| PhasePeaks {
+                    generation_bytes: phase_totals[0],
+                    scoring_bytes: phase_totals[1],
+                    training_bytes: training_best.1,
+                    training_peak_phase: training_best.0,
+                    peak: match phase {
+                        Phase::Generation => crate::StepPhase::Generation,
+                        Phase::Scoring => crate::StepPhase::Scoring,
+                        _ => crate::StepPhase::Training,
+                    },
+                }),
             })
         }
         // a step of another model: never built so
@@ -1026,7 +1133,11 @@ pub(crate) fn resolve_reserve(
         return None;
     }
     let Model::Architecture {
-        model, step, peft, ..
+        model,
+        step,
+        peft,
+        objective,
+        ..
     } = model
     else {
         return None;
@@ -1036,7 +1147,15 @@ pub(crate) fn resolve_reserve(
     let key = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&model.arch.spec, step, peft, mesh, plan.allocator).hash(&mut h);
+        (
+            &model.arch.spec,
+            step,
+            peft,
+            mesh,
+            plan.allocator,
+            objective,
+        )
+            .hash(&mut h);
         h.finish()
     };
     let cached = REPLAYS.with(|r| {
@@ -1048,10 +1167,16 @@ pub(crate) fn resolve_reserve(
     let replay = match cached {
         Some(replay) => replay,
         None => {
-            let replay =
-                estimate_rank_replayed(&model.arch, &step, peft.as_ref(), &mesh, plan.allocator)
-                    .ok()
-                    .and_then(|e| e.allocator);
+            let replay = crate::estimate_objective(
+                &model.arch,
+                &step,
+                peft.as_ref(),
+                &mesh,
+                objective,
+                Some(plan.allocator),
+            )
+            .ok()
+            .and_then(|e| e.allocator);
             REPLAYS.with(|r| {
                 let mut r = r.borrow_mut();
                 if r.len() >= MAX_CACHED_REPLAYS {
@@ -1225,7 +1350,7 @@ fn sweep_row(batch: u64, step: &StepMemory, fits: Option<bool>) -> SweepRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode_query, Checkpointing, Gpu, Optimizer, Preset};
+    use crate::{decode_query, encode_query, Checkpointing, Gpu, Optimizer, Preset};
     use proptest::prelude::*;
 
     #[test]
@@ -1379,6 +1504,53 @@ mod tests {
         let e = evaluate(&state).unwrap();
         assert!(matches!(e.max_batch, Some(MaxBatch::NoneFits(_))));
         assert!(!e.verdict.unwrap().fits());
+    }
+
+    /// The DPO and GRPO plans of the issue: each phase counted, the peak the largest.
+    #[test]
+    fn dpo_and_grpo_steps_name_their_phases() {
+        // DPO on an 8B model with LoRA (the adapters-off reference) on a 24 GB GPU
+        let dpo = eval(
+            "m=arch&model=llama3-8b&b=1&r=bf16&gc=full&loss=trl-fused&obj=dpo&ref=adapters-off\
+             &mp=256&mc=256&method=lora&gpu=rtx4090",
+        );
+        let phases = dpo.step.objective_phases.expect("DPO phases");
+        assert_eq!(phases.generation_bytes, None);
+        assert_eq!(phases.scoring_bytes, None);
+        assert_eq!(phases.training_bytes, dpo.step.peak_bytes);
+        assert!(dpo.verdict.unwrap().fits(), "{}", dpo.step.peak_bytes);
+        // a separate reference adds a whole copy of the weights
+        let separate = eval(
+            "m=arch&model=llama3-8b&b=1&r=bf16&gc=full&obj=dpo&ref=separate&mp=256&mc=256\
+             &method=lora&gpu=rtx4090",
+        );
+        assert!(separate.step.peak_bytes > dpo.step.peak_bytes + 15_000_000_000);
+        // GRPO on 1.7B with 8 generations on one 80 GB GPU; colocated vLLM takes its share
+        let grpo = |generator: &str| {
+            eval(&format!(
+                "m=arch&model=qwen3-1.7b&b=1&r=bf16&gc=full&obj=grpo&ref=none&ng=8&mp=256&mc=1024\
+                 &gtr={generator}&gpu=h100-80"
+            ))
+        };
+        let model = grpo("model");
+        let phases = model.step.objective_phases.expect("GRPO phases");
+        assert!(phases.generation_bytes.is_some());
+        assert_eq!(
+            phases.scoring_bytes, None,
+            "beta = 0 and no vLLM: no scoring"
+        );
+        assert!(model.verdict.unwrap().fits());
+        let vllm = grpo("vllm-colocated");
+        let reserved = part(&vllm, PartKind::VllmReservation);
+        let total = vllm.plan.capacity_bytes.expect("a device");
+        assert_eq!(reserved, (total * 3).div_ceil(10), "ceil(total x 0.3)");
+        assert!(vllm.step.objective_phases.unwrap().scoring_bytes.is_some());
+        // the objective's settings travel in the link
+        let state = decode_query(
+            "m=arch&obj=grpo&ref=separate&ng=16&mp=128&mc=4096&gtr=vllm-colocated&vllm=0.45",
+        )
+        .state;
+        assert_eq!(decode_query(&encode_query(&state)).state, state);
     }
 
     #[test]

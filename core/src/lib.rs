@@ -27,7 +27,7 @@ mod trainer;
 pub use advisor::{fit_advice, Change, FitPlan, RankKey, Tier, MAX_GPU_MULTIPLIER, PLANS_PER_TIER};
 pub use allocator::{AllocatorMode, BlockId, CachingAllocator};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
-pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, StepMemory};
+pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, PhasePeaks, StepMemory};
 pub use formats::{Block, GgufType, KvDtype, WeightFormat};
 pub use number::FieldError;
 pub use optimizer::{Optimizer, OptimizerImpl};

@@ -3,9 +3,10 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Gpu, KvDtype, LossKind,
-    Method, Offload, Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision,
-    PrecisionRecipe, Preset, Quant4, Reshard, Sharding, TpPlan, WeightFormat,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Generator, Gpu, KvDtype,
+    LossKind, Method, ObjectiveKind, Offload, Optimizer, OptimizerImpl, ParamUnit, Peft,
+    PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reference, Reshard, Sharding,
+    TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -28,6 +29,8 @@ const MIB_PER_GIB: u64 = 1024;
 pub const MAX_CONTEXT_MIB: u64 = 1 << 20;
 /// Longest generation accepted.
 pub const MAX_NEW_TOKENS: u64 = 1 << 24;
+/// Most GRPO generations per prompt accepted.
+pub const MAX_GENERATIONS: u64 = 1 << 16;
 /// Largest LoRA rank accepted.
 pub const MAX_LORA_RANK: u64 = 1 << 16;
 
@@ -281,6 +284,20 @@ pub struct StepSettings {
     pub optimizer_in_backward: bool,
     /// torchtune's `enable_activation_offloading`.
     pub activation_offload: bool,
+    /// Supervised, DPO or GRPO.
+    pub objective: ObjectiveKind,
+    /// Where DPO's (or GRPO's, with beta > 0) reference log-probabilities come from.
+    pub reference: Reference,
+    /// GRPO's completions per prompt, as typed.
+    pub generations: String,
+    /// Prompt tokens per sequence (DPO, GRPO), as typed.
+    pub max_prompt: String,
+    /// Completion tokens per sequence (DPO, GRPO), as typed.
+    pub max_completion: String,
+    /// What generates GRPO's completions.
+    pub generator: Generator,
+    /// Colocated vLLM's `gpu_memory_utilization`, as typed (a fraction of the device).
+    pub vllm_memory: String,
 }
 
 impl Default for StepSettings {
@@ -299,6 +316,13 @@ impl Default for StepSettings {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            objective: ObjectiveKind::Sft,
+            reference: Reference::Separate,
+            generations: "8".to_owned(),
+            max_prompt: "512".to_owned(),
+            max_completion: "512".to_owned(),
+            generator: Generator::Model,
+            vllm_memory: "0.3".to_owned(),
         }
     }
 }
@@ -318,6 +342,13 @@ impl Section for StepSettings {
         (Field::Padding, "pad"),
         (Field::OptimizerInBackward, "oib"),
         (Field::ActivationOffload, "ao"),
+        (Field::Objective, "obj"),
+        (Field::Reference, "ref"),
+        (Field::Generations, "ng"),
+        (Field::MaxPrompt, "mp"),
+        (Field::MaxCompletion, "mc"),
+        (Field::Generator, "gtr"),
+        (Field::VllmMemory, "vllm"),
     ];
 
     fn get(&self, field: Field) -> Option<String> {
@@ -335,6 +366,13 @@ impl Section for StepSettings {
             Field::Padding => on_off(self.padding).to_owned(),
             Field::OptimizerInBackward => on_off(self.optimizer_in_backward).to_owned(),
             Field::ActivationOffload => on_off(self.activation_offload).to_owned(),
+            Field::Objective => self.objective.key().to_owned(),
+            Field::Reference => self.reference.key().to_owned(),
+            Field::Generations => self.generations.clone(),
+            Field::MaxPrompt => self.max_prompt.clone(),
+            Field::MaxCompletion => self.max_completion.clone(),
+            Field::Generator => self.generator.key().to_owned(),
+            Field::VllmMemory => self.vllm_memory.clone(),
             _ => return None,
         })
     }
@@ -370,6 +408,15 @@ impl Section for StepSettings {
             Field::ActivationOffload => {
                 self.activation_offload = choice(value, &[true, false], on_off)?;
             }
+            Field::Objective => {
+                self.objective = choice(value, &ObjectiveKind::ALL, ObjectiveKind::key)?;
+            }
+            Field::Reference => self.reference = choice(value, &Reference::ALL, Reference::key)?,
+            Field::Generations => self.generations = text(value)?,
+            Field::MaxPrompt => self.max_prompt = text(value)?,
+            Field::MaxCompletion => self.max_completion = text(value)?,
+            Field::Generator => self.generator = choice(value, &Generator::ALL, Generator::key)?,
+            Field::VllmMemory => self.vllm_memory = text(value)?,
             _ => {}
         }
         Ok(())
@@ -878,6 +925,20 @@ pub enum Field {
     OptimizerInBackward,
     /// [`PageState::activation_offload`].
     ActivationOffload,
+    /// [`StepSettings::objective`].
+    Objective,
+    /// [`StepSettings::reference`].
+    Reference,
+    /// [`StepSettings::generations`].
+    Generations,
+    /// [`StepSettings::max_prompt`].
+    MaxPrompt,
+    /// [`StepSettings::max_completion`].
+    MaxCompletion,
+    /// [`StepSettings::generator`].
+    Generator,
+    /// [`StepSettings::vllm_memory`].
+    VllmMemory,
     /// [`PageState::method`].
     Method,
     /// [`PageState::lora_rank`].
@@ -957,7 +1018,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 57] = [
+    pub const ALL: [Field; 64] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -978,6 +1039,13 @@ impl Field {
         Field::Padding,
         Field::OptimizerInBackward,
         Field::ActivationOffload,
+        Field::Objective,
+        Field::Reference,
+        Field::Generations,
+        Field::MaxPrompt,
+        Field::MaxCompletion,
+        Field::Generator,
+        Field::VllmMemory,
         Field::Method,
         Field::LoraRank,
         Field::LoraAlpha,
@@ -1056,6 +1124,13 @@ impl Field {
             Field::Padding => "padded rows",
             Field::OptimizerInBackward => "optimizer in backward",
             Field::ActivationOffload => "activation offloading",
+            Field::Objective => "training objective",
+            Field::Reference => "reference model",
+            Field::Generations => "generations per prompt",
+            Field::MaxPrompt => "prompt tokens",
+            Field::MaxCompletion => "completion tokens",
+            Field::Generator => "generator",
+            Field::VllmMemory => "vLLM memory fraction",
             Field::Method => "training method",
             Field::LoraRank => "LoRA rank",
             Field::LoraAlpha => "LoRA alpha",
@@ -1195,6 +1270,58 @@ impl PageState {
     /// The message for the field.
     pub fn parsed_seq_len(&self) -> Result<u64, FieldError> {
         parse_count(&self.step.seq_len, MAX_SEQ_LEN, "tokens", false)
+    }
+
+    /// The training objective with its settings (those of DPO and GRPO parsed only when
+    /// chosen).
+    ///
+    /// # Errors
+    /// The fields and their messages.
+    pub fn parsed_objective(&self) -> Result<crate::Objective, Vec<(Field, FieldError)>> {
+        let st = &self.step;
+        if st.objective == ObjectiveKind::Sft {
+            return Ok(crate::Objective::SFT);
+        }
+        let mut errors = Vec::new();
+        let grpo = st.objective == ObjectiveKind::Grpo;
+        let prompt = parse_count(&st.max_prompt, MAX_SEQ_LEN, "tokens", true)
+            .map_err(|e| errors.push((Field::MaxPrompt, e)));
+        let completion = parse_count(&st.max_completion, MAX_SEQ_LEN, "tokens", false)
+            .map_err(|e| errors.push((Field::MaxCompletion, e)));
+        let generations = if grpo {
+            parse_count(&st.generations, MAX_GENERATIONS, "generations", false)
+                .map_err(|e| errors.push((Field::Generations, e)))
+        } else {
+            Ok(1)
+        };
+        let vllm = if grpo && st.generator == Generator::VllmColocated {
+            crate::number::parse_rounded_amount(&st.vllm_memory, 1000, 999)
+                .map_err(|e| match e {
+                    FieldError::TooLarge { .. } | FieldError::Zero => FieldError::Other(
+                        "A fraction of the GPU between 0 and 1 (TRL's default 0.3).".to_owned(),
+                    ),
+                    e => e,
+                })
+                .map_err(|e| errors.push((Field::VllmMemory, e)))
+        } else {
+            Ok(300)
+        };
+        let (Ok(max_prompt), Ok(max_completion), Ok(generations), Ok(vllm)) =
+            (prompt, completion, generations, vllm)
+        else {
+            return Err(errors);
+        };
+        Ok(crate::Objective {
+            kind: st.objective,
+            reference: st.reference,
+            max_prompt,
+            max_completion,
+            generations,
+            generator: st.generator,
+            vllm_memory_permille: u32::try_from(vllm).unwrap_or(300),
+            steps_per_generation: 1,
+            iterations: 1,
+        })
     }
 
     /// The LoRA rank, whether `lora_alpha` is a number (it scales the adapters' output, not

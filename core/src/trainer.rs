@@ -1,7 +1,10 @@
 //! The trainers people run, as the settings they choose by default: picking one on the page
 //! sets the loss, packing, checkpointing and attention below it, each still changeable.
 
-use crate::{AttentionKernel, Checkpointing, LossKind, OptimizerImpl, PageState};
+use crate::{
+    AttentionKernel, Checkpointing, LossKind, Method, ObjectiveKind, OptimizerImpl, PageState,
+    Reference,
+};
 
 /// A training framework at the version whose defaults it stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -18,6 +21,12 @@ pub enum Trainer {
     /// Axolotl set up for memory: sample packing, flash attention, checkpointing and its
     /// `cut_cross_entropy` plugin (its own defaults leave all four off).
     Axolotl,
+    /// TRL 1.16's `DPOTrainer`: the fused head, checkpointing, a separate reference (the
+    /// adapters-off base with LoRA).
+    TrlDpo,
+    /// TRL 1.16's `GRPOTrainer`: the fused head, checkpointing, `beta = 0` (no reference),
+    /// 8 generations by the model itself.
+    TrlGrpo,
 }
 
 /// What a trainer sets by default.
@@ -35,16 +44,20 @@ pub struct TrainerDefaults {
     /// `adamw_torch_fused`, which TRL inherits, with torch 2.8 or newer; torchtune's
     /// recipes' `fused: True`; Axolotl's default `adamw_torch_fused`).
     pub optimizer_impl: OptimizerImpl,
+    /// What it trains for.
+    pub objective: ObjectiveKind,
 }
 
 impl Trainer {
     /// Every trainer, in the order the page lists them.
-    pub const ALL: [Trainer; 5] = [
+    pub const ALL: [Trainer; 7] = [
         Trainer::HfTrainer,
         Trainer::TrlSft113,
         Trainer::TrlSft115,
         Trainer::Torchtune,
         Trainer::Axolotl,
+        Trainer::TrlDpo,
+        Trainer::TrlGrpo,
     ];
 
     /// Short stable key.
@@ -56,6 +69,8 @@ impl Trainer {
             Trainer::TrlSft115 => "trl",
             Trainer::Torchtune => "torchtune",
             Trainer::Axolotl => "axolotl",
+            Trainer::TrlDpo => "trl-dpo",
+            Trainer::TrlGrpo => "trl-grpo",
         }
     }
 
@@ -68,6 +83,8 @@ impl Trainer {
             Trainer::TrlSft115 => "TRL SFTTrainer 1.15+",
             Trainer::Torchtune => "torchtune 0.6 full fine-tune",
             Trainer::Axolotl => "Axolotl: packing, flash attention, Cut Cross-Entropy",
+            Trainer::TrlDpo => "TRL DPOTrainer 1.16",
+            Trainer::TrlGrpo => "TRL GRPOTrainer 1.16",
         }
     }
 
@@ -93,7 +110,7 @@ impl Trainer {
                 Checkpointing::Full,
                 AttentionKernel::Sdpa,
             ),
-            Trainer::TrlSft115 => (
+            Trainer::TrlSft115 | Trainer::TrlDpo | Trainer::TrlGrpo => (
                 LossKind::TrlFused,
                 false,
                 Checkpointing::Full,
@@ -118,6 +135,11 @@ impl Trainer {
             checkpointing,
             attention,
             optimizer_impl: OptimizerImpl::Fused,
+            objective: match self {
+                Trainer::TrlDpo => ObjectiveKind::Dpo,
+                Trainer::TrlGrpo => ObjectiveKind::Grpo,
+                _ => ObjectiveKind::Sft,
+            },
         }
     }
 
@@ -129,6 +151,12 @@ impl Trainer {
         state.step.checkpointing = d.checkpointing;
         state.step.attention = d.attention;
         state.step.optimizer_impl = d.optimizer_impl;
+        state.step.objective = d.objective;
+        state.step.reference = match d.objective {
+            ObjectiveKind::Grpo => Reference::None,
+            _ if state.training.method != Method::Full => Reference::AdaptersOff,
+            _ => Reference::Separate,
+        };
     }
 
     /// The trainer whose defaults `state` has, if any.
@@ -141,6 +169,7 @@ impl Trainer {
                 && d.checkpointing == state.step.checkpointing
                 && d.attention == state.step.attention
                 && d.optimizer_impl == state.step.optimizer_impl
+                && d.objective == state.step.objective
         })
     }
 }
