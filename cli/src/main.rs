@@ -59,6 +59,17 @@ inference (--optimizer none):
   --weight-format F     weights' storage (default recipe: as --precision; fp16 = bf16):
 {weight_formats}  --kv-dtype D          KV cache with --generate: {kv_dtypes}
 
+objective (TRL 1.16):
+  --objective O         sft (default), dpo, grpo; --trainer trl-dpo | trl-grpo sets TRL's
+                        defaults. DPO: --batch counts pairs; GRPO: prompts per step
+  --reference R         separate (a frozen copy), adapters-off (LoRA base, adapters
+                        disabled), precomputed (DPO), none (GRPO's beta = 0)
+  --generations N       GRPO: completions per prompt (default 8)
+  --max-prompt N        prompt tokens per sequence (default 512)
+  --max-completion N    completion tokens per sequence, the scored ones (default 512)
+  --generator G         GRPO: model (its generate), vllm-colocated, vllm-server
+  --vllm-memory F       colocated vLLM's gpu_memory_utilization (default 0.3)
+
 fine-tuning:
   --method M            full, lora, qlora (LoRA on a 4-bit bitsandbytes base)
   --lora-r N            adapter rank (default 16)
@@ -187,7 +198,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 47] = [
+const FIELD_FLAGS: [(&str, Field); 54] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -201,6 +212,13 @@ const FIELD_FLAGS: [(&str, Field); 47] = [
     ("--padding", Field::Padding),
     ("--optimizer-in-backward", Field::OptimizerInBackward),
     ("--activation-offload", Field::ActivationOffload),
+    ("--objective", Field::Objective),
+    ("--reference", Field::Reference),
+    ("--generations", Field::Generations),
+    ("--max-prompt", Field::MaxPrompt),
+    ("--max-completion", Field::MaxCompletion),
+    ("--generator", Field::Generator),
+    ("--vllm-memory", Field::VllmMemory),
     ("--generate", Field::NewTokens),
     ("--weight-format", Field::WeightFormat),
     ("--kv-dtype", Field::KvDtype),
@@ -418,7 +436,12 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
     let mut out = serde_json::json!({
         "n_params": e.n_params,
         "peak_bytes": e.step.peak_bytes,
-        "peak_phase": e.step.peak_phase.map(|p| p.key()),
+        // forward, backward or optimizer step, inside the training phase for DPO and GRPO
+        "peak_phase": e
+            .step
+            .objective_phases
+            .map_or(e.step.peak_phase, |p| Some(p.training_peak_phase))
+            .map(|p| p.key()),
         "at_peak": at_peak,
         "activation_parts": activation_parts,
         "batch": e.batch,
@@ -437,6 +460,15 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "query": estimator_core::encode_query(state),
     });
     out["trainable_params"] = e.step.trainable_params.into();
+    if let Some(p) = e.step.objective_phases {
+        out["phases"] = serde_json::json!({
+            "generation": p.generation_bytes,
+            "scoring": p.scoring_bytes,
+            "training": p.training_bytes,
+        });
+        // which phase of the step sets the peak (generation, scoring, training)
+        out["peak_step_phase"] = p.peak.key().into();
+    }
     // max_memory_reserved: the peak and what the caching allocator holds beyond it
     out["reserved_bytes"] = e.reserved_bytes().into();
     // host RAM per GPU process for what FSDP2 or DeepSpeed offloads
@@ -528,6 +560,21 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         if e.per_gpu { "peak per GPU" } else { "peak" },
         fmt(e.step.peak_bytes)
     ));
+    if let Some(p) = e.step.objective_phases {
+        for (name, bytes) in [
+            ("generation", p.generation_bytes),
+            ("scoring", p.scoring_bytes),
+            ("training", Some(p.training_bytes)),
+        ] {
+            let mark = if p.peak.key() == name {
+                "  <- peak"
+            } else {
+                ""
+            };
+            let figure = bytes.map_or_else(|| "does not run".to_owned(), fmt);
+            out.push_str(&format!("  {name:<16}{figure}{mark}\n"));
+        }
+    }
     out.push_str(&format!(
         "{:<18}{}{}\n",
         "reserved",

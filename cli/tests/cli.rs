@@ -825,3 +825,77 @@ fn the_allocator_s_reserve_and_selective_checkpointing() {
         assert!(stderr.starts_with("memest: "), "{stderr}");
     }
 }
+
+/// DPO and GRPO: `--json` gives each phase's peak and the phase that sets the step's,
+/// `peak_phase` staying the training phase's forward / backward / optimizer step.
+#[test]
+fn dpo_and_grpo_report_their_phases() {
+    let base = [
+        "--preset",
+        "qwen3-1.7b",
+        "--batch",
+        "1",
+        "--precision",
+        "bf16",
+        "--gpu",
+        "h100-80",
+        "--json",
+    ];
+    let grpo = json_of(
+        &base,
+        &[
+            "--trainer",
+            "trl-grpo",
+            "--generations",
+            "8",
+            "--max-prompt",
+            "256",
+            "--max-completion",
+            "2048",
+        ],
+    );
+    let phases = &grpo["phases"];
+    assert!(phases["generation"].as_u64().unwrap() > 0, "{grpo}");
+    assert!(phases["scoring"].is_null(), "beta = 0: no scoring pass");
+    assert!(phases["training"].as_u64().unwrap() > 0);
+    let step_phase = grpo["peak_step_phase"].as_str().unwrap();
+    assert!(["generation", "training"].contains(&step_phase));
+    assert!(["fwd", "bwd", "opt"].contains(&grpo["peak_phase"].as_str().unwrap()));
+    assert!(grpo["query"].as_str().unwrap().contains("obj=grpo"));
+    // colocated vLLM: its reservation is a part, and the old policy's log-probs are scored
+    let vllm = json_of(
+        &base,
+        &[
+            "--trainer",
+            "trl-grpo",
+            "--generator",
+            "vllm-colocated",
+            "--vllm-memory",
+            "0.5",
+        ],
+    );
+    assert!(vllm["at_peak"]["vllm_reservation"].as_u64().unwrap() > 40_000_000_000);
+    assert!(vllm["phases"]["scoring"].as_u64().is_some());
+    let dpo = json_of(
+        &base,
+        &[
+            "--objective",
+            "dpo",
+            "--reference",
+            "precomputed",
+            "--method",
+            "lora",
+        ],
+    );
+    assert!(dpo["phases"]["scoring"].as_u64().is_some(), "{dpo}");
+    assert!(dpo["phases"]["generation"].is_null());
+    let (code, _, err) = memest(&with(
+        &base,
+        &["--objective", "grpo", "--reference", "precomputed"],
+    ));
+    assert_ne!(code, 0);
+    assert!(err.contains("GRPO has no precomputed reference"), "{err}");
+    let (code, _, err) = memest(&with(&base, &["--objective", "ppo"]));
+    assert_ne!(code, 0);
+    assert!(err.contains("expected one of sft, dpo, grpo"), "{err}");
+}
