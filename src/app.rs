@@ -370,6 +370,34 @@ pub fn App() -> impl IntoView {
                     )
                     .text(" phase");
             }
+            // DPO and GRPO: each phase of the step, the one that sets the peak marked
+            if let Some(p) = e.step.objective_phases {
+                m.text(" · ");
+                m.open("span", &[("data-testid", "step-phases")]);
+                let phases = [
+                    ("generation", p.generation_bytes),
+                    ("scoring", p.scoring_bytes),
+                    ("training", Some(p.training_bytes)),
+                ];
+                let mut first = true;
+                for (name, bytes) in phases {
+                    let Some(bytes) = bytes else { continue };
+                    if !first {
+                        m.text(", ");
+                    }
+                    first = false;
+                    let peak = p.peak.key() == name;
+                    m.el(
+                        if peak { "strong" } else { "span" },
+                        &[
+                            ("data-testid", &format!("phase-{name}")),
+                            ("data-bytes", &bytes.to_string()),
+                        ],
+                        &format!("{name} {}", format_bytes(bytes, unit.get())),
+                    );
+                }
+                m.close("span");
+            }
             m.el(
                 "span",
                 &[("data-testid", "per-gpu-note")],

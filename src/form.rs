@@ -13,10 +13,10 @@
 //! says what in them differs from the defaults, and which open when it does.
 
 use estimator_core::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Gpu, KvDtype,
-    LossKind, Method, Mode, ModelFamily, Offload, Optimizer, OptimizerImpl, Page, PageState,
-    ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Sharding, TpPlan,
-    Trainer, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Generator, Gpu,
+    KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload, Optimizer, OptimizerImpl,
+    Page, PageState, ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4,
+    Reference, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -170,6 +170,12 @@ enum Shown {
     DeepSpeed,
     TensorParallel,
     Pipeline,
+    /// The sequence length field: supervised training, or inference.
+    Sft,
+    /// DPO or GRPO.
+    Objective,
+    Grpo,
+    VllmColocated,
 }
 
 impl Shown {
@@ -192,6 +198,14 @@ impl Shown {
             ),
             Self::TensorParallel => above_one(&s.parallel.tensor_parallel),
             Self::Pipeline => above_one(&s.parallel.pipeline_parallel),
+            Self::Sft => s.step.objective == ObjectiveKind::Sft || !trains,
+            Self::Objective => s.step.objective != ObjectiveKind::Sft && trains,
+            Self::Grpo => s.step.objective == ObjectiveKind::Grpo && trains,
+            Self::VllmColocated => {
+                s.step.objective == ObjectiveKind::Grpo
+                    && s.step.generator == Generator::VllmColocated
+                    && trains
+            }
         }
     }
 }
@@ -656,11 +670,27 @@ fn build(state: &PageState) -> Builder<'_> {
     b.when(Shown::Architecture, |b| {
         b.field(&MODEL, Some(preset_groups()));
         b.when(Shown::CustomModel, Builder::config);
-        b.field(&SEQ, None);
+        b.when(Shown::Sft, |b| b.field(&SEQ, None));
         b.fields(RECIPE);
         b.optimizer(Mode::Architecture);
         b.when(Shown::Training, |b| {
             b.control(&TRAINER_CHOICE, Source::Trainer, None)
+        });
+        b.when(Shown::Training, |b| b.fields(OBJECTIVE));
+        b.when(Shown::Objective, |b| {
+            b.group(
+                "fieldset",
+                &[
+                    ("class", "objective"),
+                    ("data-testid", "objective-settings"),
+                ],
+                |b| {
+                    b.m.el("legend", &[], "DPO / GRPO (TRL 1.16)");
+                    b.fields(OBJECTIVE_SETTINGS);
+                    b.when(Shown::Grpo, |b| b.fields(GRPO));
+                    b.when(Shown::VllmColocated, |b| b.fields(VLLM));
+                },
+            );
         });
         b.when(Shown::Training, |b| b.fields(METHOD));
         b.when(Shown::Peft, |b| {
@@ -1153,6 +1183,60 @@ pub const TRAINER: &[Spec] = &[
         ],
     ),
 ];
+
+/// The training objective (training only).
+pub const OBJECTIVE: &[Spec] = &[choice_of(
+    Field::Objective,
+    "Training objective",
+    "objective",
+    || {
+        options(
+            &ObjectiveKind::ALL,
+            ObjectiveKind::key,
+            ObjectiveKind::label,
+        )
+    },
+)];
+
+/// DPO's and GRPO's sequences and reference.
+pub const OBJECTIVE_SETTINGS: &[Spec] = &[
+    typed(
+        Field::MaxPrompt,
+        "Prompt tokens",
+        "max-prompt",
+        "DPO: the batch counts chosen/rejected pairs (twice the rows).",
+    ),
+    typed(
+        Field::MaxCompletion,
+        "Completion tokens",
+        "max-completion",
+        "The tokens the loss scores.",
+    ),
+    choice_of(Field::Reference, "Reference model", "reference", || {
+        options(&Reference::ALL, Reference::key, Reference::label)
+    }),
+];
+
+/// GRPO's generation.
+pub const GRPO: &[Spec] = &[
+    typed(
+        Field::Generations,
+        "Generations per prompt",
+        "generations",
+        "num_generations: the batch counts prompts.",
+    ),
+    choice_of(Field::Generator, "Generator", "generator", || {
+        options(&Generator::ALL, Generator::key, Generator::label)
+    }),
+];
+
+/// Colocated vLLM's share of the device.
+pub const VLLM: &[Spec] = &[typed(
+    Field::VllmMemory,
+    "vLLM gpu_memory_utilization",
+    "vllm-memory",
+    "Reserved by vLLM for the whole run.",
+)];
 
 /// The training method (training only).
 pub const METHOD: &[Spec] = &[choice_of(

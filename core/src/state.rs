@@ -1697,6 +1697,9 @@ impl PageState {
                 invalid.push((field, e));
             }
         }
+        if let Err(errors) = self.parsed_objective() {
+            invalid.extend(errors);
+        }
         invalid.extend(self.plan_field_errors());
         // The custom capacity is checked even while another GPU is chosen: it travels in
         // links all the same.
