@@ -11,7 +11,7 @@
 //! the device for the whole run (vLLM 0.31.0's `request_memory`), counted where the device
 //! is known.
 
-use super::arith::{add, mul, storage, sum_storages, Res};
+use super::arith::{storage, Res};
 use super::config::Architecture;
 use super::error::EstimateError;
 use super::estimate::{
@@ -370,55 +370,64 @@ impl<'a> Ctx<'a> {
 
     /// A separate reference: the policy's weights again, in its dtype (TRL loads it with
     /// `dtype = policy.dtype`), without gradients or optimizer state.
-    fn reference_bytes(&self) -> Res<u64> {
-        Ok(sum_storages(&self.arch.spec.parameter_tensors(), self.weight)? / self.tp)
+    fn reference_bytes(&self) -> u64 {
+        self.arch
+            .spec
+            .parameter_tensors()
+            .iter()
+            .fold(0u64, |acc, &e| acc.saturating_add(st(e, self.weight)))
+            / self.tp
     }
 
     /// autocast's 16-bit copies of every Linear weight of the layers (`with_head`: and the
     /// head, which `generate` runs as a plain Linear).
-    fn weight_casts(&self, with_head: bool) -> Res<u64> {
+    fn weight_casts(&self, with_head: bool) -> u64 {
         let spec = &self.arch.spec;
-        let mut total = spec.layer_groups().iter().try_fold(0, |acc, (l, count)| {
-            add(acc, mul(sum_storages(&l.linear_params(false), 2)?, *count)?)
-        })?;
+        let mut total = spec.layer_groups().iter().fold(0u64, |acc, (l, count)| {
+            let layer = l
+                .linear_params(false)
+                .iter()
+                .fold(0u64, |a, &e| a.saturating_add(st(e, 2)));
+            acc.saturating_add(layer.saturating_mul(*count))
+        });
         if with_head {
-            total = add(
-                total,
-                storage(mul(self.arch.vocab_size(), spec.token_width())?, 2)?,
-            )?;
+            total = total.saturating_add(st(
+                self.arch.vocab_size().saturating_mul(spec.token_width()),
+                2,
+            ));
         }
-        Ok(total / self.tp)
+        total / self.tp
     }
 
     /// What one decoder layer holds at its peak in a no-grad forward of `tokens` tokens,
     /// besides the weights: the MLP's three inner tensors next to four of the residual
     /// stream (hidden, residual, normed input, output), or, with per-head q/k norms, the
     /// query's fp32 norm (measured: `validation/RL.md`).
-    fn layer_working_set(&self, tokens: u64) -> Res<u64> {
+    fn layer_working_set(&self, tokens: u64) -> u64 {
         let mut worst = 0;
         for (l, _) in self.arch.spec.layer_groups() {
-            let h = mul(tokens, l.attention.hidden)?;
-            let inner = mul(tokens, l.mlp.inner_per_token() / self.tp)?;
-            let mlp = add(
-                mul(storage(inner, self.act)?, 3)?,
-                mul(storage(h, self.resid)?, 4)?,
-            )?;
+            let h = st(tokens.saturating_mul(l.attention.hidden), self.resid);
+            let inner = tokens.saturating_mul(l.mlp.inner_per_token() / self.tp);
+            let mlp = st(inner, self.act)
+                .saturating_mul(3)
+                .saturating_add(h.saturating_mul(4));
             worst = worst.max(mlp);
             if l.attention.qk_norm.is_some() {
-                let q = mul(tokens, l.attention.heads * l.attention.head_dim / self.tp)?;
-                let norm = add(
-                    add(mul(storage(q, 4)?, 2)?, storage(q, self.act)?)?,
-                    mul(storage(h, self.resid)?, 3)?,
-                )?;
+                let q = tokens.saturating_mul(l.attention.heads * l.attention.head_dim / self.tp);
+                let norm = st(q, 4)
+                    .saturating_mul(2)
+                    .saturating_add(st(q, self.act))
+                    .saturating_add(h.saturating_mul(3));
                 worst = worst.max(norm);
             }
         }
-        Ok(worst)
+        worst
     }
 
     /// The fused head's no-gradient pass on `scored` of `tokens` rows: the final norm's
-    /// output, the scored rows' copy, one logits tile and the per-row statistics.
-    fn head_working_set(&self, tokens: u64, scored: u64) -> Res<u64> {
+    /// output, the scored rows' copy, one logits tile, the running statistics, targets and
+    /// the mask's nonzero indices (and under autocast the tiles' 16-bit casts).
+    fn head_working_set(&self, tokens: u64, scored: u64) -> u64 {
         let h = self.arch.spec.token_width();
         let v = self.arch.vocab_size().min(FUSED_VOCAB);
         let m = scored.min(FUSED_TOKENS);
@@ -427,64 +436,62 @@ impl<'a> Ctx<'a> {
         } else {
             2
         };
-        let mut total = add(
-            add(
-                storage(mul(tokens, h)?, self.resid)?,
-                storage(mul(scored, h)?, self.resid)?,
-            )?,
-            storage(mul(m, v)?, compute)?,
-        )?;
-        // running statistics, targets and the mask's nonzero indices
-        total = add(
-            total,
-            add(mul(storage(scored, 4)?, 10)?, mul(storage(scored, 8)?, 3)?)?,
-        )?;
+        let mut total = st(tokens.saturating_mul(h), self.resid)
+            .saturating_add(st(scored.saturating_mul(h), self.resid))
+            .saturating_add(st(m * v, compute))
+            .saturating_add(st(scored, 4).saturating_mul(10))
+            .saturating_add(st(scored, 8).saturating_mul(3));
         if self.casts_weights {
-            total = add(
-                total,
-                add(storage(mul(m, h)?, 2)?, storage(mul(v, h)?, 2)?)?,
-            )?;
+            total = total
+                .saturating_add(st(m.saturating_mul(h), 2))
+                .saturating_add(st(v.saturating_mul(h), 2));
         }
-        Ok(total)
+        total
     }
 
     /// A no-gradient forward's working set through the fused head (the reference's, or a
     /// scoring pass's): a layer's or the head's, whichever is larger, and the weight
     /// copies when the weights run under autocast and require grad.
-    fn scoring_working_set(&self, tokens: u64, scored: u64, casts: bool) -> Res<u64> {
+    fn scoring_working_set(&self, tokens: u64, scored: u64, casts: bool) -> u64 {
         let working = self
-            .layer_working_set(tokens)?
-            .max(self.head_working_set(tokens, scored)?);
+            .layer_working_set(tokens)
+            .max(self.head_working_set(tokens, scored));
         if casts && self.casts_weights {
-            add(working, self.weight_casts(false)?)
+            working.saturating_add(self.weight_casts(false))
         } else {
-            Ok(working)
+            working
         }
     }
+}
+
+/// Bytes of a tensor of `elems` elements of `bytes` each as the caching allocator rounds
+/// it (saturating: a figure past 64 bits fails when the phases are totalled).
+fn st(elems: u64, bytes: u64) -> u64 {
+    storage(elems, bytes).unwrap_or(u64::MAX)
 }
 
 /// DPO: `[chosen; rejected]` in one forward of twice the batch; the reference's forward
 /// under `no_grad` on top of everything the policy's forward saved.
 fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakEstimate> {
-    let rows = mul(ctx.step.batch, 2)?;
+    let rows = ctx.step.batch.saturating_mul(2);
     let seq = o.seq_len();
     let mut e = ctx.training(rows, o, replay)?;
-    let tokens = mul(rows, seq)? / ctx.mesh.context.max(1);
-    let scored = mul(rows, o.max_completion)?;
+    let tokens = rows.saturating_mul(seq) / ctx.mesh.context.max(1);
+    let scored = rows.saturating_mul(o.max_completion);
     let reference = if o.reference == Reference::Separate {
-        ctx.reference_bytes()?
+        ctx.reference_bytes()
     } else {
         0
     };
     // input ids, attention mask and completion mask, where the tape counts the ids
-    let inputs = mul(storage(mul(rows, seq)?, 8)?, 2)?;
-    add_everywhere(&mut e, reference, inputs)?;
+    let inputs = st(rows.saturating_mul(seq), 8).saturating_mul(2);
+    add_everywhere(&mut e, reference, inputs);
     let mut scoring = None;
     match o.reference {
         Reference::Separate | Reference::AdaptersOff => {
             // a frozen base (adapters off) keeps no weight copies
             let working =
-                ctx.scoring_working_set(tokens, scored, o.reference == Reference::Separate)?;
+                ctx.scoring_working_set(tokens, scored, o.reference == Reference::Separate);
             if let Some((_, fwd)) = e.phase_peaks.iter_mut().find(|(p, _)| *p == Phase::Forward) {
                 let window = CategoryBytes {
                     temporaries: working,
@@ -497,8 +504,8 @@ fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakE
         }
         // the pass before training holds the weights only
         _ => {
-            let working = ctx.scoring_working_set(tokens, scored, ctx.peft.is_none())?;
-            let fwd = first_phase(&e)?;
+            let working = ctx.scoring_working_set(tokens, scored, ctx.peft.is_none());
+            let fwd = first_phase(&e);
             scoring = Some(CategoryBytes {
                 parameters: fwd.parameters,
                 buffers: fwd.buffers,
@@ -515,7 +522,7 @@ fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakE
 /// micro-batches.
 fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakEstimate> {
     let generations = o.generations.max(1);
-    let sequences = mul(ctx.step.batch, generations)?;
+    let sequences = ctx.step.batch.saturating_mul(generations);
     let split = o.steps_per_generation.max(1);
     if !sequences.is_multiple_of(split) {
         return Err(EstimateError::ObjectiveUnsupported(
@@ -559,163 +566,143 @@ fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<Peak
         }
     }
     let reference = if o.reference == Reference::Separate {
-        ctx.reference_bytes()?
+        ctx.reference_bytes()
     } else {
         0
     };
     let kinds = u64::from(o.old_log_probs()) + u64::from(o.reference != Reference::None);
     // the generation batch (prompt and completion ids and masks) and the log-probabilities
     // scored ahead, kept through training
-    let batch_inputs = mul(
-        add(
-            storage(mul(sequences, prompt)?, 8)?,
-            storage(mul(sequences, completion)?, 8)?,
-        )?,
-        2,
-    )?;
-    let log_probs = mul(storage(mul(sequences, completion)?, 4)?, kinds)?;
-    add_everywhere(&mut e, reference, add(batch_inputs, log_probs)?)?;
+    let batch_inputs = st(sequences.saturating_mul(prompt), 8)
+        .saturating_add(st(sequences.saturating_mul(completion), 8))
+        .saturating_mul(2);
+    let log_probs = st(sequences.saturating_mul(completion), 4).saturating_mul(kinds);
+    add_everywhere(&mut e, reference, batch_inputs.saturating_add(log_probs));
     // between steps: weights, optimizer state, buffers (gradients are set to None)
-    let at_start = |extra: u64| -> Res<CategoryBytes> {
-        let first = first_phase(&e)?;
-        Ok(CategoryBytes {
-            parameters: first.parameters,
-            buffers: add(first.buffers.saturating_sub(log_probs), extra)?,
-            optimizer_states: first.optimizer_states,
-            ..CategoryBytes::default()
-        })
+    let first = first_phase(&e);
+    let at_start = |extra: u64| CategoryBytes {
+        parameters: first.parameters,
+        buffers: first
+            .buffers
+            .saturating_sub(log_probs)
+            .saturating_add(extra),
+        optimizer_states: first.optimizer_states,
+        ..CategoryBytes::default()
     };
     let (generation, kv) = match o.generator {
         Generator::Model => {
-            let (c, kv) = generation(ctx, sequences, prompt, completion)?;
-            let state = at_start(0)?;
+            let (c, kv) = generation(ctx, sequences, prompt, completion);
             (
-                Some(CategoryBytes {
+                CategoryBytes {
                     activations: c.activations,
                     temporaries: c.temporaries,
-                    ..state
-                }),
+                    ..at_start(0)
+                },
                 kv,
             )
         }
         // vLLM holds its own memory: this process keeps its state meanwhile
-        _ => (Some(at_start(0)?), 0),
+        _ => (at_start(0), 0),
     };
-    let scoring = if kinds > 0 {
-        let working = ctx.scoring_working_set(
-            mul(micro, seq)? / ctx.mesh.context.max(1),
-            mul(micro, completion)?,
+    let scoring = (kinds > 0).then(|| CategoryBytes {
+        temporaries: ctx.scoring_working_set(
+            micro.saturating_mul(seq) / ctx.mesh.context.max(1),
+            micro.saturating_mul(completion),
             ctx.peft.is_none(),
-        )?;
-        Some(CategoryBytes {
-            temporaries: working,
-            ..at_start(log_probs)?
-        })
-    } else {
-        None
-    };
+        ),
+        ..at_start(log_probs)
+    });
     let vllm =
         (o.generator == Generator::VllmColocated).then_some(o.vllm_memory_permille.min(1000));
-    finish(e, generation, kv, scoring, reference, vllm)
+    finish(e, Some(generation), kv, scoring, reference, vllm)
 }
 
 /// `model.generate` of `sequences` rows under `no_grad` with transformers' `DynamicCache`:
 /// the largest of the prefill and the last token, as what is alive beyond the state
 /// (activations: the KV cache; temporaries: the rest), and the cache's bytes.
-fn generation(
-    ctx: &Ctx<'_>,
-    sequences: u64,
-    prompt: u64,
-    completion: u64,
-) -> Res<(CategoryBytes, u64)> {
+fn generation(ctx: &Ctx<'_>, sequences: u64, prompt: u64, completion: u64) -> (CategoryBytes, u64) {
     let spec = &ctx.arch.spec;
-    // fp32 weights under autocast: the key leaves rotary (fp32 tables) or its fp32 norm
-    // in fp32, the value the projection's bf16
-    let (key_bytes, value_bytes) = if ctx.casts_weights {
-        (4, 2)
-    } else {
-        (ctx.act, ctx.act)
-    };
-    let key_bytes = |l: &super::model::Layer| {
-        if ctx.casts_weights && l.attention.rotary_dim.is_none() && l.attention.qk_norm.is_none() {
-            2
-        } else {
-            key_bytes
-        }
-    };
     let tp = ctx.tp;
-    let per_layer = |l: &super::model::Layer, positions: u64| -> Res<(u64, u64)> {
+    // fp32 weights under autocast: the key leaves rotary (fp32 tables) or its fp32 norm in
+    // fp32, the value the projection's 16 bits
+    let per_layer = |l: &super::model::Layer, positions: u64| -> (u64, u64) {
         let a = &l.attention;
+        let key_bytes = if !ctx.casts_weights {
+            ctx.act
+        } else if a.rotary_dim.is_some() || a.qk_norm.is_some() {
+            4
+        } else {
+            2
+        };
+        let value_bytes = if ctx.casts_weights { 2 } else { ctx.act };
         let kept = a.window.map_or(positions, |w| positions.min(w));
-        let rows = mul(sequences, mul(a.kv_heads.div_ceil(tp), kept)?)?;
-        Ok((
-            storage(mul(rows, a.head_dim)?, key_bytes(l))?,
-            storage(mul(rows, a.v_head_dim)?, value_bytes)?,
-        ))
+        let rows = sequences.saturating_mul(a.kv_heads.div_ceil(tp).saturating_mul(kept));
+        (
+            st(rows.saturating_mul(a.head_dim), key_bytes),
+            st(rows.saturating_mul(a.v_head_dim), value_bytes),
+        )
     };
-    let cache = |positions: u64| -> Res<u64> {
-        spec.layer_groups().iter().try_fold(0, |acc, (l, count)| {
-            let (k, v) = per_layer(l, positions)?;
-            add(acc, mul(add(k, v)?, *count)?)
+    let groups = spec.layer_groups();
+    let cache = |positions: u64| -> u64 {
+        groups.iter().fold(0u64, |acc, (l, count)| {
+            let (k, v) = per_layer(l, positions);
+            acc.saturating_add(k.saturating_add(v).saturating_mul(*count))
         })
     };
-    let last = add(prompt, completion)?.saturating_sub(1);
-    let logits = storage(mul(sequences, ctx.arch.vocab_size())?, 4)?;
+    let last = prompt.saturating_add(completion).saturating_sub(1);
+    let logits = st(sequences.saturating_mul(ctx.arch.vocab_size()), 4);
     // `torch.cat` of the old and the new value tensor while a layer appends
-    let growing = spec.layer_groups().iter().try_fold(0, |acc: u64, (l, _)| {
-        Ok::<u64, EstimateError>(acc.max(per_layer(l, last.saturating_sub(1))?.1))
-    })?;
+    let growing = groups
+        .iter()
+        .map(|(l, _)| per_layer(l, last.saturating_sub(1)).1)
+        .max()
+        .unwrap_or(0);
     // the previous token's fp32 logits and probabilities stay bound through the next
     // forward, beside this one's
-    let decode_extra = add(growing, mul(logits, 2)?)?.max(mul(logits, 4)?);
+    let decode_extra = growing
+        .saturating_add(logits.saturating_mul(2))
+        .max(logits.saturating_mul(4));
     let casts = if ctx.casts_weights && ctx.peft.is_none() {
-        ctx.weight_casts(true)?
+        ctx.weight_casts(true)
     } else {
         0
     };
-    let kv_last = cache(last)?;
-    let kv_prompt = cache(prompt)?;
-    let prefill_extra = add(ctx.layer_working_set(mul(sequences, prompt)?)?, logits)?;
-    let decode = add(kv_last, decode_extra)?;
-    let prefill = add(kv_prompt, prefill_extra)?;
-    let (kv, rest) = if decode >= prefill {
-        (kv_last, decode_extra)
-    } else {
-        (kv_prompt, prefill_extra)
-    };
-    Ok((
+    let kv_last = cache(last);
+    let kv_prompt = cache(prompt);
+    let prefill_extra = ctx
+        .layer_working_set(sequences.saturating_mul(prompt))
+        .saturating_add(logits);
+    let (kv, rest) =
+        if kv_last.saturating_add(decode_extra) >= kv_prompt.saturating_add(prefill_extra) {
+            (kv_last, decode_extra)
+        } else {
+            (kv_prompt, prefill_extra)
+        };
+    (
         CategoryBytes {
             activations: kv,
-            temporaries: add(rest, casts)?,
+            temporaries: rest.saturating_add(casts),
             ..CategoryBytes::default()
         },
         kv,
-    ))
+    )
 }
 
 /// The training tape's first phase (the forward), whose state every phase starts from.
-fn first_phase(e: &PeakEstimate) -> Res<CategoryBytes> {
-    e.phase_peaks
-        .first()
-        .map(|(_, c)| *c)
-        .ok_or(EstimateError::TooLarge)
+fn first_phase(e: &PeakEstimate) -> CategoryBytes {
+    e.phase_peaks.first().map(|(_, c)| *c).unwrap_or_default()
 }
 
 /// Adds a separate reference's weights and the trainer's own inputs to every moment of the
 /// training tape.
-fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) -> Res<()> {
-    let grow = |c: &mut CategoryBytes| -> Res<()> {
-        c.parameters = add(c.parameters, parameters)?;
-        c.buffers = add(c.buffers, buffers)?;
-        Ok(())
+fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) {
+    let grow = |c: &mut CategoryBytes| {
+        c.parameters = c.parameters.saturating_add(parameters);
+        c.buffers = c.buffers.saturating_add(buffers);
     };
-    for (_, c) in &mut e.phase_peaks {
-        grow(c)?;
-    }
-    for (_, c) in &mut e.backward_moments {
-        grow(c)?;
-    }
-    grow(&mut e.at_peak)
+    e.phase_peaks.iter_mut().for_each(|(_, c)| grow(c));
+    e.backward_moments.iter_mut().for_each(|(_, c)| grow(c));
+    grow(&mut e.at_peak);
 }
 
 /// The step's peak over its phases, the training tape's moments among them.
