@@ -35,6 +35,19 @@ impl Map {
         }
     }
 
+    /// Whether `key` is set.
+    #[must_use]
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.position(key).is_ok()
+    }
+
+    /// Removes `key`, if set.
+    pub fn remove(&mut self, key: &str) {
+        if let Ok(i) = self.position(key) {
+            self.0.remove(i);
+        }
+    }
+
     fn iter(&self) -> impl Iterator<Item = &(String, Value)> {
         self.0.iter()
     }
@@ -98,6 +111,12 @@ impl Value {
             Value::Object(m) => Some(m),
             _ => None,
         }
+    }
+}
+
+impl From<u64> for Value {
+    fn from(n: u64) -> Self {
+        Value::Number(n.to_string().into_boxed_str())
     }
 }
 

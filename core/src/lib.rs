@@ -64,4 +64,8 @@ pub use arch::{
     Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, Reference, SavedPart, Stage,
     StepPhase, TargetsError, TpPlan, TrainingStep,
 };
+pub use arch::{
+    estimate_vlm, image_tokens, ImageLayout, ImageTokens, VisionInputs, VlmKind, MAX_IMAGES,
+    MAX_IMAGE_SIDE,
+};
 // arch-end

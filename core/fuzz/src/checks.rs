@@ -229,6 +229,22 @@ pub fn check_config(data: &[u8]) {
             optimizer_in_backward: p % 4 == 1,
             activation_offload: p % 6 == 1,
         };
+        if arch.is_vision_language() {
+            // images of the byte-picked size, tower frozen or trained: no panic, and the
+            // peak is the largest phase
+            let side = [1, 224, 1344, 4000, 32_768][p % 5];
+            let images = estimator_core::VisionInputs {
+                images: [0, 1, 3][(p / 5) % 3],
+                width: side,
+                height: [1, 300, 896, 32_768][(p / 13) % 4],
+                tower_trained: p % 2 == 0,
+                projector_trained: p % 3 != 0,
+            };
+            if let Ok(e) = estimator_core::estimate_vlm(&arch, &step, None, &images) {
+                assert_eq!(e.at_peak.total(), Some(e.peak_bytes), "{step:?} {images:?}");
+                assert!(e.n_params >= arch.parameter_count());
+            }
+        }
         if let Ok(estimate) = estimate_peak(&arch, &step) {
             assert_eq!(estimate.n_params, arch.parameter_count());
             assert_eq!(

@@ -22,6 +22,8 @@ pub struct Architecture {
     pub(crate) compact: String,
     /// Parameters as PyTorch counts them, computed once from `spec`.
     pub(crate) n_params: u64,
+    /// The vision side of a vision-language model (its language model is `spec`).
+    pub(crate) vlm: Option<Box<super::vision::VisionLm>>,
 }
 
 /// Parameter elements of one rank by FSDP unit: what FSDP2 all-gathers at a time.
@@ -77,6 +79,7 @@ impl Architecture {
             notes: self.notes.clone(),
             compact: String::new(),
             n_params,
+            vlm: self.vlm.clone(),
         }
     }
 
@@ -177,6 +180,19 @@ impl Architecture {
             .iter()
             .filter(|l| l.attention.window.is_some())
             .count() as u64
+    }
+    /// Whether this is a vision-language model (it takes images beside its text).
+    #[must_use]
+    pub fn is_vision_language(&self) -> bool {
+        self.vlm.is_some()
+    }
+    /// Parameters of the vision tower and its projector (and a vision-language model's
+    /// language-model parameters outside the text layers), 0 for a text-only model.
+    #[must_use]
+    pub fn vision_parameter_count(&self) -> u64 {
+        self.vlm
+            .as_deref()
+            .map_or(0, super::vision::VisionLm::parameter_count)
     }
     /// Image side in pixels (vision models; 0 otherwise).
     #[must_use]
@@ -445,6 +461,10 @@ impl<'a> Reader<'a> {
                 reason: format!("expected a list, got {v}"),
             }),
         }
+    }
+    /// A field's value as it is, if present (recorded).
+    pub fn raw(&mut self, name: &str) -> Option<&'a Value> {
+        self.get(name)
     }
     /// An object, if present (not recorded: the caller records what it reads from it).
     pub fn object(&self, name: &str) -> Result<Option<&'a Map>, ConfigError> {

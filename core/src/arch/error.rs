@@ -77,6 +77,8 @@ pub enum EstimateError {
     MeshUnsupported(&'static str),
     /// DPO or GRPO settings that do not go together (or a model they do not train).
     ObjectiveUnsupported(&'static str),
+    /// Images for a text-only model, or images a processor cannot take.
+    ImagesInvalid(&'static str),
 }
 
 impl fmt::Display for EstimateError {
@@ -105,7 +107,9 @@ impl fmt::Display for EstimateError {
                 f,
                 "the model's {count} {what} do not split evenly over {group} tensor-parallel GPUs"
             ),
-            EstimateError::MeshUnsupported(why) | EstimateError::ObjectiveUnsupported(why) => {
+            EstimateError::MeshUnsupported(why)
+            | EstimateError::ObjectiveUnsupported(why)
+            | EstimateError::ImagesInvalid(why) => {
                 write!(f, "{why}")
             }
         }

@@ -1543,13 +1543,13 @@ fn op_policy_saved(layer: &Layer, shape: &StepShape, tokens: u64) -> Res<u64> {
 }
 
 /// An optimizer's memory over the trained tensors.
-struct OptimizerMemory {
+pub(crate) struct OptimizerMemory {
     /// State alive between steps, in PyTorch's caching allocator.
-    resident: u64,
+    pub resident: u64,
     /// State in CUDA managed memory (paged optimizers): outside the allocator's count.
-    paged: u64,
+    pub paged: u64,
     /// The step's largest temporary.
-    temporary: u64,
+    pub temporary: u64,
 }
 
 /// bitsandbytes keeps tensors under this many elements in 32-bit state.
@@ -1560,7 +1560,7 @@ const MIN_PAGED_SIZE: u64 = 100_000;
 /// The state and the step's temporaries of `optimizer` run as `implementation` over
 /// `tensors` (elements, occurrences) whose moments are `state_bytes` and gradients
 /// `grad_bytes` per element.
-fn optimizer_memory(
+pub(crate) fn optimizer_memory(
     optimizer: Optimizer,
     implementation: OptimizerImpl,
     tensors: &[(u64, u64)],

@@ -17,10 +17,12 @@
 //! (why a config or a step fails) import nothing above them; then `family` (the `model_type`s),
 //! `peft` (adapters' rules), `ops` (the op kinds), `recipe` (the step's choices), `shape` (one
 //! step as the op kinds see it), `loss` (the trainers' heads and losses), `model` (a model as
-//! data and its forward tape), `mesh` (one tensor-parallel rank's share of a model), `config` (a validated `Architecture`), `families` (the readers
-//! and `parse_hf_config`, the dispatch above them), `presets`, and `estimate` (the step's
-//! moments). No module imports one above it, so a new input of the op kinds (a device mesh)
-//! is one more field of `shape`.
+//! data and its forward tape), `mesh` (one tensor-parallel rank's share of a model), `vision`
+//! (a vision-language model's vision side as data, its processors' token arithmetic), `config`
+//! (a validated `Architecture`), `families` (the readers and `parse_hf_config`, the dispatch
+//! above them), `presets`, `estimate` (the step's moments) and `vlm` (vision-language models,
+//! on top of `estimate`). No module imports one above it, so a new input of the op kinds (a
+//! device mesh) is one more field of `shape`.
 //!
 //! # How the estimate works
 //! The forward is emulated on a tape: each op creates tensors and marks the ones its backward
@@ -56,6 +58,17 @@
 //!
 //! Vision convention: for ViT, `TrainingStep::seq_len` holds the image side in pixels (224);
 //! tokens are `(side / patch)^2 + 1` (the class token).
+//!
+//! # Vision-language models
+//! `families.rs` reads the vision side of `qwen2_5_vl`, `qwen3_vl`, `gemma3`, `llava` /
+//! `llava_next`, `idefics3` / `smolvlm` and `mllama` configs beside their language model (a
+//! text family, read as above) into `vision.rs`'s data: the tower's and projector's parameters,
+//! each processor's token arithmetic (a pure function of the image's pixels); `vlm.rs`'s
+//! `estimate_vlm` runs the language model on the text tape over text + image + markup tokens
+//! and adds the tower and the projector as `validation/VLM.md` lists them (a frozen tower saves
+//! nothing; its backward runs after the language model's layers and before the token
+//! embedding's). There `TrainingStep::seq_len` is the text tokens per sample; the images come
+//! in a `VisionInputs` beside the step.
 
 mod arith;
 mod config;
@@ -73,6 +86,8 @@ mod presets;
 mod recipe;
 mod replay;
 mod shape;
+mod vision;
+mod vlm;
 
 pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
@@ -89,3 +104,5 @@ pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
 pub use recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
 pub use replay::AllocatorPeaks;
+pub use vision::{ImageLayout, VisionInputs, VlmKind, MAX_IMAGES, MAX_IMAGE_SIDE};
+pub use vlm::{estimate_vlm, image_tokens, ImageTokens};

@@ -1,0 +1,610 @@
+//! Vision-language models: the vision tower, its projector, the image tokens each processor
+//! makes, and one training step of the whole model (`validation/VLM.md`, measured rows in
+//! `tests/fixtures/vlm-measured.jsonl`).
+//!
+//! The language model is one of the text families and runs on the text tape
+//! (`estimate.rs`) over its whole sequence: text tokens plus, per image, the placeholder
+//! tokens the image features replace and the processor's markup. The tower and the projector
+//! are added around it, tensor by tensor as `VLM.md` lists them: their weights, the
+//! gradients and optimizer state of the trained ones, the tensors a trained tower saves for
+//! backward (a frozen tower runs without graph and saves nothing), the projector's, the
+//! inputs (pixel values and the processors' extra tensors), and the moments of the step
+//! where they add up: the end of the forward, the backward's moments (the tower's backward
+//! runs after the language model's layers, before the token embedding's), and the optimizer
+//! step. The vision side as data (readers, processors) is in `vision.rs`.
+
+use super::config::Architecture;
+use super::error::EstimateError;
+use super::estimate::{
+    estimate_peak_with, optimizer_memory, BackwardMoment, CategoryBytes, PeakEstimate, Phase,
+    TrainingStep,
+};
+use super::ops::{add, mul, storage, sum_storages, Res};
+use super::peft::Peft;
+use super::recipe::{Checkpointing, PrecisionRecipe};
+use super::vision::{layout, ImageLayout, Processor, VisionInputs, VisionLm, VlmKind, MAX_IMAGES};
+
+/// Images per sample and the language model's sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageTokens {
+    /// One image's layout.
+    pub layout: ImageLayout,
+    /// Placeholder tokens per sample (all images).
+    pub image_tokens: u64,
+    /// Markup tokens per sample.
+    pub markup_tokens: u64,
+    /// The language model's sequence per sample: text, image and markup tokens.
+    pub sequence: u64,
+}
+
+/// The image tokens of one sample of `text` text tokens with `v`'s images.
+///
+/// # Errors
+/// [`EstimateError::ImagesInvalid`] for an image the processor cannot take or too many
+/// images; [`EstimateError::TooLarge`] on overflow.
+pub fn image_tokens(
+    arch: &Architecture,
+    text: u64,
+    v: &VisionInputs,
+) -> Result<ImageTokens, EstimateError> {
+    let Some(vlm) = arch.vlm.as_deref() else {
+        return Err(EstimateError::ImagesInvalid(
+            "this is a text-only model: it takes no images",
+        ));
+    };
+    if v.images > MAX_IMAGES {
+        return Err(EstimateError::ImagesInvalid(
+            "at most 256 images per sample",
+        ));
+    }
+    let layout = layout(&vlm.processor, v.width, v.height)?;
+    let image_tokens = mul(layout.tokens, v.images)?;
+    let markup_tokens = mul(layout.markup, v.images)?;
+    Ok(ImageTokens {
+        layout,
+        image_tokens,
+        markup_tokens,
+        sequence: add(add(text, image_tokens)?, markup_tokens)?,
+    })
+}
+
+/// What the vision side adds to the step.
+struct VisionBytes {
+    /// Tensors the tower and the projector save for backward (and the language model's
+    /// image-specific ones: the merge mask, Mllama's cross-attention).
+    saved: u64,
+    /// Inputs: pixel values and the processor's extra tensors, token ids and labels.
+    inputs: u64,
+    /// Alive at the end of the forward beyond what is saved (a frozen tower's output).
+    forward_extra: u64,
+    /// The largest transient of the tower's backward.
+    backward_transient: u64,
+    /// Saved tensors alive after backward: an unused LLaVA layer's attention side, held by
+    /// a reference cycle in the forward's outputs (measured alive through the optimizer
+    /// step).
+    lingering: u64,
+}
+
+/// The bytes the vision side saves in one step of `b` samples.
+#[allow(clippy::too_many_lines)]
+fn vision_bytes(
+    vlm: &VisionLm,
+    v: &VisionInputs,
+    it: &ImageTokens,
+    b: u64,
+    p: PrecisionRecipe,
+    gc: bool,
+    lm_trained: bool,
+) -> Res<VisionBytes> {
+    let e = p.activation_bytes();
+    let amp = p.autocast();
+    let resid = p.residual_bytes();
+    let t = vlm.tower;
+    let (c, i, h) = (t.hidden, t.inner, t.heads);
+    let d = c / h.max(1);
+    let n_img = mul(b, v.images)?;
+    let lay = it.layout;
+    // positions in the tower over the batch
+    let n = mul(n_img, lay.patches)?;
+    let r = storage;
+    let nc = mul(n, c)?;
+    let ni = mul(n, i)?;
+    let s = it.sequence;
+    let bs = mul(b, s)?;
+    let mut saved = 0u64;
+    let tower = v.tower_trained && v.images > 0;
+    let projector = v.projector_trained && v.images > 0;
+    // SigLIP / CLIP layer (VLM.md): residuals, LayerNorm stats and outputs, q/k/v, flash
+    // output and log-sum-exp, the MLP's inner tensors (quick-GELU keeps its sigmoid too)
+    let encoder_layer = |inner_tensors: u64| -> Res<u64> {
+        if amp {
+            let x = add(mul(r(nc, 4)?, 2)?, mul(r(nc, 2)?, 8)?)?;
+            let x = add(x, mul(r(ni, 2)?, inner_tensors)?)?;
+            add(add(x, mul(r(n, 4)?, 4)?)?, r(mul(n, h)?, 4)?)
+        } else {
+            let x = add(mul(r(nc, e)?, 8)?, mul(r(ni, e)?, inner_tensors)?)?;
+            add(add(x, mul(r(n, e)?, 4)?)?, r(mul(n, h)?, 4)?)
+        }
+    };
+    let mut inputs = 0u64;
+    let mut forward_extra = 0u64;
+    let mut lingering = 0u64;
+    // token ids and labels
+    inputs = add(inputs, mul(r(bs, 8)?, 2)?)?;
+    match vlm.kind {
+        VlmKind::Qwen25Vl | VlmKind::Qwen3Vl => {
+            let (patch, temporal) = match vlm.processor {
+                Processor::Qwen {
+                    patch, temporal, ..
+                } => (patch, temporal),
+                _ => (t.patch, 2),
+            };
+            let row = 3 * temporal * patch * patch;
+            // pixel_values (fp32 rows), image_grid_thw, mm_token_type_ids
+            inputs = add(inputs, r(mul(n, row)?, 4)?)?;
+            inputs = add(inputs, r(mul(n_img, 3)?, 8)?)?;
+            inputs = add(inputs, r(bs, 8)?)?;
+            let q3 = vlm.kind == VlmKind::Qwen3Vl;
+            if tower {
+                if gc {
+                    saved = add(saved, mul(r(nc, e)?, t.layers)?)?;
+                } else {
+                    let per_block_common = if q3 {
+                        // 11 r(eNC) + 2 r(eNI) + 4 stats (flash out counted per image below)
+                        let x = add(mul(r(nc, e)?, 10)?, mul(r(ni, e)?, 2)?)?;
+                        let x = add(x, mul(r(n, e)?, 4)?)?;
+                        if amp {
+                            add(add(x, mul(r(nc, 4)?, 2)?)?, mul(r(nc, 2)?, 3)?)?
+                        } else {
+                            x
+                        }
+                    } else {
+                        // two RMSNorms (fp32 x, rsqrt, bf16 normalized, weight product), the
+                        // rotary q/k, the fused qkv, the cat, four SwiGLU tensors
+                        let norm = add(add(r(nc, 4)?, r(n, 4)?)?, mul(r(nc, e)?, 2)?)?;
+                        let x = add(mul(norm, 2)?, mul(r(nc, e)?, 2)?)?;
+                        let x = add(add(x, r(mul(nc, 3)?, e)?)?, r(nc, e)?)?;
+                        let x = add(x, mul(r(ni, e)?, 4)?)?;
+                        if amp {
+                            add(x, r(nc, 2)?)?
+                        } else {
+                            x
+                        }
+                    };
+                    // SDPA per segment: one per image (full blocks), one per window
+                    let (gh, gw) = lay.grid;
+                    let seg =
+                        |len: u64| -> Res<u64> { add(r(mul(len, c)?, e)?, r(mul(len, h)?, 4)?) };
+                    let full = seg(lay.patches)?;
+                    let window = if q3 {
+                        full
+                    } else {
+                        let u = vlm.window_units.max(1);
+                        let (mh, mw) = (gh / vlm.scale.max(1), gw / vlm.scale.max(1));
+                        // whole windows of u x u merged units, and the smaller ones
+                        // at the bottom and right edges
+                        let (full_rows, rest_rows) = (mh / u, mh % u);
+                        let (full_cols, rest_cols) = (mw / u, mw % u);
+                        let units = vlm.scale * vlm.scale;
+                        let mut total = 0;
+                        for (count, rows, cols) in [
+                            (mul(full_rows, full_cols)?, u, u),
+                            (full_rows, u, rest_cols),
+                            (full_cols, rest_rows, u),
+                            (1, rest_rows, rest_cols),
+                        ] {
+                            let len = mul(units, mul(rows, cols)?)?;
+                            if len > 0 {
+                                total = add(total, mul(seg(len)?, count)?)?;
+                            }
+                        }
+                        total
+                    };
+                    let full_blocks = if q3 {
+                        t.layers
+                    } else {
+                        vlm.full_blocks.min(t.layers)
+                    };
+                    let blocks = add(
+                        mul(add(per_block_common, mul(full, n_img)?)?, full_blocks)?,
+                        mul(
+                            add(per_block_common, mul(window, n_img)?)?,
+                            t.layers - full_blocks,
+                        )?,
+                    )?;
+                    saved = add(saved, blocks)?;
+                }
+                // the patch embedding's 16-bit pixel copy, rotary cos/sin
+                saved = add(saved, r(mul(n, row)?, e)?)?;
+                saved = add(saved, mul(r(mul(n, d)?, 4)?, 2)?)?;
+                if q3 {
+                    // interpolated learned positions: indices and weights
+                    saved = add(add(saved, r(mul(n, 4)?, 8)?)?, r(mul(n, 4)?, 4)?)?;
+                } else {
+                    saved = add(saved, mul(r(n / 4, 8)?, 2)?)?;
+                }
+            }
+            if projector {
+                let m = if q3 {
+                    // LayerNorm (stats, output, its input when the tower is trained), fc1, GELU
+                    let x = add(mul(r(n, e)?, 2)?, mul(r(nc, e)?, 3)?)?;
+                    let deep = add(
+                        mul(r(n / 4, e)?, 2)?,
+                        mul(r(nc, e)?, if tower { 3 } else { 4 })?,
+                    )?;
+                    let x = if tower { add(x, r(nc, e)?)? } else { x };
+                    add(x, mul(deep, vlm.deepstack)?)?
+                } else if tower {
+                    add(add(r(nc, 4)?, r(n, 4)?)?, mul(r(nc, e)?, 4)?)?
+                } else {
+                    mul(r(nc, e)?, 4)?
+                };
+                saved = add(saved, m)?;
+            }
+            if !tower {
+                forward_extra = r(nc, e)?;
+            }
+        }
+        VlmKind::Gemma3 | VlmKind::Idefics3 | VlmKind::LlavaNext => {
+            let side = match vlm.processor {
+                Processor::Fixed { side, .. } => side,
+                Processor::Split { tile, .. } => tile,
+                Processor::AnyRes { crop, .. } => crop,
+                _ => 0,
+            };
+            let tiles = mul(n_img, lay.tiles)?;
+            let pixels = mul(mul(tiles, 3)?, mul(side, side)?)?;
+            inputs = add(inputs, r(pixels, 4)?)?;
+            match vlm.kind {
+                // token_type_ids
+                VlmKind::Gemma3 => inputs = add(inputs, r(bs, 8)?)?,
+                // the int64 pixel attention mask
+                VlmKind::Idefics3 => inputs = add(inputs, r(mul(tiles, side * side)?, 8)?)?,
+                // image_sizes; the tiles padded to the batch's most
+                _ => inputs = add(inputs, r(mul(n_img, 2)?, 8)?)?,
+            }
+            let clip = vlm.kind == VlmKind::LlavaNext;
+            let inner_tensors = if clip { 3 } else { 2 };
+            if tower {
+                let layer = encoder_layer(inner_tensors)?;
+                if gc {
+                    saved = add(saved, mul(r(nc, resid)?, t.layers)?)?;
+                } else {
+                    saved = add(saved, mul(layer, t.layers)?)?;
+                    if vlm.unused_layers > 0 {
+                        // vision_feature_layer -2: the last layer runs unused, its saved
+                        // tensors held by the outputs but for its GELU and output residual;
+                        // its attention side outlives the backward
+                        saved = saved.saturating_sub(add(r(ni, e)?, r(nc, e)?)?);
+                        lingering = encoder_layer(0)?;
+                    }
+                }
+                // the convolution's 16-bit pixel copy; LayerNorm stats after the layers
+                // (and the pre-LayerNorm's for CLIP); position ids for Idefics3
+                saved = add(saved, r(pixels, e)?)?;
+                saved = add(saved, mul(r(n, resid)?, 2)?)?;
+                if clip {
+                    saved = add(add(saved, mul(r(n, resid)?, 2)?)?, r(nc, resid)?)?;
+                }
+                if vlm.kind == VlmKind::Idefics3 {
+                    saved = add(saved, r(n, 8)?)?;
+                }
+            }
+            if projector {
+                let m = match vlm.kind {
+                    VlmKind::Gemma3 => {
+                        let pooled = mul(mul(n_img, lay.tokens)?, c)?;
+                        let norm = if tower {
+                            add(
+                                add(r(nc, e)?, mul(r(pooled, 4)?, 2)?)?,
+                                r(mul(n_img, lay.tokens)?, 4)?,
+                            )?
+                        } else {
+                            r(pooled, 4)?
+                        };
+                        add(norm, r(pooled, e)?)?
+                    }
+                    VlmKind::Idefics3 => r(nc, e)?,
+                    _ => {
+                        let rows = mul(tiles, (lay.patches / lay.tiles.max(1)).saturating_sub(1))?;
+                        add(
+                            r(mul(rows, c)?, e)?,
+                            mul(r(mul(rows, vlm.lm_hidden)?, e)?, 2)?,
+                        )?
+                    }
+                };
+                saved = add(saved, m)?;
+            }
+            if !tower {
+                forward_extra = r(nc, e)?;
+            }
+        }
+        VlmKind::Mllama => {
+            let (tile, max_tiles) = match vlm.processor {
+                Processor::Tiles {
+                    tile, max_tiles, ..
+                } => (tile, max_tiles),
+                _ => (560, 4),
+            };
+            let slots = mul(n_img, max_tiles)?;
+            let pixels = mul(mul(slots, 3)?, tile * tile)?;
+            let per_tile = (tile / t.patch) * (tile / t.patch) + 1;
+            let real = mul(slots, per_tile)?;
+            // pixel values, aspect-ratio ids and mask, the cross-attention mask
+            inputs = add(inputs, r(pixels, 4)?)?;
+            inputs = add(inputs, r(n_img, 8)?)?;
+            inputs = add(inputs, r(slots, 8)?)?;
+            inputs = add(inputs, r(mul(bs, mul(v.images, max_tiles)?)?, 8)?)?;
+            if tower {
+                let layer = encoder_layer(2)?;
+                let global = add(add(layer, mul(r(nc, e)?, 2)?)?, 1024)?;
+                saved = add(saved, mul(layer, t.layers)?)?;
+                saved = add(saved, mul(global, vlm.global_layers)?)?;
+                saved = saved.saturating_sub(if vlm.global_layers > 0 { r(nc, e)? } else { 0 });
+                // the aspect-ratio mask, shared by every layer
+                let l = lay.patches / max_tiles.max(1) * max_tiles;
+                saved = add(saved, r(mul(n_img, mul(l, l)?)?, e)?)?;
+                // pixel copy, tile position embeddings, pre-LayerNorm stats, padded input,
+                // post-tile embedding output
+                saved = add(saved, r(pixels, e)?)?;
+                saved = add(saved, mul(r(mul(real, c)?, e)?, 2)?)?;
+                saved = add(saved, mul(r(real, e)?, 2)?)?;
+                saved = add(saved, r(nc, e)?)?;
+                saved = add(saved, r(mul(real, c)?, e)?)?;
+            }
+            if projector {
+                saved = add(saved, r(mul(real, vlm.vision_output)?, e)?)?;
+            }
+            if !tower {
+                forward_extra = r(mul(real, vlm.vision_output)?, e)?;
+            }
+            // cross-attention layers over the projected vision states
+            let (hq, hkv, hd) = vlm.lm_heads;
+            let tv = mul(n_img, mul(max_tiles, per_tile)?)?;
+            let tv_per = mul(v.images, mul(max_tiles, per_tile)?)?;
+            if v.images > 0 {
+                let kv = mul(tv, mul(hkv, hd)?)?;
+                let mut cross = add(add(r(kv, 4)?, r(mul(tv, hkv)?, 4)?)?, r(kv, e)?)?;
+                cross = add(cross, mul(r(mul(tv, mul(hq, hd)?)?, e)?, 2)?)?;
+                cross = add(cross, r(mul(bs, tv_per.div_ceil(8) * 8)?, e)?)?;
+                let q = mul(bs, mul(hq, hd)?)?;
+                cross = add(
+                    cross,
+                    add(add(r(q, 4)?, r(mul(bs, hq)?, 4)?)?, mul(r(q, e)?, 2)?)?,
+                )?;
+                cross = add(cross, add(1024, mul(r(mul(bs, vlm.lm_hidden)?, e)?, 2)?)?)?;
+                saved = add(saved, mul(cross, vlm.cross_layers)?)?;
+                if vlm.cross_layers > 0 {
+                    // the projected states (k/v input) and the row mask, once
+                    saved = add(saved, r(mul(tv, vlm.lm_hidden)?, e)?)?;
+                    saved = add(saved, r(bs, e)?)?;
+                }
+            }
+        }
+    }
+    // masked_scatter of the image features keeps its mask when anything before it trains
+    if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower) {
+        saved = add(saved, r(bs, 1)?)?;
+    }
+    // autocast's 16-bit copies of the trained vision weights
+    if amp {
+        let mut w = Vec::new();
+        if tower {
+            w.extend(vlm.tower_params.iter().copied().filter(|&x| x > c));
+        }
+        if projector {
+            w.extend(
+                vlm.projector_params
+                    .iter()
+                    .copied()
+                    .filter(|&x| x > vlm.lm_hidden.max(c)),
+            );
+        }
+        saved = add(saved, sum_storages(&w, 2)?)?;
+    }
+    let backward_transient = if tower {
+        add(mul(r(ni, e)?, 2)?, r(nc, resid)?)?
+    } else {
+        0
+    };
+    Ok(VisionBytes {
+        saved,
+        inputs,
+        forward_extra,
+        backward_transient,
+        lingering,
+    })
+}
+
+/// Estimates one step of a vision-language model: `step.seq_len` is the text tokens per
+/// sample, `v` the images and what of the vision side trains; LoRA (`peft`) applies to the
+/// language model only.
+///
+/// # Errors
+/// As [`estimate_peak_with`], and [`EstimateError::ImagesInvalid`] for a text-only model or
+/// an image the processor cannot take.
+#[allow(clippy::too_many_lines)]
+pub fn estimate_vlm(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&Peft>,
+    v: &VisionInputs,
+) -> Result<PeakEstimate, EstimateError> {
+    let Some(vlm) = arch.vlm.as_deref() else {
+        return Err(EstimateError::ImagesInvalid(
+            "this is a text-only model: it takes no images",
+        ));
+    };
+    let it = image_tokens(arch, step.seq_len, v)?;
+    let lm_step = TrainingStep {
+        seq_len: it.sequence,
+        // Gemma 3's processor marks image tokens (token_type_ids): transformers builds a
+        // materialised bidirectional-within-image mask for every layer, as for padded rows
+        padding: step.padding || (vlm.kind == VlmKind::Gemma3 && v.images > 0),
+        ..*step
+    };
+    let lm = estimate_peak_with(arch, &lm_step, peft)?;
+    let p = step.precision;
+    let b = step.batch;
+    let trains = step.optimizer.trains();
+    let gc = step.checkpointing != Checkpointing::None;
+    let lm_trained = peft.is_none();
+    let vb = vision_bytes(vlm, v, &it, b, p, gc, lm_trained && trains)?;
+    let v_inputs = vb.inputs.saturating_sub(storage(mul(b, it.sequence)?, 8)?);
+    // weights, and what trains
+    let mut all = vlm.tower_params.clone();
+    all.extend(&vlm.projector_params);
+    all.extend(&vlm.lm_extra_params);
+    let weights = sum_storages(&all, p.weight_bytes())?;
+    let mut trained: Vec<(u64, u64)> = Vec::new();
+    if trains {
+        if v.tower_trained {
+            let with_grad = vlm.tower_params.len().saturating_sub(vlm.gradless_tail);
+            trained.extend(vlm.tower_params.iter().take(with_grad).map(|&e| (e, 1)));
+        }
+        if v.projector_trained {
+            trained.extend(vlm.projector_params.iter().map(|&e| (e, 1)));
+        }
+        if lm_trained {
+            trained.extend(vlm.lm_extra_params.iter().map(|&e| (e, 1)));
+        }
+    }
+    let grad_bytes = p.gradient_bytes();
+    let grads = trained
+        .iter()
+        .try_fold(0, |acc, &(e, _)| add(acc, storage(e, grad_bytes)?))?;
+    let opt = optimizer_memory(
+        step.optimizer,
+        step.optimizer_impl,
+        &trained,
+        p.optimizer_state_bytes(),
+        grad_bytes,
+    )?;
+    let master = if p.master_weights() {
+        trained
+            .iter()
+            .try_fold(0, |acc, &(e, _)| add(acc, storage(e, 4)?))?
+    } else {
+        0
+    };
+    let states = add(opt.resident, master)?;
+    let saved = if trains { vb.saved } else { 0 };
+    let with_base = |c: &CategoryBytes| -> Res<CategoryBytes> {
+        Ok(CategoryBytes {
+            parameters: add(c.parameters, weights)?,
+            buffers: add(c.buffers, v_inputs)?,
+            optimizer_states: add(c.optimizer_states, states)?,
+            ..*c
+        })
+    };
+    let mut phases = Vec::new();
+    let mut moments = Vec::new();
+    for (phase, c) in &lm.phase_peaks {
+        let mut x = with_base(c)?;
+        match phase {
+            Phase::Forward => {
+                x.activations = add(x.activations, saved)?;
+                x.temporaries = add(x.temporaries, vb.forward_extra)?;
+            }
+            Phase::OptimizerStep => {
+                x.activations = add(x.activations, vb.lingering)?;
+                x.gradients = add(x.gradients, grads)?;
+                x.temporaries = add(x.temporaries, opt.temporary)?;
+            }
+            _ => {}
+        }
+        phases.push((*phase, x));
+    }
+    if trains {
+        // the language model's backward moments: before the tower's backward its saved
+        // tensors are alive; the token embedding's backward comes after it (the embedding
+        // ran first in the forward), with every vision gradient made
+        for (m, c) in &lm.backward_moments {
+            let mut x = with_base(c)?;
+            if *m == BackwardMoment::Embedding {
+                x.gradients = add(x.gradients, grads)?;
+                x.activations = add(x.activations, vb.lingering)?;
+            } else {
+                x.activations = add(x.activations, saved)?;
+            }
+            moments.push((*m, x));
+        }
+        // inside the tower's backward: the language model's gradients but the embedding's,
+        // the projector's, the vision tensors saved, the gradient of the merged embeddings
+        if v.images > 0 && (v.tower_trained || v.projector_trained) {
+            let opt_phase = lm
+                .phase_peaks
+                .iter()
+                .find(|(ph, _)| *ph == Phase::OptimizerStep)
+                .map(|(_, c)| *c);
+            if let Some(o) = opt_phase {
+                let embedding = if lm_trained {
+                    sum_storages(&arch.spec.embedding_parameter_tensors(), grad_bytes)?
+                } else {
+                    0
+                };
+                let proj_grads = if v.projector_trained {
+                    sum_storages(&vlm.projector_params, grad_bytes)?
+                } else {
+                    0
+                };
+                let x = CategoryBytes {
+                    gradients: add(o.gradients.saturating_sub(embedding), proj_grads)?,
+                    activations: saved,
+                    temporaries: add(
+                        vb.backward_transient,
+                        storage(
+                            mul(mul(b, it.sequence)?, arch.hidden_size())?,
+                            p.residual_bytes(),
+                        )?,
+                    )?,
+                    ..with_base(&CategoryBytes {
+                        temporaries: 0,
+                        ..o
+                    })?
+                };
+                moments.push((BackwardMoment::Layers, x));
+            }
+        }
+        if let Some((_, bwd)) = phases.iter_mut().find(|(ph, _)| *ph == Phase::Backward) {
+            let mut best = *bwd;
+            let mut best_total = 0;
+            for (_, c) in &moments {
+                let t = c.total().ok_or(EstimateError::TooLarge)?;
+                if t > best_total {
+                    best_total = t;
+                    best = *c;
+                }
+            }
+            *bwd = best;
+        }
+    }
+    let mut best = (Phase::Forward, CategoryBytes::default(), 0u64);
+    for (ph, c) in &phases {
+        let t = c.total().ok_or(EstimateError::TooLarge)?;
+        if t > best.2 || (t == best.2 && *ph == Phase::OptimizerStep) {
+            best = (*ph, *c, t);
+        }
+    }
+    // requires_grad counts the tower's unused tail too
+    let tail: u64 = if trains && v.tower_trained {
+        let with_grad = vlm.tower_params.len().saturating_sub(vlm.gradless_tail);
+        vlm.tower_params.iter().skip(with_grad).sum()
+    } else {
+        0
+    };
+    let trainable = trained.iter().try_fold(tail, |acc, &(e, _)| add(acc, e))?;
+    Ok(PeakEstimate {
+        n_params: add(lm.n_params, vlm.parameter_count())?,
+        peak_bytes: best.2,
+        peak_phase: best.0,
+        at_peak: best.1,
+        phase_peaks: phases,
+        backward_moments: moments,
+        saved_activation_bytes: add(lm.saved_activation_bytes, saved)?,
+        trainable_params: add(lm.trainable_params, trainable)?,
+        allocator: None,
+        objective: None,
+        ..lm
+    })
+}
