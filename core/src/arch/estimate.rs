@@ -310,6 +310,10 @@ pub(crate) struct TrainerTape {
     /// The trainer runs the forward under its own bf16 autocast (TRL's `bf16=True`) even on
     /// 16-bit weights: fp32 adapters then keep the 16-bit cast of their input.
     pub autocast: bool,
+    /// The first layer's input needs a gradient whatever the adapters (a vision-language
+    /// model's merged embeddings when its projector or tower trains): a frozen first layer
+    /// then keeps what it saves before its first adapter.
+    pub input_grad: bool,
 }
 
 /// One rank's step, with what the trainer adds to its tape.
@@ -490,7 +494,7 @@ fn estimate_on(
             targets: f.targets,
             adapter_bytes,
             quantized,
-            input_grad: step.checkpointing.recomputes(),
+            input_grad: step.checkpointing.recomputes() || trainer.input_grad,
             autocast: trainer.autocast,
         }),
         seq_shards: if mesh.sequence_parallel {
@@ -892,7 +896,10 @@ fn estimate_on(
     let first_layer_casts = match (spec.layers.first(), peft) {
         // (4-bit weights are never cast)
         (Some(first), Some(f))
-            if p.autocast() && !quantized && !step.checkpointing.checkpoints_layer(0) =>
+            if p.autocast()
+                && !quantized
+                && !step.checkpointing.checkpoints_layer(0)
+                && !trainer.input_grad =>
         {
             let stage = |role: Role| match role {
                 Role::O => 1,

@@ -16,9 +16,10 @@
 use super::config::Architecture;
 use super::error::EstimateError;
 use super::estimate::{
-    estimate_peak_with, optimizer_memory, BackwardMoment, CategoryBytes, PeakEstimate, Phase,
+    optimizer_memory, rank_step, BackwardMoment, CategoryBytes, PeakEstimate, Phase, TrainerTape,
     TrainingStep,
 };
+use super::mesh::Mesh;
 use super::ops::{add, mul, storage, sum_storages, Res};
 use super::peft::Peft;
 use super::recipe::{Checkpointing, PrecisionRecipe};
@@ -77,6 +78,13 @@ struct VisionBytes {
     inputs: u64,
     /// Alive at the end of the forward beyond what is saved (a frozen tower's output).
     forward_extra: u64,
+    /// Of `saved`, what the language model's side keeps for the images (the merge mask,
+    /// Mllama's cross-attention over the vision states): freed before the tower's backward.
+    lm_side: u64,
+    /// Of `saved`, the projector's.
+    projector: u64,
+    /// The projector's input and output (the gradients its backward makes of them).
+    projector_io: (u64, u64),
     /// The largest transient of the tower's backward.
     backward_transient: u64,
     /// Saved tensors alive after backward: an unused LLaVA layer's attention side, held by
@@ -129,6 +137,9 @@ fn vision_bytes(
     let mut inputs = 0u64;
     let mut forward_extra = 0u64;
     let mut lingering = 0u64;
+    let mut lm_side = 0u64;
+    let mut proj_saved = 0u64;
+    let projector_io;
     // token ids and labels
     inputs = add(inputs, mul(r(bs, 8)?, 2)?)?;
     match vlm.kind {
@@ -151,13 +162,14 @@ fn vision_bytes(
                 } else {
                     let per_block_common = if q3 {
                         // 11 r(eNC) + 2 r(eNI) + 4 stats (flash out counted per image below)
-                        let x = add(mul(r(nc, e)?, 10)?, mul(r(ni, e)?, 2)?)?;
-                        let x = add(x, mul(r(n, e)?, 4)?)?;
-                        if amp {
-                            add(add(x, mul(r(nc, 4)?, 2)?)?, mul(r(nc, 2)?, 3)?)?
-                        } else {
-                            x
-                        }
+                        // (under autocast the two residuals the LayerNorms keep are fp32
+                        // and so are their stats; each linear's bf16 input cast takes the
+                        // place of the LayerNorm output it reads)
+                        let x = add(mul(r(nc, e)?, 8)?, mul(r(ni, e)?, 2)?)?;
+                        add(
+                            add(x, mul(r(nc, resid)?, 2)?)?,
+                            mul(r(n, if amp { 4 } else { e })?, 4)?,
+                        )?
                     } else {
                         // two RMSNorms (fp32 x, rsqrt, bf16 normalized, weight product), the
                         // rotary q/k, the fused qkv, the cat, four SwiGLU tensors
@@ -239,8 +251,12 @@ fn vision_bytes(
                 } else {
                     mul(r(nc, e)?, 4)?
                 };
-                saved = add(saved, m)?;
+                proj_saved = m;
             }
+            projector_io = (
+                r(nc, e)?,
+                r(mul(n / (vlm.scale * vlm.scale).max(1), vlm.lm_hidden)?, e)?,
+            );
             if !tower {
                 forward_extra = r(nc, e)?;
             }
@@ -289,6 +305,11 @@ fn vision_bytes(
                 if vlm.kind == VlmKind::Idefics3 {
                     saved = add(saved, r(n, 8)?)?;
                 }
+                // SigLIP's post-LayerNorm keeps its input, the last layer's output (CLIP's
+                // normalises the class token of the pooled output only)
+                if !clip {
+                    saved = add(saved, r(nc, resid)?)?;
+                }
             }
             if projector {
                 let m = match vlm.kind {
@@ -313,8 +334,18 @@ fn vision_bytes(
                         )?
                     }
                 };
-                saved = add(saved, m)?;
+                proj_saved = m;
             }
+            projector_io = match vlm.kind {
+                VlmKind::LlavaNext => {
+                    let rows = mul(tiles, (lay.patches / lay.tiles.max(1)).saturating_sub(1))?;
+                    (r(mul(rows, c)?, e)?, r(mul(rows, vlm.lm_hidden)?, e)?)
+                }
+                _ => (
+                    r(nc, e)?,
+                    r(mul(mul(n_img, lay.tokens)?, vlm.lm_hidden)?, e)?,
+                ),
+            };
             if !tower {
                 forward_extra = r(nc, e)?;
             }
@@ -353,8 +384,12 @@ fn vision_bytes(
                 saved = add(saved, r(mul(real, c)?, e)?)?;
             }
             if projector {
-                saved = add(saved, r(mul(real, vlm.vision_output)?, e)?)?;
+                proj_saved = r(mul(real, vlm.vision_output)?, e)?;
             }
+            projector_io = (
+                r(mul(real, vlm.vision_output)?, e)?,
+                r(mul(real, vlm.lm_hidden)?, e)?,
+            );
             if !tower {
                 forward_extra = r(mul(real, vlm.vision_output)?, e)?;
             }
@@ -373,18 +408,21 @@ fn vision_bytes(
                     add(add(r(q, 4)?, r(mul(bs, hq)?, 4)?)?, mul(r(q, e)?, 2)?)?,
                 )?;
                 cross = add(cross, add(1024, mul(r(mul(bs, vlm.lm_hidden)?, e)?, 2)?)?)?;
-                saved = add(saved, mul(cross, vlm.cross_layers)?)?;
+                // a checkpointed cross-attention layer keeps its arguments: the projected
+                // states (kept once below) and the cross-attention mask
+                let cross = if gc { r(mul(bs, tv_per)?, e)? } else { cross };
+                lm_side = add(lm_side, mul(cross, vlm.cross_layers)?)?;
                 if vlm.cross_layers > 0 {
                     // the projected states (k/v input) and the row mask, once
-                    saved = add(saved, r(mul(tv, vlm.lm_hidden)?, e)?)?;
-                    saved = add(saved, r(bs, e)?)?;
+                    lm_side = add(lm_side, r(mul(tv, vlm.lm_hidden)?, e)?)?;
+                    lm_side = add(lm_side, r(bs, e)?)?;
                 }
             }
         }
     }
     // masked_scatter of the image features keeps its mask when anything before it trains
     if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower) {
-        saved = add(saved, r(bs, 1)?)?;
+        lm_side = add(lm_side, r(bs, 1)?)?;
     }
     // autocast's 16-bit copies of the trained vision weights
     if amp {
@@ -407,10 +445,14 @@ fn vision_bytes(
     } else {
         0
     };
+    let saved = add(add(saved, proj_saved)?, lm_side)?;
     Ok(VisionBytes {
         saved,
         inputs,
         forward_extra,
+        lm_side,
+        projector: proj_saved,
+        projector_io,
         backward_transient,
         lingering,
     })
@@ -421,7 +463,7 @@ fn vision_bytes(
 /// language model only.
 ///
 /// # Errors
-/// As [`estimate_peak_with`], and [`EstimateError::ImagesInvalid`] for a text-only model or
+/// As [`estimate_peak_with`](super::estimate_peak_with), and [`EstimateError::ImagesInvalid`] for a text-only model or
 /// an image the processor cannot take.
 #[allow(clippy::too_many_lines)]
 pub fn estimate_vlm(
@@ -443,7 +485,16 @@ pub fn estimate_vlm(
         padding: step.padding || (vlm.kind == VlmKind::Gemma3 && v.images > 0),
         ..*step
     };
-    let lm = estimate_peak_with(arch, &lm_step, peft)?;
+    let tape = TrainerTape {
+        // the image features need a gradient when the projector or the tower trains, and
+        // so do the merged embeddings the first layer reads (Mllama's reach the
+        // cross-attention layers instead)
+        input_grad: vlm.kind != VlmKind::Mllama
+            && v.images > 0
+            && (v.projector_trained || v.tower_trained),
+        ..TrainerTape::default()
+    };
+    let lm = rank_step(arch, &lm_step, peft, &Mesh::SINGLE, tape)?;
     let p = step.precision;
     let b = step.batch;
     let trains = step.optimizer.trains();
@@ -516,54 +567,88 @@ pub fn estimate_vlm(
         phases.push((*phase, x));
     }
     if trains {
-        // the language model's backward moments: before the tower's backward its saved
-        // tensors are alive; the token embedding's backward comes after it (the embedding
-        // ran first in the forward), with every vision gradient made
+        // The order of the backward: the tower and projector ran before the token
+        // embedding in the forward for every family but Mllama (whose language model, token
+        // embedding included, runs after the vision model), so their backward comes after
+        // the language model's layers and before the embedding's; Mllama's after the
+        // embedding's, from its cross-attention layers.
+        let embedding_first = vlm.kind == VlmKind::Mllama;
+        let tower_side = vb.saved.saturating_sub(vb.lm_side);
         for (m, c) in &lm.backward_moments {
             let mut x = with_base(c)?;
-            if *m == BackwardMoment::Embedding {
+            if *m == BackwardMoment::Embedding && !embedding_first {
                 x.gradients = add(x.gradients, grads)?;
                 x.activations = add(x.activations, vb.lingering)?;
+            } else if *m == BackwardMoment::Embedding {
+                x.activations = add(x.activations, tower_side)?;
             } else {
                 x.activations = add(x.activations, saved)?;
             }
             moments.push((*m, x));
         }
-        // inside the tower's backward: the language model's gradients but the embedding's,
-        // the projector's, the vision tensors saved, the gradient of the merged embeddings
-        if v.images > 0 && (v.tower_trained || v.projector_trained) {
-            let opt_phase = lm
-                .phase_peaks
-                .iter()
-                .find(|(ph, _)| *ph == Phase::OptimizerStep)
-                .map(|(_, c)| *c);
-            if let Some(o) = opt_phase {
-                let embedding = if lm_trained {
-                    sum_storages(&arch.spec.embedding_parameter_tensors(), grad_bytes)?
-                } else {
-                    0
-                };
-                let proj_grads = if v.projector_trained {
-                    sum_storages(&vlm.projector_params, grad_bytes)?
-                } else {
-                    0
-                };
-                let x = CategoryBytes {
-                    gradients: add(o.gradients.saturating_sub(embedding), proj_grads)?,
-                    activations: saved,
-                    temporaries: add(
-                        vb.backward_transient,
-                        storage(
-                            mul(mul(b, it.sequence)?, arch.hidden_size())?,
-                            p.residual_bytes(),
-                        )?,
-                    )?,
-                    ..with_base(&CategoryBytes {
-                        temporaries: 0,
-                        ..o
-                    })?
-                };
-                moments.push((BackwardMoment::Layers, x));
+        // Inside the projector's backward and then the tower's: the language model's
+        // gradients (without the embedding's where it comes later), the tower's and
+        // projector's saved tensors; the projector's weight gradients being made with the
+        // gradients of its output and input; then, in the tower, one layer's transients.
+        let opt_phase = lm
+            .phase_peaks
+            .iter()
+            .find(|(ph, _)| *ph == Phase::OptimizerStep)
+            .map(|(_, c)| *c);
+        if let (Some(o), true) = (
+            opt_phase,
+            v.images > 0 && (v.tower_trained || v.projector_trained),
+        ) {
+            let embedding = if lm_trained && !embedding_first {
+                sum_storages(&arch.spec.embedding_parameter_tensors(), grad_bytes)?
+            } else {
+                0
+            };
+            let extra = if lm_trained {
+                sum_storages(&vlm.lm_extra_params, grad_bytes)?
+            } else {
+                0
+            };
+            let proj_grads = if v.projector_trained {
+                sum_storages(&vlm.projector_params, grad_bytes)?
+            } else {
+                0
+            };
+            // the merged embeddings' gradient waits for the embedding's backward
+            let waiting = if embedding_first {
+                0
+            } else {
+                storage(
+                    mul(mul(b, it.sequence)?, arch.hidden_size())?,
+                    p.residual_bytes(),
+                )?
+            };
+            let lm_grads = add(o.gradients.saturating_sub(embedding), extra)?;
+            let base = with_base(&CategoryBytes {
+                temporaries: 0,
+                ..o
+            })?;
+            let (proj_in, proj_out) = vb.projector_io;
+            let projector = CategoryBytes {
+                gradients: lm_grads,
+                activations: tower_side,
+                temporaries: add(
+                    add(proj_grads, proj_out)?,
+                    add(if v.tower_trained { proj_in } else { 0 }, waiting)?,
+                )?,
+                ..base
+            };
+            moments.push((BackwardMoment::Layers, projector));
+            if v.tower_trained {
+                moments.push((
+                    BackwardMoment::Layers,
+                    CategoryBytes {
+                        gradients: add(lm_grads, proj_grads)?,
+                        activations: tower_side.saturating_sub(vb.projector),
+                        temporaries: add(add(vb.backward_transient, proj_in)?, waiting)?,
+                        ..base
+                    },
+                ));
             }
         }
         if let Some((_, bwd)) = phases.iter_mut().find(|(ph, _)| *ph == Phase::Backward) {
