@@ -660,3 +660,181 @@ fn dpo_and_grpo_steps_are_within_three_percent() {
     println!("max |error| {worst:.2}% over {} rows", rows.len());
     assert!(failing.is_empty(), "{failing:#?}");
 }
+
+/// One vision-language row: its measured and estimated peaks and parameter counts.
+struct VlmRow {
+    name: String,
+    measured: u64,
+    estimated: u64,
+    measured_phase: String,
+    estimated_phase: &'static str,
+    measured_saved: u64,
+    estimated_saved: u64,
+    /// Per phase (fwd, bwd, opt): measured, estimated.
+    phases: [(u64, u64); 3],
+}
+
+fn vlm_rows() -> Vec<VlmRow> {
+    use estimator_core::{estimate_vlm, image_tokens, VisionInputs};
+    let text = std::fs::read_to_string(format!("{FIXTURES}/vlm-measured.jsonl"))
+        .expect("vlm-measured.jsonl");
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).expect("valid JSON line");
+        let c = &v["config"];
+        let model = c["model"].as_str().expect("model");
+        let path = format!(
+            "{}/../validation/configs/{model}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let config = std::fs::read_to_string(&path).expect("the row's config");
+        let arch = parse_hf_config(&config).unwrap_or_else(|e| panic!("{model}: {e}"));
+        let precision = PrecisionRecipe::from_key(
+            &c["precision"]
+                .as_str()
+                .expect("precision")
+                .replace('_', "-"),
+        )
+        .expect("precision");
+        let lora = c["lm"].as_str() == Some("lora");
+        let peft = lora.then(|| Peft {
+            method: Method::Lora,
+            rank: c["lora_r"].as_u64().expect("lora_r"),
+            dropout: false,
+            // every linear of the language model's layers
+            targets: arch.lora_targets("all-linear").expect("targets"),
+            adapter_fp32: true,
+            quant: Quant4::Nf4,
+            double_quant: false,
+            kbit_prepare: false,
+        });
+        let size = &c["image_size"];
+        let images = VisionInputs {
+            images: c["images"].as_u64().expect("images"),
+            width: size[0].as_u64().expect("width"),
+            height: size[1].as_u64().expect("height"),
+            tower_trained: c["vision"].as_str() == Some("trained"),
+            projector_trained: c["projector"].as_str() == Some("trained"),
+        };
+        let text_tokens = c["text_tokens"].as_u64().expect("text_tokens");
+        let tokens = image_tokens(&arch, text_tokens, &images).expect("image tokens");
+        assert_eq!(
+            tokens.image_tokens,
+            v["image_tokens"].as_u64().expect("image_tokens"),
+            "{model}: image tokens"
+        );
+        assert_eq!(
+            tokens.sequence,
+            c["seq"].as_u64().expect("seq"),
+            "{model}: sequence"
+        );
+        let gc = c["gc"].as_bool() == Some(true);
+        let step = TrainingStep {
+            batch: c["batch"].as_u64().expect("batch"),
+            seq_len: text_tokens,
+            precision,
+            optimizer: Optimizer::AdamW,
+            optimizer_impl: optimizer_impl(c["opt_impl"].as_str().unwrap_or("foreach")),
+            attention: AttentionKernel::Sdpa,
+            checkpointing: if gc {
+                Checkpointing::Full
+            } else {
+                Checkpointing::None
+            },
+            compile: estimator_core::Compile::Off,
+            loss: estimator_core::LossKind::Hf,
+            packing: false,
+            padding: false,
+            optimizer_in_backward: false,
+            activation_offload: false,
+        };
+        let est = estimate_vlm(&arch, &step, peft.as_ref(), &images)
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(
+            est.n_params,
+            v["n_params"].as_u64().expect("n_params"),
+            "{model}: parameters"
+        );
+        assert_eq!(
+            est.trainable_params,
+            v["trainable_params"].as_u64().expect("trainable_params"),
+            "{model}: trainable parameters"
+        );
+        let phase = |p: estimator_core::Phase| {
+            est.phase_peaks
+                .iter()
+                .find(|(q, _)| *q == p)
+                .and_then(|(_, c)| c.total())
+                .unwrap_or(0)
+        };
+        let measured_phase = |k: &str| v["phase_peak_bytes"][k].as_u64().unwrap_or(0);
+        out.push(VlmRow {
+            name: format!(
+                "{model} b{} {}x{}x{} text{} {} vision={} projector={}{}{}",
+                step.batch,
+                images.images,
+                images.width,
+                images.height,
+                text_tokens,
+                precision.key(),
+                c["vision"].as_str().unwrap_or("?"),
+                c["projector"].as_str().unwrap_or("?"),
+                if gc { " gc" } else { "" },
+                peft.map_or(String::new(), |f| format!(" lora r{}", f.rank)),
+            ),
+            measured: v["peak_bytes"].as_u64().expect("peak_bytes"),
+            estimated: est.peak_bytes,
+            measured_phase: v["peak_phase"].as_str().unwrap_or("?").to_owned(),
+            estimated_phase: est.peak_phase.key(),
+            measured_saved: v["saved_act_bytes"].as_u64().unwrap_or(0),
+            estimated_saved: est.saved_activation_bytes,
+            phases: [
+                (measured_phase("fwd"), phase(estimator_core::Phase::Forward)),
+                (
+                    measured_phase("bwd"),
+                    phase(estimator_core::Phase::Backward),
+                ),
+                (
+                    measured_phase("opt"),
+                    phase(estimator_core::Phase::OptimizerStep),
+                ),
+            ],
+        });
+    }
+    out
+}
+
+/// Vision-language models (`validation/VLM.md`): every row's peak within 3%, its image
+/// tokens, sequence and parameter counts exact.
+#[test]
+fn vision_language_steps_are_within_three_percent() {
+    let rows = vlm_rows();
+    assert!(rows.len() >= 16, "vlm rows missing");
+    let pct = |e: u64, m: u64| (e as f64 - m as f64) / m.max(1) as f64 * 100.0;
+    println!("\nvlm-measured.jsonl");
+    println!("| configuration | measured | estimated | error | phase (measured/estimated) | saved activations error | fwd | bwd | opt |");
+    println!("|---|---:|---:|---:|---|---:|---:|---:|---:|");
+    let mut failing = Vec::new();
+    let mut worst: f64 = 0.0;
+    for r in &rows {
+        let e = pct(r.estimated, r.measured);
+        worst = worst.max(e.abs());
+        println!(
+            "| {} | {} | {} | {e:+.2}% | {}/{} | {:+.2}% | {:+.2}% | {:+.2}% | {:+.2}% |",
+            r.name,
+            r.measured,
+            r.estimated,
+            r.measured_phase,
+            r.estimated_phase,
+            pct(r.estimated_saved, r.measured_saved),
+            pct(r.phases[0].1, r.phases[0].0),
+            pct(r.phases[1].1, r.phases[1].0),
+            pct(r.phases[2].1, r.phases[2].0),
+        );
+        if e.abs() > 3.0 {
+            failing.push(format!("{}: {e:+.2}%", r.name));
+        }
+    }
+    println!("max |error| {worst:.2}% over {} rows", rows.len());
+    assert!(failing.is_empty(), "beyond 3%: {failing:#?}");
+}
