@@ -798,6 +798,7 @@ impl<'a> Search<'a> {
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),
             objective: k.objective,
+            vision: k.vision,
         };
         let plan = PlanInputs {
             num_gpus: self.gpus_at(l[GPUS]),

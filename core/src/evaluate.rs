@@ -360,6 +360,9 @@ pub(crate) struct Knobs {
     pub peft: Option<crate::Peft>,
     /// Supervised, DPO or GRPO with its settings (architecture mode).
     pub objective: crate::Objective,
+    /// A vision-language model's images and what trains of its vision side (`None` for
+    /// every other model).
+    pub vision: Option<crate::VisionInputs>,
 }
 
 /// A model ready to be evaluated at any batch.
@@ -376,6 +379,8 @@ pub(crate) enum Model<'a> {
         peft: Option<crate::Peft>,
         /// Supervised, DPO or GRPO.
         objective: crate::Objective,
+        /// A vision-language model's images (`None`: the text model alone).
+        vision: Option<crate::VisionInputs>,
     },
 }
 
@@ -423,6 +428,7 @@ pub(crate) fn parse_model(
         kv_dtype: state.inference.kv_dtype,
         peft: None,
         objective: crate::Objective::SFT,
+        vision: None,
     };
     match state.mode {
         Mode::Simple => {
@@ -455,11 +461,17 @@ pub(crate) fn parse_model(
             .map_err(|e| EvaluationError::Model(e.to_string()))?;
             let peft = state.parsed_peft(&arch);
             let objective = state.parsed_objective();
-            let (peft, objective) = match (peft, objective) {
-                (Ok(p), Ok(o)) => (p, o),
-                (p, o) => {
+            let vision = state.parsed_vision(&arch);
+            let (peft, objective, vision) = match (peft, objective, vision) {
+                (Ok(p), Ok(o), Ok(v)) => (p, o, v),
+                (p, o, v) => {
                     return Err(fields_error(
-                        p.err().into_iter().chain(o.err()).flatten().collect(),
+                        p.err()
+                            .into_iter()
+                            .chain(o.err())
+                            .chain(v.err())
+                            .flatten()
+                            .collect(),
                     ))
                 }
             };
@@ -468,6 +480,7 @@ pub(crate) fn parse_model(
                 Knobs {
                     peft,
                     objective,
+                    vision,
                     ..knobs(batch, seq_len)
                 },
             ))
@@ -522,6 +535,7 @@ impl Parsed {
                 kv_dtype: knobs.kv_dtype,
                 peft: knobs.peft,
                 objective: knobs.objective,
+                vision: knobs.vision,
             },
         }
     }
@@ -647,12 +661,22 @@ pub(crate) fn unsharded(
             format_weight_bytes,
             peft,
             objective,
+            vision,
             ..
         } => {
             let step = TrainingStep { batch, ..*step };
-            let mut estimate =
-                crate::estimate_objective(&model.arch, &step, peft.as_ref(), mesh, objective, None)
-                    .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
+            let mut estimate = match vision {
+                Some(v) => vision_step(&model.arch, &step, peft.as_ref(), mesh, objective, v),
+                None => crate::estimate_objective(
+                    &model.arch,
+                    &step,
+                    peft.as_ref(),
+                    mesh,
+                    objective,
+                    None,
+                ),
+            }
+            .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
             if let Some(weights) = *format_weight_bytes {
                 estimate = with_weight_format(estimate, weights);
             }
@@ -661,6 +685,30 @@ pub(crate) fn unsharded(
             Ok(Unsharded::Architecture(Box::new(estimate), units))
         }
     }
+}
+
+/// A vision-language model's step with its images: supervised fine-tuning or inference on
+/// one rank's whole model (data parallelism shards it above); the splits of the step and
+/// DPO / GRPO are modelled for the text models only.
+fn vision_step(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&crate::Peft>,
+    mesh: &crate::Mesh,
+    objective: &crate::Objective,
+    vision: &crate::VisionInputs,
+) -> Result<PeakEstimate, crate::EstimateError> {
+    if objective.kind != crate::ObjectiveKind::Sft {
+        return Err(crate::EstimateError::ImagesInvalid(
+            "DPO and GRPO are modelled for text only: with images, pick supervised fine-tuning",
+        ));
+    }
+    if mesh.splits_the_step() {
+        return Err(crate::EstimateError::MeshUnsupported(
+            "with images, the step is modelled on data parallelism only (no tensor, context or pipeline parallelism)",
+        ));
+    }
+    crate::estimate_vlm(arch, step, peft, vision)
 }
 
 /// The step of `whole` (the [`unsharded`] step of `model` at `batch`) per GPU, sharded as
@@ -1086,11 +1134,24 @@ pub(crate) fn evaluate_parsed(
     };
     Ok(Evaluation {
         // peft counts the adapters among the model's parameters
-        n_params: parsed.n_params().saturating_add(if knobs.peft.is_some() {
-            fit.step.trainable_params
-        } else {
-            0
-        }),
+        n_params: parsed
+            .n_params()
+            .saturating_add(if knobs.peft.is_some() {
+                // the adapters: what trains but a vision side's trained parts
+                fit.step
+                    .trainable_params
+                    .saturating_sub(match (parsed, knobs.vision) {
+                        (Parsed::Architecture(m), Some(v)) => m.arch.vision_trainable_count(&v),
+                        _ => 0,
+                    })
+            } else {
+                0
+            })
+            // with images, the vision tower and its projector are part of the model
+            .saturating_add(match (parsed, knobs.vision) {
+                (Parsed::Architecture(m), Some(_)) => m.arch.vision_parameter_count(),
+                _ => 0,
+            }),
         step: fit.step,
         batch,
         sweep: sweep_rows,
@@ -1137,9 +1198,12 @@ pub(crate) fn resolve_reserve(
         step,
         peft,
         objective,
+        vision: None,
         ..
     } = model
     else {
+        // (a vision-language step with images is not replayed: the reserve stays the
+        // typed one)
         return None;
     };
     let step = TrainingStep { batch, ..*step };
@@ -1352,6 +1416,59 @@ mod tests {
     use super::*;
     use crate::{decode_query, encode_query, Checkpointing, Gpu, Optimizer, Preset};
     use proptest::prelude::*;
+
+    /// A vision-language config with its images: the page's evaluation is `estimate_vlm`'s
+    /// step, its parameters include the tower; the same config without a vision side's
+    /// fields keeps the text model's figures; bad image fields are field errors.
+    #[test]
+    fn a_vision_language_model_is_evaluated_with_its_images() {
+        let config = include_str!("../../validation/configs/qwen2.5-vl-7b-4l.json");
+        let mut state = decode_query("m=arch&model=custom&b=1&s=256&r=bf16&oi=foreach").state;
+        state.hardware.gpu = None;
+        state.model.preset = None;
+        state.model.config_json = config.to_owned();
+        state.step.images = "2".to_owned();
+        state.step.image_size = "1344x896".to_owned();
+        let e = evaluate(&state).unwrap();
+        let arch = crate::parse_hf_config(config).unwrap();
+        let step = TrainingStep {
+            batch: 1,
+            seq_len: 256,
+            precision: PrecisionRecipe::Bf16,
+            optimizer: Optimizer::AdamW,
+            optimizer_impl: OptimizerImpl::Foreach,
+            attention: AttentionKernel::Sdpa,
+            checkpointing: Checkpointing::None,
+            compile: Compile::Off,
+            loss: LossKind::Hf,
+            packing: false,
+            padding: false,
+            optimizer_in_backward: false,
+            activation_offload: false,
+        };
+        let images = crate::VisionInputs::new(2, 1344, 896);
+        let direct = crate::estimate_vlm(&arch, &step, None, &images).unwrap();
+        assert_eq!(e.step.peak_bytes, direct.peak_bytes);
+        assert_eq!(e.n_params, direct.n_params);
+        assert!(e.n_params > arch.parameter_count());
+        // no images (the default): the language model alone, as before the image fields
+        state.step.images = crate::DEFAULT_IMAGES.to_owned();
+        let none = evaluate(&state).unwrap();
+        assert!(none.step.peak_bytes < e.step.peak_bytes);
+        assert_eq!(none.n_params, arch.parameter_count());
+        state.step.images = "x".to_owned();
+        state.step.image_size = "10x".to_owned();
+        match evaluate(&state) {
+            Err(EvaluationError::Fields(f)) => {
+                let fields: Vec<Field> = f.iter().map(|(f, _)| *f).collect();
+                assert_eq!(fields, [Field::Images, Field::ImageSize]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // a text model ignores the image fields
+        let text = decode_query("m=arch&model=llama3.2-1b&img=4&isz=1x").state;
+        assert!(evaluate(&text).is_ok());
+    }
 
     #[test]
     fn simple_default_is_the_issue_example() {

@@ -43,6 +43,7 @@ pub use simple::{
     Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
     SIMPLE_OPTIMIZERS,
 };
+pub use state::{parse_image_size, DEFAULT_IMAGES, DEFAULT_IMAGE_SIZE};
 pub use state::{
     Field, HardwareSettings, InferenceSettings, MethodSettings, Mode, ModelChoice, PageState,
     ParallelSettings, PlanInputs, Section, SimpleModel, StepSettings, CUSTOM_MODEL_KEY,

@@ -372,6 +372,22 @@ mod tests {
     }
 
     #[test]
+    fn image_fields_round_trip_and_stay_out_of_other_links() {
+        round_trips("m=arch&img=3&isz=1344x896&vt=trained&vp=frozen");
+        round_trips("m=arch&img=1");
+        let d = decode_query("img=2&isz=640x480&vt=trained");
+        assert_eq!(d.state.step.images, "2");
+        assert_eq!(d.state.step.image_size, "640x480");
+        assert!(d.state.step.vision_trained && d.state.step.projector_trained);
+        // at their defaults the image fields are not written: older links read the same
+        let link = encode_query(&crate::PageState::default());
+        for key in ["img=", "isz=", "vt=", "vp="] {
+            assert!(!link.contains(key), "{key} in {link}");
+        }
+        falls_back("vt=maybe&vp=yes", 2);
+    }
+
+    #[test]
     fn percent_coding_round_trips() {
         for text in ["", "a b", "100%", "ü→😀", "&=?#+"] {
             assert_eq!(percent_decode(&percent_encode(text)).as_deref(), Ok(text));

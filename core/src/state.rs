@@ -33,6 +33,12 @@ pub const MAX_NEW_TOKENS: u64 = 1 << 24;
 pub const MAX_GENERATIONS: u64 = 1 << 16;
 /// Largest LoRA rank accepted.
 pub const MAX_LORA_RANK: u64 = 1 << 16;
+/// Images per sample on a first visit (vision-language models): none, so that a
+/// multimodal config (Gemma 3's) and every link from before the image fields give the
+/// language model's figures as they did; the fields are there to add images.
+pub const DEFAULT_IMAGES: &str = "0";
+/// Image size on a first visit (vision-language models), width x height in pixels.
+pub const DEFAULT_IMAGE_SIZE: &str = "1024x768";
 
 /// Parses a whole count field in `1..=max` (or `0..=max` when `zero_ok`).
 fn parse_count(text: &str, max: u64, what: &'static str, zero_ok: bool) -> Result<u64, FieldError> {
@@ -298,6 +304,15 @@ pub struct StepSettings {
     pub generator: Generator,
     /// Colocated vLLM's `gpu_memory_utilization`, as typed (a fraction of the device).
     pub vllm_memory: String,
+    /// Vision-language models: images per sample, as typed (0: text only).
+    pub images: String,
+    /// Vision-language models: each image's width x height in pixels, as typed (`1024x768`).
+    pub image_size: String,
+    /// Vision-language models: the vision tower trained (frozen by default, as most
+    /// fine-tunes leave it).
+    pub vision_trained: bool,
+    /// Vision-language models: the projector trained (by default, as most fine-tunes do).
+    pub projector_trained: bool,
 }
 
 impl Default for StepSettings {
@@ -323,6 +338,10 @@ impl Default for StepSettings {
             max_completion: "512".to_owned(),
             generator: Generator::Model,
             vllm_memory: "0.3".to_owned(),
+            images: DEFAULT_IMAGES.to_owned(),
+            image_size: DEFAULT_IMAGE_SIZE.to_owned(),
+            vision_trained: false,
+            projector_trained: true,
         }
     }
 }
@@ -349,6 +368,10 @@ impl Section for StepSettings {
         (Field::MaxCompletion, "mc"),
         (Field::Generator, "gtr"),
         (Field::VllmMemory, "vllm"),
+        (Field::Images, "img"),
+        (Field::ImageSize, "isz"),
+        (Field::VisionTower, "vt"),
+        (Field::Projector, "vp"),
     ];
 
     fn get(&self, field: Field) -> Option<String> {
@@ -373,6 +396,11 @@ impl Section for StepSettings {
             Field::MaxCompletion => self.max_completion.clone(),
             Field::Generator => self.generator.key().to_owned(),
             Field::VllmMemory => self.vllm_memory.clone(),
+            // the image fields travel only when changed, so that every other link stays as it was
+            Field::Images if self.images != DEFAULT_IMAGES => self.images.clone(),
+            Field::ImageSize if self.image_size != DEFAULT_IMAGE_SIZE => self.image_size.clone(),
+            Field::VisionTower if self.vision_trained => trained_key(true).to_owned(),
+            Field::Projector if !self.projector_trained => trained_key(false).to_owned(),
             _ => return None,
         })
     }
@@ -417,6 +445,12 @@ impl Section for StepSettings {
             Field::MaxCompletion => self.max_completion = text(value)?,
             Field::Generator => self.generator = choice(value, &Generator::ALL, Generator::key)?,
             Field::VllmMemory => self.vllm_memory = text(value)?,
+            Field::Images => self.images = text(value)?,
+            Field::ImageSize => self.image_size = text(value)?,
+            Field::VisionTower => self.vision_trained = choice(value, &[false, true], trained_key)?,
+            Field::Projector => {
+                self.projector_trained = choice(value, &[true, false], trained_key)?;
+            }
             _ => {}
         }
         Ok(())
@@ -939,6 +973,14 @@ pub enum Field {
     Generator,
     /// [`StepSettings::vllm_memory`].
     VllmMemory,
+    /// [`StepSettings::images`].
+    Images,
+    /// [`StepSettings::image_size`].
+    ImageSize,
+    /// [`StepSettings::vision_trained`].
+    VisionTower,
+    /// [`StepSettings::projector_trained`].
+    Projector,
     /// [`PageState::method`].
     Method,
     /// [`PageState::lora_rank`].
@@ -1018,7 +1060,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 64] = [
+    pub const ALL: [Field; 68] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -1046,6 +1088,10 @@ impl Field {
         Field::MaxCompletion,
         Field::Generator,
         Field::VllmMemory,
+        Field::Images,
+        Field::ImageSize,
+        Field::VisionTower,
+        Field::Projector,
         Field::Method,
         Field::LoraRank,
         Field::LoraAlpha,
@@ -1131,6 +1177,10 @@ impl Field {
             Field::MaxCompletion => "completion tokens",
             Field::Generator => "generator",
             Field::VllmMemory => "vLLM memory fraction",
+            Field::Images => "images per sample",
+            Field::ImageSize => "image size",
+            Field::VisionTower => "vision tower",
+            Field::Projector => "projector",
             Field::Method => "training method",
             Field::LoraRank => "LoRA rank",
             Field::LoraAlpha => "LoRA alpha",
@@ -1206,6 +1256,34 @@ fn on_off(value: bool) -> &'static str {
         "on"
     } else {
         "off"
+    }
+}
+
+/// A trained or frozen part of a vision-language model.
+fn trained_key(trained: bool) -> &'static str {
+    if trained {
+        "trained"
+    } else {
+        "frozen"
+    }
+}
+
+/// Parses an image size, `WIDTHxHEIGHT` in pixels (`x`, `X`, `*` or the multiplication
+/// sign between them; one number is a square).
+///
+/// # Errors
+/// The message for the field.
+pub fn parse_image_size(text: &str) -> Result<(u64, u64), FieldError> {
+    let max = crate::MAX_IMAGE_SIDE;
+    let text = text.trim();
+    let side = |t: &str| parse_whole_count(t.trim(), 1, max, "pixels");
+    match text.split_once(['x', 'X', '\u{d7}', '*']) {
+        Some((w, h)) => Ok((side(w)?, side(h)?)),
+        None if text.is_empty() => Err(FieldError::Empty),
+        None => {
+            let s = side(text)?;
+            Ok((s, s))
+        }
     }
 }
 
@@ -1322,6 +1400,39 @@ impl PageState {
             steps_per_generation: 1,
             iterations: 1,
         })
+    }
+
+    /// The images of a vision-language model's step (`None` without images, or for any
+    /// other model: the image fields are not its inputs).
+    ///
+    /// # Errors
+    /// The fields and their messages.
+    pub fn parsed_vision(
+        &self,
+        arch: &crate::Architecture,
+    ) -> Result<Option<crate::VisionInputs>, Vec<(Field, FieldError)>> {
+        if !arch.is_vision_language() {
+            return Ok(None);
+        }
+        let mut errors = Vec::new();
+        let images = parse_count(&self.step.images, crate::MAX_IMAGES, "images", true)
+            .map_err(|e| errors.push((Field::Images, e)));
+        let size =
+            parse_image_size(&self.step.image_size).map_err(|e| errors.push((Field::ImageSize, e)));
+        let (Ok(images), Ok((width, height))) = (images, size) else {
+            return Err(errors);
+        };
+        if images == 0 {
+            // the language model alone, as the model's note says
+            return Ok(None);
+        }
+        Ok(Some(crate::VisionInputs {
+            images,
+            width,
+            height,
+            tower_trained: self.step.vision_trained,
+            projector_trained: self.step.projector_trained,
+        }))
     }
 
     /// The LoRA rank, whether `lora_alpha` is a number (it scales the adapters' output, not
@@ -1762,6 +1873,19 @@ impl PageState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_sizes_read_as_width_by_height() {
+        assert_eq!(parse_image_size("1344x896"), Ok((1344, 896)));
+        assert_eq!(parse_image_size(" 1024 X 768 "), Ok((1024, 768)));
+        assert_eq!(parse_image_size("640\u{d7}480"), Ok((640, 480)));
+        assert_eq!(parse_image_size("448"), Ok((448, 448)));
+        assert_eq!(parse_image_size(""), Err(FieldError::Empty));
+        assert!(parse_image_size("0x10").is_err());
+        assert!(parse_image_size("10x").is_err());
+        assert!(parse_image_size("1e9x10").is_err());
+        assert!(parse_image_size("12.5x10").is_err());
+    }
 
     /// Every field but the mode and the unit belongs to exactly one section, and every URL
     /// key names one field.

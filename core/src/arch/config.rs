@@ -194,6 +194,24 @@ impl Architecture {
             .as_deref()
             .map_or(0, super::vision::VisionLm::parameter_count)
     }
+    /// Parameters of the vision side that `v` trains (the tower's, the projector's).
+    #[must_use]
+    pub fn vision_trainable_count(&self, v: &super::vision::VisionInputs) -> u64 {
+        self.vlm.as_deref().map_or(0, |x| {
+            let sum = |t: &[u64]| t.iter().fold(0u64, |a, &b| a.saturating_add(b));
+            let tower = if v.tower_trained {
+                sum(&x.tower_params)
+            } else {
+                0
+            };
+            let projector = if v.projector_trained {
+                sum(&x.projector_params)
+            } else {
+                0
+            };
+            tower.saturating_add(projector)
+        })
+    }
     /// Image side in pixels (vision models; 0 otherwise).
     #[must_use]
     pub fn image_size(&self) -> u64 {

@@ -156,6 +156,16 @@ impl ModelFamily {
             v.iter().position(|k| *k == "qwen2").map_or(0, |i| i + 1),
             "qwen2_5",
         );
+        // the vision-language wrappers, read around their language model
+        v.extend([
+            "qwen2_5_vl",
+            "qwen3_vl",
+            "llava",
+            "llava_next",
+            "idefics3",
+            "smolvlm",
+            "mllama",
+        ]);
         v.join(", ")
     }
 }

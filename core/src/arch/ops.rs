@@ -82,11 +82,14 @@ pub enum SavedPart {
     InFlight,
     /// The largest set of tensors alive at once in a no-grad forward.
     WorkingSet,
+    /// A vision-language model's tower and projector, and what the language model keeps
+    /// for the images (the merge mask, Mllama's cross-attention over the vision states).
+    Vision,
 }
 
 impl SavedPart {
     /// Every part, in the order the breakdown lists them.
-    pub const ALL: [SavedPart; 16] = [
+    pub const ALL: [SavedPart; 17] = [
         SavedPart::Embeddings,
         SavedPart::Norms,
         SavedPart::PostNorms,
@@ -103,6 +106,7 @@ impl SavedPart {
         SavedPart::LayerInputs,
         SavedPart::InFlight,
         SavedPart::WorkingSet,
+        SavedPart::Vision,
     ];
 
     /// Short stable key.
@@ -125,6 +129,7 @@ impl SavedPart {
             SavedPart::LayerInputs => "layer-inputs",
             SavedPart::InFlight => "in-flight",
             SavedPart::WorkingSet => "working-set",
+            SavedPart::Vision => "vision",
         }
     }
 
@@ -148,6 +153,7 @@ impl SavedPart {
             SavedPart::LayerInputs => "Checkpointed layer inputs",
             SavedPart::InFlight => "Offloaded, still on the GPU (copies in flight)",
             SavedPart::WorkingSet => "Forward working set (no-grad)",
+            SavedPart::Vision => "Vision tower, projector and image tokens",
         }
     }
 

@@ -20,7 +20,7 @@ use super::estimate::{
     TrainingStep,
 };
 use super::mesh::Mesh;
-use super::ops::{add, mul, storage, sum_storages, Res};
+use super::ops::{add, mul, storage, sum_storages, Res, SavedPart};
 use super::peft::Peft;
 use super::recipe::{Checkpointing, PrecisionRecipe};
 use super::vision::{layout, ImageLayout, Processor, VisionInputs, VisionLm, VlmKind, MAX_IMAGES};
@@ -679,7 +679,12 @@ pub fn estimate_vlm(
         0
     };
     let trainable = trained.iter().try_fold(tail, |acc, &(e, _)| add(acc, e))?;
+    let mut saved_parts = lm.saved_parts.clone();
+    if saved > 0 {
+        saved_parts.push((SavedPart::Vision, saved));
+    }
     Ok(PeakEstimate {
+        saved_parts,
         n_params: add(lm.n_params, vlm.parameter_count())?,
         peak_bytes: best.2,
         peak_phase: best.0,
