@@ -22,7 +22,8 @@ model (one of):
 
 step:
   --batch N             samples per step (per GPU)
-  --seq N               tokens per sample (image side in pixels for ViT)
+  --seq N               tokens per sample (image side in pixels for ViT; text tokens for
+                        a vision-language model, its image tokens added)
   --precision P         fp32, amp-bf16, amp-fp16, bf16, mixed-bf16, mixed-fp16
   --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit
                         (bitsandbytes), adafactor (torch.optim), adafactor-hf
@@ -69,6 +70,14 @@ objective (TRL 1.16):
   --max-completion N    completion tokens per sequence, the scored ones (default 512)
   --generator G         GRPO: model (its generate), vllm-colocated, vllm-server
   --vllm-memory F       colocated vLLM's gpu_memory_utilization (default 0.3)
+
+images (vision-language models: qwen2_5_vl, qwen3_vl, gemma3, llava, llava_next,
+idefics3, smolvlm, mllama):
+  --images N            images per sample (default 0: the language model alone)
+  --image-size WxH      each image's width x height in pixels (default 1024x768); the
+                        processor's tiles and tokens follow from it (--json image_tokens)
+  --vision V            the vision tower: frozen (default) or trained
+  --projector P         the projector: trained (default) or frozen
 
 fine-tuning:
   --method M            full, lora, qlora (LoRA on a 4-bit bitsandbytes base)
@@ -198,7 +207,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 54] = [
+const FIELD_FLAGS: [(&str, Field); 58] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -219,6 +228,10 @@ const FIELD_FLAGS: [(&str, Field); 54] = [
     ("--max-completion", Field::MaxCompletion),
     ("--generator", Field::Generator),
     ("--vllm-memory", Field::VllmMemory),
+    ("--images", Field::Images),
+    ("--image-size", Field::ImageSize),
+    ("--vision", Field::VisionTower),
+    ("--projector", Field::Projector),
     ("--generate", Field::NewTokens),
     ("--weight-format", Field::WeightFormat),
     ("--kv-dtype", Field::KvDtype),
@@ -264,6 +277,8 @@ const LORA_FLAGS: [&str; 5] = [
     "--lora-dtype",
 ];
 const QLORA_FLAGS: [&str; 3] = ["--quant", "--double-quant", "--kbit-prepare"];
+/// Flags that mean something only for a vision-language model.
+const IMAGE_FLAGS: [&str; 4] = ["--images", "--image-size", "--vision", "--projector"];
 
 fn set(state: &mut PageState, flag: &str, field: Field, value: &str) -> Result<(), String> {
     state
@@ -375,6 +390,17 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             return Err(format!("{flag} needs --method qlora"));
         }
     }
+    if let Some(flag) = given(&IMAGE_FLAGS) {
+        // a model that does not parse is reported as such when it is evaluated
+        if let Ok(arch) = state.architecture() {
+            if state.mode == Mode::Architecture && !arch.is_vision_language() {
+                return Err(format!(
+                    "{flag} needs a vision-language model (its config's model_type one of qwen2_5_vl, qwen3_vl, gemma3 with a vision_config, llava, llava_next, idefics3, smolvlm, mllama): this {} model takes no images",
+                    arch.family().label()
+                ));
+            }
+        }
+    }
     if given(&["--weight-format"]).is_some() && state.step.optimizer.trains() {
         return Err("--weight-format needs --optimizer none (inference)".to_owned());
     }
@@ -422,6 +448,17 @@ fn moe_counts(state: &PageState) -> Option<MoeCounts> {
         active: arch.active_parameter_count(),
         routed: arch.routed_expert_parameter_count(),
     })
+}
+
+/// The image tokens per sample of a vision-language model with images (architecture mode).
+fn image_tokens(state: &PageState) -> Option<estimator_core::ImageTokens> {
+    if state.mode != Mode::Architecture {
+        return None;
+    }
+    let arch = state.architecture().ok()?;
+    let vision = state.parsed_vision(&arch).ok()??;
+    let text = state.parsed_seq_len().ok()?;
+    estimator_core::image_tokens(&arch, text, &vision).ok()
 }
 
 fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
@@ -476,6 +513,13 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
     if e.step.paged_bytes > 0 {
         out["paged_bytes"] = e.step.paged_bytes.into();
     }
+    if let Some(tokens) = image_tokens(state) {
+        // per sample: the placeholders the image features replace, the processor's markup,
+        // and the language model's whole sequence
+        out["image_tokens"] = tokens.image_tokens.into();
+        out["image_markup_tokens"] = tokens.markup_tokens.into();
+        out["lm_sequence"] = tokens.sequence.into();
+    }
     if let Some(moe) = moe_counts(state) {
         out["active_params"] = moe.active.into();
         out["routed_expert_params"] = moe.routed.into();
@@ -529,6 +573,16 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         out.push_str(&format!(
             "trainable         {} (the adapters)\n",
             group_thousands(e.step.trainable_params)
+        ));
+    }
+    if let Some(t) = image_tokens(state) {
+        out.push_str(&format!(
+            "image tokens      {} per sample ({} per image, {} tile(s); + {} markup): {} tokens in the language model\n",
+            group_thousands(t.image_tokens),
+            group_thousands(t.layout.tokens),
+            t.layout.tiles,
+            group_thousands(t.markup_tokens),
+            group_thousands(t.sequence)
         ));
     }
     let batch_label = if e.per_gpu { "batch per GPU" } else { "batch" };

@@ -899,3 +899,140 @@ fn dpo_and_grpo_report_their_phases() {
     assert_ne!(code, 0);
     assert!(err.contains("expected one of sft, dpo, grpo"), "{err}");
 }
+
+/// A measured vision-language config (`validation/configs/`).
+fn vlm_config(name: &str) -> String {
+    format!(
+        "{}/../validation/configs/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Qwen2.5-VL with two 1344 x 896 images per sample: the processor's tokens in `--json`,
+/// the tower in the parameters, and the peak of the measured row
+/// (`core/tests/fixtures/vlm-measured.jsonl`, 45,228,776,448 B) within 3%.
+#[test]
+fn images_of_a_vision_language_model() {
+    let config = vlm_config("qwen2.5-vl-7b-4l");
+    let v = json_of(
+        &["--config", &config],
+        &[
+            "--batch",
+            "2",
+            "--seq",
+            "256",
+            "--precision",
+            "bf16",
+            "--images",
+            "2",
+            "--image-size",
+            "1344x896",
+            "--vision",
+            "trained",
+            "--json",
+        ],
+    );
+    // 64 x 96 patches merged 2 x 2: 1,536 tokens per image, two markers each
+    assert_eq!(v["image_tokens"], 3072, "{v}");
+    assert_eq!(v["image_markup_tokens"], 4, "{v}");
+    assert_eq!(v["lm_sequence"], 3332, "{v}");
+    assert_eq!(v["n_params"], 2_225_926_848_u64, "{v}");
+    assert_eq!(v["trainable_params"], 2_225_926_848_u64, "{v}");
+    let peak = v["peak_bytes"].as_u64().unwrap() as f64;
+    assert!((peak / 45_228_776_448.0 - 1.0).abs() < 0.03, "{peak}");
+    // the link keeps the images
+    let query = v["query"].as_str().unwrap();
+    assert!(
+        query.contains("img=2") && query.contains("isz=1344x896") && query.contains("vt=trained"),
+        "{query}"
+    );
+    // a frozen tower trains less and keeps less
+    let frozen = json_of(
+        &["--config", &config],
+        &[
+            "--batch",
+            "2",
+            "--seq",
+            "256",
+            "--precision",
+            "bf16",
+            "--images",
+            "2",
+            "--image-size",
+            "1344x896",
+            "--json",
+        ],
+    );
+    assert!(frozen["peak_bytes"].as_u64() < v["peak_bytes"].as_u64());
+    assert!(frozen["trainable_params"].as_u64() < v["trainable_params"].as_u64());
+    // the readable output says how many tokens the images take
+    let (code, stdout, _) = memest(&[
+        "--config",
+        &vlm_config("smolvlm2-500m"),
+        "--images",
+        "1",
+        "--image-size",
+        "1344x896",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("image tokens      832 per sample (832 per image, 13 tile(s)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn image_options_need_a_vision_language_model() {
+    for flag in [
+        &["--images", "2"][..],
+        &["--image-size", "448x448"],
+        &["--vision", "trained"],
+        &["--projector", "frozen"],
+    ] {
+        refused_on_llama(
+            flag,
+            &format!("memest: {} needs a vision-language model", flag[0]),
+        );
+        let (code, ..) = memest(&with(&["--preset", "llama3-8b"], flag));
+        assert_eq!(code, 2, "{flag:?}");
+    }
+    let config = vlm_config("gemma3-4b-vl-6l");
+    for (args, message) in [
+        (
+            &["--vision", "maybe"][..],
+            "memest: --vision \"maybe\": expected one of frozen, trained.",
+        ),
+        (
+            &["--image-size", "1344"][..],
+            "", // a single number is a square image
+        ),
+        (&["--image-size", "0x10"][..], "memest: image size:"),
+        (&["--images", "many"][..], "memest: images per sample:"),
+    ] {
+        let (code, stdout, stderr) = memest(&with(&["--config", &config], args));
+        if message.is_empty() {
+            assert_eq!(code, 0, "{args:?}: {stderr}");
+        } else {
+            assert!(code == 1 || code == 2, "{args:?}: exit {code}");
+            assert!(stdout.is_empty(), "{args:?}: {stdout}");
+            assert!(stderr.starts_with(message), "{args:?}: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn help_lists_the_vision_language_model_types() {
+    let (code, stdout, _) = memest(&["--help"]);
+    assert_eq!(code, 0);
+    for t in [
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "llava_next",
+        "idefics3",
+        "smolvlm",
+        "mllama",
+    ] {
+        assert!(stdout.contains(t), "{t}");
+    }
+    assert!(stdout.contains("--image-size WxH"));
+}
