@@ -268,6 +268,8 @@ fn rope(r: &mut Reader) -> Result<(), ConfigError> {
             Some(Value::String(t))
                 if [
                     "default", "linear", "dynamic", "yarn", "longrope", "llama3", "su",
+                    // Qwen2-VL / Qwen2.5-VL's multimodal rotary (the default's frequencies)
+                    "mrope",
                 ]
                 .contains(&t.as_str()) => {}
             Some(v) => {
@@ -1143,6 +1145,8 @@ pub(crate) fn read_vision(
             side: 1,
             patch: 1,
             tokens: 1,
+            markup: 0,
+            class_token: false,
         },
         lm_hidden,
         tower_params: Vec::new(),
@@ -1158,6 +1162,7 @@ pub(crate) fn read_vision(
         lm_heads,
         unused_layers: 0,
         gradless_tail: 0,
+        class_feature: false,
     };
     match kind {
         VlmKind::Qwen25Vl | VlmKind::Qwen3Vl => {
@@ -1339,6 +1344,9 @@ pub(crate) fn read_vision(
                         side,
                         patch: t.patch,
                         tokens,
+                        // "\n\n" <start_of_image> ... <end_of_image> "\n\n"
+                        markup: 4,
+                        class_token: false,
                     };
                 }
                 VlmKind::Idefics3 => {
@@ -1384,9 +1392,39 @@ pub(crate) fn read_vision(
                     out.gradless_tail = usize::try_from(unused).unwrap_or(0) * 16 + 2;
                     linear(&mut projector_params, c, lm_hidden, true);
                     linear(&mut projector_params, lm_hidden, lm_hidden, true);
-                    if outer.bool("use_image_newline_parameter", true)? {
-                        projector_params.push(lm_hidden);
+                    // "default" drops the class token's feature, "full" keeps it
+                    let full = match outer.string("vision_feature_select_strategy")? {
+                        None | Some("default") => false,
+                        Some("full") => true,
+                        Some(other) => {
+                            return Err(invalid(
+                                "vision_feature_select_strategy",
+                                format!("{other:?} is neither \"default\" nor \"full\""),
+                            ))
+                        }
+                    };
+                    out.class_feature = full;
+                    let grid = image / t.patch;
+                    let tokens = grid * grid + u64::from(full);
+                    // LLaVA 1.5: one image of the tower's size, its features as they are
+                    let next =
+                        outer.used.get("model_type").and_then(Value::as_str) != Some("llava");
+                    if !next {
+                        out.processor = Processor::Fixed {
+                            side: image,
+                            patch: t.patch,
+                            tokens,
+                            markup: 0,
+                            class_token: clip,
+                        };
+                        out.tower = t;
+                        out.tower_params = tower_params;
+                        out.projector_params = projector_params;
+                        outer.record("vision_config", Value::Object(r.used));
+                        return Ok(out);
                     }
+                    // LLaVA-NeXT's newline feature after each row of tiles
+                    projector_params.push(lm_hidden);
                     let pins = match outer.array("image_grid_pinpoints")? {
                         Some(a) => a
                             .iter()
@@ -1420,6 +1458,7 @@ pub(crate) fn read_vision(
                         crop: image,
                         patch: t.patch,
                         pinpoints: pins,
+                        full,
                     };
                 }
             }

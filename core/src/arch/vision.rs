@@ -41,8 +41,15 @@ pub(crate) enum Processor {
         min_pixels: u64,
         max_pixels: u64,
     },
-    /// Every image resized to `side` x `side` (Gemma 3 without pan-and-scan).
-    Fixed { side: u64, patch: u64, tokens: u64 },
+    /// Every image resized to `side` x `side` (Gemma 3 without pan-and-scan; LLaVA 1.5's
+    /// CLIP, its class position in the tower besides the patches).
+    Fixed {
+        side: u64,
+        patch: u64,
+        tokens: u64,
+        markup: u64,
+        class_token: bool,
+    },
     /// Idefics3 / SmolVLM image splitting.
     Split {
         longest_edge: u64,
@@ -50,11 +57,13 @@ pub(crate) enum Processor {
         patch: u64,
         tile_tokens: u64,
     },
-    /// LLaVA-NeXT's any-resolution tiles: (height, width) pinpoints.
+    /// LLaVA-NeXT's any-resolution tiles: (height, width) pinpoints; `full` keeps the
+    /// class token's feature (`vision_feature_select_strategy: "full"`).
     AnyRes {
         crop: u64,
         patch: u64,
         pinpoints: Vec<(u64, u64)>,
+        full: bool,
     },
     /// Mllama: up to `max_tiles` tiles of `tile` pixels, always padded to `max_tiles`.
     Tiles {
@@ -126,6 +135,8 @@ pub(crate) struct VisionLm {
     pub unused_layers: u64,
     /// Trailing entries of `tower_params` that never get a gradient.
     pub gradless_tail: usize,
+    /// LLaVA: the class token's feature goes to the projector too (strategy "full").
+    pub class_feature: bool,
 }
 
 /// The images of one step and what is trained of the vision side.
@@ -209,11 +220,12 @@ pub(crate) fn layout(p: &Processor, width: u64, height: u64) -> Result<ImageLayo
             side,
             patch,
             tokens,
+            markup,
+            class_token,
         } => ImageLayout {
             tokens,
-            // "\n\n" <start_of_image> ... <end_of_image> "\n\n"
-            markup: 4,
-            patches: (side / patch) * (side / patch),
+            markup,
+            patches: (side / patch) * (side / patch) + u64::from(class_token),
             tiles: 1,
             grid: (0, 0),
         },
@@ -270,6 +282,7 @@ pub(crate) fn layout(p: &Processor, width: u64, height: u64) -> Result<ImageLayo
             crop,
             patch,
             ref pinpoints,
+            full,
         } => {
             // select_best_resolution: the most effective pixels, then the least waste
             let mut best = (0u64, 0u64);
@@ -298,7 +311,7 @@ pub(crate) fn layout(p: &Processor, width: u64, height: u64) -> Result<ImageLayo
             }
             ImageLayout {
                 // unpadded features, a newline per row, the base image (CLS dropped)
-                tokens: cur_h * cur_w + cur_h + side * side,
+                tokens: cur_h * cur_w + cur_h + side * side + u64::from(full),
                 markup: 0,
                 patches: tiles * (side * side + 1),
                 tiles,
@@ -445,6 +458,8 @@ mod tests {
             side: 896,
             patch: 14,
             tokens: 256,
+            markup: 4,
+            class_token: false,
         };
         check(&g, &with([256; 10], [4; 10], [4096; 10]));
         let s = Processor::Split {
@@ -471,6 +486,7 @@ mod tests {
             crop: 336,
             patch: 14,
             pinpoints: vec![(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)],
+            full: false,
         };
         check(
             &l,
@@ -583,12 +599,53 @@ mod tests {
         }
     }
 
+    /// llava-hf/llava-1.5-7b-hf's config.json (transformers 4.36 save), the text model at
+    /// LlamaConfig's defaults: 7,063,427,072 parameters as the Hub lists them; one 336-pixel
+    /// image, 576 features (the class token's dropped), 577 positions in CLIP.
+    #[test]
+    fn llava_one_five_reads_at_its_class_defaults() {
+        let config = r#"{"architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_token_index": 32000, "model_type": "llava", "pad_token_id": 32001, "projector_hidden_act": "gelu", "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05, "torch_dtype": "float16", "vocab_size": 32064}, "tie_word_embeddings": false, "torch_dtype": "float16", "transformers_version": "4.36.0.dev0", "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096, "model_type": "clip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768, "vocab_size": 32000}, "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "vocab_size": 32064}"#;
+        let arch = crate::arch::parse_hf_config(config).expect("a config");
+        assert_eq!(
+            arch.parameter_count() + arch.vision_parameter_count(),
+            7_063_427_072
+        );
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        check(&vlm.processor, &[((1000, 600), (576, 0, 577))]);
+        let back = crate::arch::parse_hf_config(&arch.to_config_json());
+        assert_eq!(back.as_ref(), Ok(&arch));
+        let full = config.replace("\"default\"", "\"full\"");
+        let arch = crate::arch::parse_hf_config(&full).expect("a config");
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        check(&vlm.processor, &[((336, 336), (577, 0, 577))]);
+    }
+
+    /// Qwen/Qwen2.5-VL-7B-Instruct's config.json as published (transformers 4.41: the
+    /// text fields at the top level, `rope_scaling.type` "mrope"): 8,292,166,656 parameters
+    /// as the Hub lists them, and the checkpoint's processor without a preprocessor block.
+    #[test]
+    fn a_flat_qwen2_5_vl_config_reads() {
+        let config = r#"{"architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000, "max_window_layers": 28, "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.41.2", "use_cache": true, "use_sliding_window": false, "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2}, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}"#;
+        let arch = crate::arch::parse_hf_config(config).expect("a config");
+        assert_eq!(
+            arch.parameter_count() + arch.vision_parameter_count(),
+            8_292_166_656
+        );
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        // 1280-pixel images as the issue asks: 92 x 92 patches, 2,116 tokens
+        check(&vlm.processor, &[((1280, 1280), (2116, 2, 8464))]);
+        let back = crate::arch::parse_hf_config(&arch.to_config_json());
+        assert_eq!(back.as_ref(), Ok(&arch));
+    }
+
     #[test]
     fn empty_and_huge_images_are_refused() {
         let g = Processor::Fixed {
             side: 896,
             patch: 14,
             tokens: 256,
+            markup: 4,
+            class_token: false,
         };
         assert!(layout(&g, 0, 10).is_err());
         assert!(layout(&g, 10, MAX_IMAGE_SIDE + 1).is_err());

@@ -327,7 +327,11 @@ fn vision_bytes(
                     }
                     VlmKind::Idefics3 => r(nc, e)?,
                     _ => {
-                        let rows = mul(tiles, (lay.patches / lay.tiles.max(1)).saturating_sub(1))?;
+                        let per_tile = lay.patches / lay.tiles.max(1);
+                        let rows = mul(
+                            tiles,
+                            per_tile.saturating_sub(u64::from(!vlm.class_feature)),
+                        )?;
                         add(
                             r(mul(rows, c)?, e)?,
                             mul(r(mul(rows, vlm.lm_hidden)?, e)?, 2)?,
