@@ -1038,6 +1038,7 @@ pub fn parse_hf_config(json: &str) -> Result<Architecture, ConfigError> {
 
 // Vision-language models: the vision side (`vision.rs` holds it as data).
 
+#[inline(never)]
 fn linear(v: &mut Vec<u64>, n_in: u64, n_out: u64, bias: bool) {
     v.push(n_in.saturating_mul(n_out));
     if bias {
@@ -1045,12 +1046,14 @@ fn linear(v: &mut Vec<u64>, n_in: u64, n_out: u64, bias: bool) {
     }
 }
 
+#[inline(never)]
 fn layer_norm(v: &mut Vec<u64>, c: u64) {
     v.push(c);
     v.push(c);
 }
 
 /// A SigLIP / CLIP encoder layer: two LayerNorms, q/k/v/o with biases, fc1/fc2.
+#[inline(never)]
 fn encoder_layer(v: &mut Vec<u64>, c: u64, i: u64, bias: bool) {
     layer_norm(v, c);
     for _ in 0..4 {
@@ -1399,7 +1402,7 @@ pub(crate) fn read_vision(
                         Some(other) => {
                             return Err(invalid(
                                 "vision_feature_select_strategy",
-                                format!("{other:?} is neither \"default\" nor \"full\""),
+                                format!("\"{other}\" is neither \"default\" nor \"full\""),
                             ))
                         }
                     };
@@ -1425,27 +1428,26 @@ pub(crate) fn read_vision(
                     }
                     // LLaVA-NeXT's newline feature after each row of tiles
                     projector_params.push(lm_hidden);
+                    // [height, width] pairs, each a multiple of the tower's side
+                    let pair = |p: &Value| match p {
+                        Value::Array(a) => match a.as_slice() {
+                            [h, w] => h.as_u64().zip(w.as_u64()).filter(|&(h, w)| {
+                                (1..=MAX_IMAGE_SIDE).contains(&h)
+                                    && (1..=MAX_IMAGE_SIDE).contains(&w)
+                                    && h.is_multiple_of(image)
+                                    && w.is_multiple_of(image)
+                            }),
+                            _ => None,
+                        },
+                        _ => None,
+                    };
                     let pins = match outer.array("image_grid_pinpoints")? {
-                        Some(a) => a
-                            .iter()
-                            .map(|p| match p {
-                                Value::Array(a) => match a.as_slice() {
-                                [h, w] => match (h.as_u64(), w.as_u64()) {
-                                    (Some(h), Some(w))
-                                        if (1..=MAX_IMAGE_SIDE).contains(&h)
-                                            && (1..=MAX_IMAGE_SIDE).contains(&w)
-                                            && h.is_multiple_of(image)
-                                            && w.is_multiple_of(image) =>
-                                    {
-                                        Ok((h, w))
-                                    }
-                                    _ => Err(invalid("image_grid_pinpoints", format!("{p} is not a [height, width] pair of multiples of {image}"))),
-                                },
-                                _ => Err(invalid("image_grid_pinpoints", format!("{p} is not a [height, width] pair"))),
-                                },
-                                _ => Err(invalid("image_grid_pinpoints", format!("{p} is not a [height, width] pair"))),
-                            })
-                            .collect::<Result<Vec<_>, _>>()?,
+                        Some(a) => a.iter().map(pair).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                            invalid(
+                                "image_grid_pinpoints",
+                                format!("expected [height, width] pairs of multiples of {image} pixels"),
+                            )
+                        })?,
                         None => vec![(image, 2 * image), (2 * image, image), (2 * image, 2 * image)],
                     };
                     if pins.is_empty() || pins.len() > 64 {

@@ -20,7 +20,7 @@ use super::estimate::{
     TrainingStep,
 };
 use super::mesh::Mesh;
-use super::ops::{add, mul, storage, sum_storages, Res, SavedPart};
+use super::ops::{add, mul, storage, SavedPart};
 use super::peft::Peft;
 use super::recipe::{Checkpointing, PrecisionRecipe};
 use super::vision::{layout, ImageLayout, Processor, VisionInputs, VisionLm, VlmKind, MAX_IMAGES};
@@ -93,6 +93,52 @@ struct VisionBytes {
     lingering: u64,
 }
 
+/// A byte count in saturating arithmetic: a figure past 64 bits saturates here and fails
+/// where the phases are totalled (`CategoryBytes::total`). Small code: the vision side's
+/// many terms need no error path each.
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct B(u64);
+
+impl std::ops::Add for B {
+    type Output = B;
+    fn add(self, o: B) -> B {
+        B(self.0.saturating_add(o.0))
+    }
+}
+
+impl std::ops::AddAssign for B {
+    fn add_assign(&mut self, o: B) {
+        *self = *self + o;
+    }
+}
+
+impl std::ops::Mul<u64> for B {
+    type Output = B;
+    // out of line, as `m`: inlined, each product spells out a 128-bit multiply
+    #[inline(never)]
+    fn mul(self, k: u64) -> B {
+        B(self.0.saturating_mul(k))
+    }
+}
+
+/// One storage of `elems` elements of `bytes` each, rounded to the allocator's block.
+#[inline(never)]
+fn r(elems: u64, bytes: u64) -> B {
+    B(storage(elems, bytes).unwrap_or(u64::MAX))
+}
+
+/// Bytes of the storages of `elems` elements each of `bytes`, saturating.
+fn sum_st(elems: &[u64], bytes: u64) -> u64 {
+    elems.iter().fold(B(0), |acc, &e| acc + r(e, bytes)).0
+}
+
+/// `a * b` elements, saturating (out of line: inlined, each product spells out a 128-bit
+/// multiply).
+#[inline(never)]
+fn m(a: u64, b: u64) -> u64 {
+    a.saturating_mul(b)
+}
+
 /// The bytes the vision side saves in one step of `b` samples.
 #[allow(clippy::too_many_lines)]
 fn vision_bytes(
@@ -103,45 +149,39 @@ fn vision_bytes(
     p: PrecisionRecipe,
     gc: bool,
     lm_trained: bool,
-) -> Res<VisionBytes> {
+) -> VisionBytes {
     let e = p.activation_bytes();
     let amp = p.autocast();
     let resid = p.residual_bytes();
     let t = vlm.tower;
     let (c, i, h) = (t.hidden, t.inner, t.heads);
     let d = c / h.max(1);
-    let n_img = mul(b, v.images)?;
+    let n_img = m(b, v.images);
     let lay = it.layout;
     // positions in the tower over the batch
-    let n = mul(n_img, lay.patches)?;
-    let r = storage;
-    let nc = mul(n, c)?;
-    let ni = mul(n, i)?;
-    let s = it.sequence;
-    let bs = mul(b, s)?;
-    let mut saved = 0u64;
+    let n = m(n_img, lay.patches);
+    let nc = m(n, c);
+    let ni = m(n, i);
+    let bs = m(b, it.sequence);
+    let mut saved = B(0);
     let tower = v.tower_trained && v.images > 0;
     let projector = v.projector_trained && v.images > 0;
     // SigLIP / CLIP layer (VLM.md): residuals, LayerNorm stats and outputs, q/k/v, flash
     // output and log-sum-exp, the MLP's inner tensors (quick-GELU keeps its sigmoid too)
-    let encoder_layer = |inner_tensors: u64| -> Res<u64> {
+    let encoder_layer = |inner_tensors: u64| -> B {
         if amp {
-            let x = add(mul(r(nc, 4)?, 2)?, mul(r(nc, 2)?, 8)?)?;
-            let x = add(x, mul(r(ni, 2)?, inner_tensors)?)?;
-            add(add(x, mul(r(n, 4)?, 4)?)?, r(mul(n, h)?, 4)?)
+            r(nc, 4) * 2 + r(nc, 2) * 8 + r(ni, 2) * inner_tensors + r(n, 4) * 4 + r(m(n, h), 4)
         } else {
-            let x = add(mul(r(nc, e)?, 8)?, mul(r(ni, e)?, inner_tensors)?)?;
-            add(add(x, mul(r(n, e)?, 4)?)?, r(mul(n, h)?, 4)?)
+            r(nc, e) * 8 + r(ni, e) * inner_tensors + r(n, e) * 4 + r(m(n, h), 4)
         }
     };
-    let mut inputs = 0u64;
-    let mut forward_extra = 0u64;
-    let mut lingering = 0u64;
-    let mut lm_side = 0u64;
-    let mut proj_saved = 0u64;
+    let mut forward_extra = B(0);
+    let mut lingering = B(0);
+    let mut lm_side = B(0);
+    let mut proj_saved = B(0);
     let projector_io;
     // token ids and labels
-    inputs = add(inputs, mul(r(bs, 8)?, 2)?)?;
+    let mut inputs = r(bs, 8) * 2;
     match vlm.kind {
         VlmKind::Qwen25Vl | VlmKind::Qwen3Vl => {
             let (patch, temporal) = match vlm.processor {
@@ -152,42 +192,36 @@ fn vision_bytes(
             };
             let row = 3 * temporal * patch * patch;
             // pixel_values (fp32 rows), image_grid_thw, mm_token_type_ids
-            inputs = add(inputs, r(mul(n, row)?, 4)?)?;
-            inputs = add(inputs, r(mul(n_img, 3)?, 8)?)?;
-            inputs = add(inputs, r(bs, 8)?)?;
+            inputs += r(m(n, row), 4) + r(m(n_img, 3), 8) + r(bs, 8);
             let q3 = vlm.kind == VlmKind::Qwen3Vl;
             if tower {
                 if gc {
-                    saved = add(saved, mul(r(nc, e)?, t.layers)?)?;
+                    saved += r(nc, e) * t.layers;
                 } else {
                     let per_block_common = if q3 {
                         // 11 r(eNC) + 2 r(eNI) + 4 stats (flash out counted per image below)
                         // (under autocast the two residuals the LayerNorms keep are fp32
                         // and so are their stats; each linear's bf16 input cast takes the
                         // place of the LayerNorm output it reads)
-                        let x = add(mul(r(nc, e)?, 8)?, mul(r(ni, e)?, 2)?)?;
-                        add(
-                            add(x, mul(r(nc, resid)?, 2)?)?,
-                            mul(r(n, if amp { 4 } else { e })?, 4)?,
-                        )?
+                        r(nc, e) * 8
+                            + r(ni, e) * 2
+                            + r(nc, resid) * 2
+                            + r(n, if amp { 4 } else { e }) * 4
                     } else {
                         // two RMSNorms (fp32 x, rsqrt, bf16 normalized, weight product), the
                         // rotary q/k, the fused qkv, the cat, four SwiGLU tensors
-                        let norm = add(add(r(nc, 4)?, r(n, 4)?)?, mul(r(nc, e)?, 2)?)?;
-                        let x = add(mul(norm, 2)?, mul(r(nc, e)?, 2)?)?;
-                        let x = add(add(x, r(mul(nc, 3)?, e)?)?, r(nc, e)?)?;
-                        let x = add(x, mul(r(ni, e)?, 4)?)?;
+                        let norm = r(nc, 4) + r(n, 4) + r(nc, e) * 2;
+                        let x = norm * 2 + r(nc, e) * 2 + r(m(nc, 3), e) + r(nc, e) + r(ni, e) * 4;
                         if amp {
-                            add(x, r(nc, 2)?)?
+                            x + r(nc, 2)
                         } else {
                             x
                         }
                     };
                     // SDPA per segment: one per image (full blocks), one per window
                     let (gh, gw) = lay.grid;
-                    let seg =
-                        |len: u64| -> Res<u64> { add(r(mul(len, c)?, e)?, r(mul(len, h)?, 4)?) };
-                    let full = seg(lay.patches)?;
+                    let seg = |len: u64| r(m(len, c), e) + r(m(len, h), 4);
+                    let full = seg(lay.patches);
                     let window = if q3 {
                         full
                     } else {
@@ -198,16 +232,16 @@ fn vision_bytes(
                         let (full_rows, rest_rows) = (mh / u, mh % u);
                         let (full_cols, rest_cols) = (mw / u, mw % u);
                         let units = vlm.scale * vlm.scale;
-                        let mut total = 0;
+                        let mut total = B(0);
                         for (count, rows, cols) in [
-                            (mul(full_rows, full_cols)?, u, u),
+                            (m(full_rows, full_cols), u, u),
                             (full_rows, u, rest_cols),
                             (full_cols, rest_rows, u),
                             (1, rest_rows, rest_cols),
                         ] {
-                            let len = mul(units, mul(rows, cols)?)?;
+                            let len = m(units, m(rows, cols));
                             if len > 0 {
-                                total = add(total, mul(seg(len)?, count)?)?;
+                                total += seg(len) * count;
                             }
                         }
                         total
@@ -217,48 +251,39 @@ fn vision_bytes(
                     } else {
                         vlm.full_blocks.min(t.layers)
                     };
-                    let blocks = add(
-                        mul(add(per_block_common, mul(full, n_img)?)?, full_blocks)?,
-                        mul(
-                            add(per_block_common, mul(window, n_img)?)?,
-                            t.layers - full_blocks,
-                        )?,
-                    )?;
-                    saved = add(saved, blocks)?;
+                    saved += (per_block_common + full * n_img) * full_blocks
+                        + (per_block_common + window * n_img) * (t.layers - full_blocks);
                 }
                 // the patch embedding's 16-bit pixel copy, rotary cos/sin
-                saved = add(saved, r(mul(n, row)?, e)?)?;
-                saved = add(saved, mul(r(mul(n, d)?, 4)?, 2)?)?;
-                if q3 {
+                saved += r(m(n, row), e) + r(m(n, d), 4) * 2;
+                saved += if q3 {
                     // interpolated learned positions: indices and weights
-                    saved = add(add(saved, r(mul(n, 4)?, 8)?)?, r(mul(n, 4)?, 4)?)?;
+                    r(m(n, 4), 8) + r(m(n, 4), 4)
                 } else {
-                    saved = add(saved, mul(r(n / 4, 8)?, 2)?)?;
-                }
+                    // the window permutation's index and its inverse
+                    r(n / 4, 8) * 2
+                };
             }
             if projector {
-                let m = if q3 {
-                    // LayerNorm (stats, output, its input when the tower is trained), fc1, GELU
-                    let x = add(mul(r(n, e)?, 2)?, mul(r(nc, e)?, 3)?)?;
-                    let deep = add(
-                        mul(r(n / 4, e)?, 2)?,
-                        mul(r(nc, e)?, if tower { 3 } else { 4 })?,
-                    )?;
-                    let x = if tower { add(x, r(nc, e)?)? } else { x };
-                    add(x, mul(deep, vlm.deepstack)?)?
+                proj_saved = if q3 {
+                    // LayerNorm (stats, output, its input when the tower is trained), fc1,
+                    // GELU; each deepstack merger likewise after the shuffle
+                    let x = r(n, e) * 2 + r(nc, e) * 3;
+                    let deep = r(n / 4, e) * 2 + r(nc, e) * if tower { 3 } else { 4 };
+                    let x = if tower { x + r(nc, e) } else { x };
+                    x + deep * vlm.deepstack
                 } else if tower {
-                    add(add(r(nc, 4)?, r(n, 4)?)?, mul(r(nc, e)?, 4)?)?
+                    r(nc, 4) + r(n, 4) + r(nc, e) * 4
                 } else {
-                    mul(r(nc, e)?, 4)?
+                    r(nc, e) * 4
                 };
-                proj_saved = m;
             }
             projector_io = (
-                r(nc, e)?,
-                r(mul(n / (vlm.scale * vlm.scale).max(1), vlm.lm_hidden)?, e)?,
+                r(nc, e),
+                r(m(n / (vlm.scale * vlm.scale).max(1), vlm.lm_hidden), e),
             );
             if !tower {
-                forward_extra = r(nc, e)?;
+                forward_extra = r(nc, e);
             }
         }
         VlmKind::Gemma3 | VlmKind::Idefics3 | VlmKind::LlavaNext => {
@@ -268,90 +293,75 @@ fn vision_bytes(
                 Processor::AnyRes { crop, .. } => crop,
                 _ => 0,
             };
-            let tiles = mul(n_img, lay.tiles)?;
-            let pixels = mul(mul(tiles, 3)?, mul(side, side)?)?;
-            inputs = add(inputs, r(pixels, 4)?)?;
-            match vlm.kind {
+            let tiles = m(n_img, lay.tiles);
+            let pixels = m(m(tiles, 3), m(side, side));
+            inputs += r(pixels, 4);
+            inputs += match vlm.kind {
                 // token_type_ids
-                VlmKind::Gemma3 => inputs = add(inputs, r(bs, 8)?)?,
+                VlmKind::Gemma3 => r(bs, 8),
                 // the int64 pixel attention mask
-                VlmKind::Idefics3 => inputs = add(inputs, r(mul(tiles, side * side)?, 8)?)?,
-                // image_sizes; the tiles padded to the batch's most
-                _ => inputs = add(inputs, r(mul(n_img, 2)?, 8)?)?,
-            }
+                VlmKind::Idefics3 => r(m(tiles, m(side, side)), 8),
+                // image_sizes
+                _ => r(m(n_img, 2), 8),
+            };
             let clip = vlm.kind == VlmKind::LlavaNext;
-            let inner_tensors = if clip { 3 } else { 2 };
             if tower {
-                let layer = encoder_layer(inner_tensors)?;
                 if gc {
-                    saved = add(saved, mul(r(nc, resid)?, t.layers)?)?;
+                    saved += r(nc, resid) * t.layers;
                 } else {
-                    saved = add(saved, mul(layer, t.layers)?)?;
+                    saved += encoder_layer(if clip { 3 } else { 2 }) * t.layers;
                     if vlm.unused_layers > 0 {
                         // vision_feature_layer -2: the last layer runs unused, its saved
                         // tensors held by the outputs but for its GELU and output residual;
                         // its attention side outlives the backward
-                        saved = saved.saturating_sub(add(r(ni, e)?, r(nc, e)?)?);
-                        lingering = encoder_layer(0)?;
+                        saved = B(saved.0.saturating_sub((r(ni, e) + r(nc, e)).0));
+                        lingering = encoder_layer(0);
                     }
                 }
                 // the convolution's 16-bit pixel copy; LayerNorm stats after the layers
                 // (and the pre-LayerNorm's for CLIP); position ids for Idefics3
-                saved = add(saved, r(pixels, e)?)?;
-                saved = add(saved, mul(r(n, resid)?, 2)?)?;
+                saved += r(pixels, e) + r(n, resid) * 2;
                 if clip {
-                    saved = add(add(saved, mul(r(n, resid)?, 2)?)?, r(nc, resid)?)?;
+                    saved += r(n, resid) * 2 + r(nc, resid);
                 }
                 if vlm.kind == VlmKind::Idefics3 {
-                    saved = add(saved, r(n, 8)?)?;
+                    saved += r(n, 8);
                 }
                 // SigLIP's post-LayerNorm keeps its input, the last layer's output (CLIP's
                 // normalises the class token of the pooled output only)
                 if !clip {
-                    saved = add(saved, r(nc, resid)?)?;
+                    saved += r(nc, resid);
                 }
             }
+            // the projector's rows: LLaVA's features per tile (without the class token's
+            // unless the strategy is "full")
+            let per_tile = lay.patches / lay.tiles.max(1);
+            let rows = m(
+                tiles,
+                per_tile.saturating_sub(u64::from(!vlm.class_feature)),
+            );
             if projector {
-                let m = match vlm.kind {
+                proj_saved = match vlm.kind {
                     VlmKind::Gemma3 => {
-                        let pooled = mul(mul(n_img, lay.tokens)?, c)?;
+                        let tokens = m(n_img, lay.tokens);
+                        let pooled = m(tokens, c);
                         let norm = if tower {
-                            add(
-                                add(r(nc, e)?, mul(r(pooled, 4)?, 2)?)?,
-                                r(mul(n_img, lay.tokens)?, 4)?,
-                            )?
+                            r(nc, e) + r(pooled, 4) * 2 + r(tokens, 4)
                         } else {
-                            r(pooled, 4)?
+                            r(pooled, 4)
                         };
-                        add(norm, r(pooled, e)?)?
+                        norm + r(pooled, e)
                     }
-                    VlmKind::Idefics3 => r(nc, e)?,
-                    _ => {
-                        let per_tile = lay.patches / lay.tiles.max(1);
-                        let rows = mul(
-                            tiles,
-                            per_tile.saturating_sub(u64::from(!vlm.class_feature)),
-                        )?;
-                        add(
-                            r(mul(rows, c)?, e)?,
-                            mul(r(mul(rows, vlm.lm_hidden)?, e)?, 2)?,
-                        )?
-                    }
+                    VlmKind::Idefics3 => r(nc, e),
+                    _ => r(m(rows, c), e) + r(m(rows, vlm.lm_hidden), e) * 2,
                 };
-                proj_saved = m;
             }
             projector_io = match vlm.kind {
-                VlmKind::LlavaNext => {
-                    let rows = mul(tiles, (lay.patches / lay.tiles.max(1)).saturating_sub(1))?;
-                    (r(mul(rows, c)?, e)?, r(mul(rows, vlm.lm_hidden)?, e)?)
-                }
-                _ => (
-                    r(nc, e)?,
-                    r(mul(mul(n_img, lay.tokens)?, vlm.lm_hidden)?, e)?,
-                ),
+                VlmKind::LlavaNext => (r(m(rows, c), e), r(m(rows, vlm.lm_hidden), e)),
+                _ => (r(nc, e), r(m(m(n_img, lay.tokens), vlm.lm_hidden), e)),
             };
             if !tower {
-                forward_extra = r(nc, e)?;
+                forward_extra = r(nc, e);
             }
         }
         VlmKind::Mllama => {
@@ -361,105 +371,107 @@ fn vision_bytes(
                 } => (tile, max_tiles),
                 _ => (560, 4),
             };
-            let slots = mul(n_img, max_tiles)?;
-            let pixels = mul(mul(slots, 3)?, tile * tile)?;
+            let slots = m(n_img, max_tiles);
+            let pixels = m(m(slots, 3), m(tile, tile));
             let per_tile = (tile / t.patch) * (tile / t.patch) + 1;
-            let real = mul(slots, per_tile)?;
+            let real = m(slots, per_tile);
             // pixel values, aspect-ratio ids and mask, the cross-attention mask
-            inputs = add(inputs, r(pixels, 4)?)?;
-            inputs = add(inputs, r(n_img, 8)?)?;
-            inputs = add(inputs, r(slots, 8)?)?;
-            inputs = add(inputs, r(mul(bs, mul(v.images, max_tiles)?)?, 8)?)?;
+            inputs +=
+                r(pixels, 4) + r(n_img, 8) + r(slots, 8) + r(m(bs, m(v.images, max_tiles)), 8);
             if tower {
-                let layer = encoder_layer(2)?;
-                let global = add(add(layer, mul(r(nc, e)?, 2)?)?, 1024)?;
-                saved = add(saved, mul(layer, t.layers)?)?;
-                saved = add(saved, mul(global, vlm.global_layers)?)?;
-                saved = saved.saturating_sub(if vlm.global_layers > 0 { r(nc, e)? } else { 0 });
+                let layer = encoder_layer(2);
+                let global = layer + r(nc, e) * 2 + B(1024);
+                saved += layer * t.layers + global * vlm.global_layers;
+                // the last global layer's output residual is not saved
+                if vlm.global_layers > 0 {
+                    saved = B(saved.0.saturating_sub(r(nc, e).0));
+                }
                 // the aspect-ratio mask, shared by every layer
                 let l = lay.patches / max_tiles.max(1) * max_tiles;
-                saved = add(saved, r(mul(n_img, mul(l, l)?)?, e)?)?;
+                saved += r(m(n_img, m(l, l)), e);
                 // pixel copy, tile position embeddings, pre-LayerNorm stats, padded input,
                 // post-tile embedding output
-                saved = add(saved, r(pixels, e)?)?;
-                saved = add(saved, mul(r(mul(real, c)?, e)?, 2)?)?;
-                saved = add(saved, mul(r(real, e)?, 2)?)?;
-                saved = add(saved, r(nc, e)?)?;
-                saved = add(saved, r(mul(real, c)?, e)?)?;
+                saved += r(pixels, e) + r(m(real, c), e) * 3 + r(real, e) * 2 + r(nc, e);
             }
             if projector {
-                proj_saved = r(mul(real, vlm.vision_output)?, e)?;
+                proj_saved = r(m(real, vlm.vision_output), e);
             }
             projector_io = (
-                r(mul(real, vlm.vision_output)?, e)?,
-                r(mul(real, vlm.lm_hidden)?, e)?,
+                r(m(real, vlm.vision_output), e),
+                r(m(real, vlm.lm_hidden), e),
             );
             if !tower {
-                forward_extra = r(mul(real, vlm.vision_output)?, e)?;
+                forward_extra = r(m(real, vlm.vision_output), e);
             }
             // cross-attention layers over the projected vision states
             let (hq, hkv, hd) = vlm.lm_heads;
-            let tv = mul(n_img, mul(max_tiles, per_tile)?)?;
-            let tv_per = mul(v.images, mul(max_tiles, per_tile)?)?;
+            let tv = m(n_img, m(max_tiles, per_tile));
+            let tv_per = m(v.images, m(max_tiles, per_tile));
             if v.images > 0 {
-                let kv = mul(tv, mul(hkv, hd)?)?;
-                let mut cross = add(add(r(kv, 4)?, r(mul(tv, hkv)?, 4)?)?, r(kv, e)?)?;
-                cross = add(cross, mul(r(mul(tv, mul(hq, hd)?)?, e)?, 2)?)?;
-                cross = add(cross, r(mul(bs, tv_per.div_ceil(8) * 8)?, e)?)?;
-                let q = mul(bs, mul(hq, hd)?)?;
-                cross = add(
-                    cross,
-                    add(add(r(q, 4)?, r(mul(bs, hq)?, 4)?)?, mul(r(q, e)?, 2)?)?,
-                )?;
-                cross = add(cross, add(1024, mul(r(mul(bs, vlm.lm_hidden)?, e)?, 2)?)?)?;
-                // a checkpointed cross-attention layer keeps its arguments: the projected
-                // states (kept once below) and the cross-attention mask
-                let cross = if gc { r(mul(bs, tv_per)?, e)? } else { cross };
-                lm_side = add(lm_side, mul(cross, vlm.cross_layers)?)?;
+                // k_norm (fp32 input, rsqrt, 16-bit output), repeat_kv's K and V, the
+                // additive mask padded to 8, q_norm, the gates and the gated outputs
+                let kv = m(tv, m(hkv, hd));
+                let q = m(bs, m(hq, hd));
+                let cross = if gc {
+                    // a checkpointed cross-attention layer keeps its arguments: the
+                    // projected states (kept once below) and the cross-attention mask
+                    r(m(bs, tv_per), e)
+                } else {
+                    r(kv, 4)
+                        + r(m(tv, hkv), 4)
+                        + r(kv, e)
+                        + r(m(tv, m(hq, hd)), e) * 2
+                        + r(m(bs, tv_per.div_ceil(8).saturating_mul(8)), e)
+                        + r(q, 4)
+                        + r(m(bs, hq), 4)
+                        + r(q, e) * 2
+                        + B(1024)
+                        + r(m(bs, vlm.lm_hidden), e) * 2
+                };
+                lm_side += cross * vlm.cross_layers;
                 if vlm.cross_layers > 0 {
                     // the projected states (k/v input) and the row mask, once
-                    lm_side = add(lm_side, r(mul(tv, vlm.lm_hidden)?, e)?)?;
-                    lm_side = add(lm_side, r(bs, e)?)?;
+                    lm_side += r(m(tv, vlm.lm_hidden), e) + r(bs, e);
                 }
             }
         }
     }
     // masked_scatter of the image features keeps its mask when anything before it trains
     if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower) {
-        lm_side = add(lm_side, r(bs, 1)?)?;
+        lm_side += r(bs, 1);
     }
     // autocast's 16-bit copies of the trained vision weights
     if amp {
-        let mut w = Vec::new();
         if tower {
-            w.extend(vlm.tower_params.iter().copied().filter(|&x| x > c));
+            for &x in vlm.tower_params.iter().filter(|&&x| x > c) {
+                saved += r(x, 2);
+            }
         }
         if projector {
-            w.extend(
-                vlm.projector_params
-                    .iter()
-                    .copied()
-                    .filter(|&x| x > vlm.lm_hidden.max(c)),
-            );
+            for &x in vlm
+                .projector_params
+                .iter()
+                .filter(|&&x| x > vlm.lm_hidden.max(c))
+            {
+                saved += r(x, 2);
+            }
         }
-        saved = add(saved, sum_storages(&w, 2)?)?;
     }
     let backward_transient = if tower {
-        add(mul(r(ni, e)?, 2)?, r(nc, resid)?)?
+        r(ni, e) * 2 + r(nc, resid)
     } else {
-        0
+        B(0)
     };
-    let saved = add(add(saved, proj_saved)?, lm_side)?;
-    Ok(VisionBytes {
-        saved,
-        inputs,
-        forward_extra,
-        lm_side,
-        projector: proj_saved,
-        projector_io,
-        backward_transient,
-        lingering,
-    })
+    VisionBytes {
+        saved: (saved + proj_saved + lm_side).0,
+        inputs: inputs.0,
+        forward_extra: forward_extra.0,
+        lm_side: lm_side.0,
+        projector: proj_saved.0,
+        projector_io: (projector_io.0 .0, projector_io.1 .0),
+        backward_transient: backward_transient.0,
+        lingering: lingering.0,
+    }
 }
 
 /// Estimates one step of a vision-language model: `step.seq_len` is the text tokens per
@@ -504,13 +516,13 @@ pub fn estimate_vlm(
     let trains = step.optimizer.trains();
     let gc = step.checkpointing != Checkpointing::None;
     let lm_trained = peft.is_none();
-    let vb = vision_bytes(vlm, v, &it, b, p, gc, lm_trained && trains)?;
-    let v_inputs = vb.inputs.saturating_sub(storage(mul(b, it.sequence)?, 8)?);
+    let vb = vision_bytes(vlm, v, &it, b, p, gc, lm_trained && trains);
+    let v_inputs = vb.inputs.saturating_sub(r(m(b, it.sequence), 8).0);
     // weights, and what trains
     let mut all = vlm.tower_params.clone();
     all.extend(&vlm.projector_params);
     all.extend(&vlm.lm_extra_params);
-    let weights = sum_storages(&all, p.weight_bytes())?;
+    let weights = sum_st(&all, p.weight_bytes());
     let mut trained: Vec<(u64, u64)> = Vec::new();
     if trains {
         if v.tower_trained {
@@ -525,9 +537,8 @@ pub fn estimate_vlm(
         }
     }
     let grad_bytes = p.gradient_bytes();
-    let grads = trained
-        .iter()
-        .try_fold(0, |acc, &(e, _)| add(acc, storage(e, grad_bytes)?))?;
+    let trained_elems: Vec<u64> = trained.iter().map(|&(e, _)| e).collect();
+    let grads = sum_st(&trained_elems, grad_bytes);
     let opt = optimizer_memory(
         step.optimizer,
         step.optimizer_impl,
@@ -536,35 +547,31 @@ pub fn estimate_vlm(
         grad_bytes,
     )?;
     let master = if p.master_weights() {
-        trained
-            .iter()
-            .try_fold(0, |acc, &(e, _)| add(acc, storage(e, 4)?))?
+        sum_st(&trained_elems, 4)
     } else {
         0
     };
-    let states = add(opt.resident, master)?;
+    let states = opt.resident.saturating_add(master);
     let saved = if trains { vb.saved } else { 0 };
-    let with_base = |c: &CategoryBytes| -> Res<CategoryBytes> {
-        Ok(CategoryBytes {
-            parameters: add(c.parameters, weights)?,
-            buffers: add(c.buffers, v_inputs)?,
-            optimizer_states: add(c.optimizer_states, states)?,
-            ..*c
-        })
+    let with_base = |c: &CategoryBytes| CategoryBytes {
+        parameters: c.parameters.saturating_add(weights),
+        buffers: c.buffers.saturating_add(v_inputs),
+        optimizer_states: c.optimizer_states.saturating_add(states),
+        ..*c
     };
     let mut phases = Vec::new();
     let mut moments = Vec::new();
     for (phase, c) in &lm.phase_peaks {
-        let mut x = with_base(c)?;
+        let mut x = with_base(c);
         match phase {
             Phase::Forward => {
-                x.activations = add(x.activations, saved)?;
-                x.temporaries = add(x.temporaries, vb.forward_extra)?;
+                x.activations = x.activations.saturating_add(saved);
+                x.temporaries = x.temporaries.saturating_add(vb.forward_extra);
             }
             Phase::OptimizerStep => {
-                x.activations = add(x.activations, vb.lingering)?;
-                x.gradients = add(x.gradients, grads)?;
-                x.temporaries = add(x.temporaries, opt.temporary)?;
+                x.activations = x.activations.saturating_add(vb.lingering);
+                x.gradients = x.gradients.saturating_add(grads);
+                x.temporaries = x.temporaries.saturating_add(opt.temporary);
             }
             _ => {}
         }
@@ -579,14 +586,14 @@ pub fn estimate_vlm(
         let embedding_first = vlm.kind == VlmKind::Mllama;
         let tower_side = vb.saved.saturating_sub(vb.lm_side);
         for (m, c) in &lm.backward_moments {
-            let mut x = with_base(c)?;
+            let mut x = with_base(c);
             if *m == BackwardMoment::Embedding && !embedding_first {
-                x.gradients = add(x.gradients, grads)?;
-                x.activations = add(x.activations, vb.lingering)?;
+                x.gradients = x.gradients.saturating_add(grads);
+                x.activations = x.activations.saturating_add(vb.lingering);
             } else if *m == BackwardMoment::Embedding {
-                x.activations = add(x.activations, tower_side)?;
+                x.activations = x.activations.saturating_add(tower_side);
             } else {
-                x.activations = add(x.activations, saved)?;
+                x.activations = x.activations.saturating_add(saved);
             }
             moments.push((*m, x));
         }
@@ -604,17 +611,17 @@ pub fn estimate_vlm(
             v.images > 0 && (v.tower_trained || v.projector_trained),
         ) {
             let embedding = if lm_trained && !embedding_first {
-                sum_storages(&arch.spec.embedding_parameter_tensors(), grad_bytes)?
+                sum_st(&arch.spec.embedding_parameter_tensors(), grad_bytes)
             } else {
                 0
             };
             let extra = if lm_trained {
-                sum_storages(&vlm.lm_extra_params, grad_bytes)?
+                sum_st(&vlm.lm_extra_params, grad_bytes)
             } else {
                 0
             };
             let proj_grads = if v.projector_trained {
-                sum_storages(&vlm.projector_params, grad_bytes)?
+                sum_st(&vlm.projector_params, grad_bytes)
             } else {
                 0
             };
@@ -622,24 +629,21 @@ pub fn estimate_vlm(
             let waiting = if embedding_first {
                 0
             } else {
-                storage(
-                    mul(mul(b, it.sequence)?, arch.hidden_size())?,
-                    p.residual_bytes(),
-                )?
+                r(m(m(b, it.sequence), arch.hidden_size()), p.residual_bytes()).0
             };
-            let lm_grads = add(o.gradients.saturating_sub(embedding), extra)?;
+            let lm_grads = o.gradients.saturating_sub(embedding).saturating_add(extra);
             let base = with_base(&CategoryBytes {
                 temporaries: 0,
                 ..o
-            })?;
+            });
             let (proj_in, proj_out) = vb.projector_io;
             let projector = CategoryBytes {
                 gradients: lm_grads,
                 activations: tower_side,
-                temporaries: add(
-                    add(proj_grads, proj_out)?,
-                    add(if v.tower_trained { proj_in } else { 0 }, waiting)?,
-                )?,
+                temporaries: proj_grads
+                    .saturating_add(proj_out)
+                    .saturating_add(if v.tower_trained { proj_in } else { 0 })
+                    .saturating_add(waiting),
                 ..base
             };
             moments.push((BackwardMoment::Layers, projector));
@@ -647,9 +651,12 @@ pub fn estimate_vlm(
                 moments.push((
                     BackwardMoment::Layers,
                     CategoryBytes {
-                        gradients: add(lm_grads, proj_grads)?,
+                        gradients: lm_grads.saturating_add(proj_grads),
                         activations: tower_side.saturating_sub(vb.projector),
-                        temporaries: add(add(vb.backward_transient, proj_in)?, waiting)?,
+                        temporaries: vb
+                            .backward_transient
+                            .saturating_add(proj_in)
+                            .saturating_add(waiting),
                         ..base
                     },
                 ));
@@ -682,21 +689,23 @@ pub fn estimate_vlm(
     } else {
         0
     };
-    let trainable = trained.iter().try_fold(tail, |acc, &(e, _)| add(acc, e))?;
+    let trainable = trained_elems
+        .iter()
+        .fold(tail, |acc, &e| acc.saturating_add(e));
     let mut saved_parts = lm.saved_parts.clone();
     if saved > 0 {
         saved_parts.push((SavedPart::Vision, saved));
     }
     Ok(PeakEstimate {
         saved_parts,
-        n_params: add(lm.n_params, vlm.parameter_count())?,
+        n_params: lm.n_params.saturating_add(vlm.parameter_count()),
         peak_bytes: best.2,
         peak_phase: best.0,
         at_peak: best.1,
         phase_peaks: phases,
         backward_moments: moments,
-        saved_activation_bytes: add(lm.saved_activation_bytes, saved)?,
-        trainable_params: add(lm.trainable_params, trainable)?,
+        saved_activation_bytes: lm.saved_activation_bytes.saturating_add(saved),
+        trainable_params: lm.trainable_params.saturating_add(trainable),
         allocator: None,
         objective: None,
         ..lm
