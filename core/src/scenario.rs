@@ -75,6 +75,9 @@ pub struct Page {
     pub is_moe: bool,
     /// Architecture mode: whether the model takes images (the sequence is an image side).
     pub is_vision: bool,
+    /// Architecture mode: whether the model is a vision-language model (images beside the
+    /// text: the image fields are its inputs, the sequence its text tokens).
+    pub is_vision_language: bool,
     /// Architecture mode, a mixture of experts: the parameters one token runs through.
     pub active_params: Option<u64>,
 }
@@ -98,6 +101,10 @@ pub fn parse_page(state: &PageState) -> Page {
                     .map(|(f, e)| (f, e.to_string())),
             );
         }
+    }
+    // the image fields are a vision-language model's inputs only
+    if let Some(Err(errors)) = model.map(|a| state.parsed_vision(a)) {
+        field_errors.extend(errors.into_iter().map(|(f, e)| (f, e.to_string())));
     }
     let config_error = match (&arch, state.model.preset) {
         (None, _) | (_, Some(_)) => None,
@@ -136,6 +143,7 @@ pub fn parse_page(state: &PageState) -> Page {
             .unwrap_or_default(),
         is_moe: model.is_some_and(crate::Architecture::is_moe),
         is_vision: model.is_some_and(crate::Architecture::is_vision),
+        is_vision_language: model.is_some_and(crate::Architecture::is_vision_language),
         active_params: model
             .filter(|a| a.is_moe())
             .map(crate::Architecture::active_parameter_count),
@@ -240,7 +248,20 @@ mod tests {
         assert!(page.is_moe && !page.is_vision);
         assert_eq!(page.active_params, Some(3_353_032_704));
         let page = parse_page(&decode_query("m=arch&model=vit-b16").state);
-        assert!(page.is_vision);
+        assert!(page.is_vision && !page.is_vision_language);
+        // a vision-language config: its image fields are checked, a text model's are not
+        let mut vlm = decode_query("m=arch&isz=12x&img=2").state;
+        vlm.model.preset = None;
+        vlm.model.config_json =
+            include_str!("../../validation/configs/smolvlm2-500m.json").to_owned();
+        let page = parse_page(&vlm);
+        assert!(page.is_vision_language && !page.is_vision);
+        assert!(page
+            .field_errors
+            .iter()
+            .any(|(f, _)| *f == Field::ImageSize));
+        let page = parse_page(&decode_query("m=arch&model=llama3-8b&isz=12x&img=2").state);
+        assert!(page.field_errors.is_empty() && !page.is_vision_language);
         let page = parse_page(&decode_query("m=arch&model=llama3-8b&method=lora&lt=c_attn").state);
         assert!(page
             .field_errors
