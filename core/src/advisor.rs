@@ -161,6 +161,23 @@ pub enum Change {
         /// Tokens after.
         to: u64,
     },
+    /// DPO and GRPO: shorter completions.
+    Completion {
+        /// Tokens before.
+        from: u64,
+        /// Tokens after.
+        to: u64,
+    },
+    /// GRPO: fewer completions per prompt.
+    Generations {
+        /// Generations before.
+        from: u64,
+        /// Generations after.
+        to: u64,
+    },
+    /// DPO: the reference's log-probabilities from elsewhere (precomputed, or the LoRA
+    /// base with its adapters off): the same loss.
+    Reference(crate::Reference),
 }
 
 impl Change {
@@ -185,7 +202,10 @@ impl Change {
             Change::Optimizer(_) => Tier::Optimizer,
             Change::Method(Method::Qlora) => Tier::Qlora,
             Change::Method(_) => Tier::Lora,
-            Change::SeqLen { .. } => Tier::Task,
+            Change::SeqLen { .. } | Change::Completion { .. } | Change::Generations { .. } => {
+                Tier::Task
+            }
+            Change::Reference(_) => Tier::SameMath,
         }
     }
 
@@ -252,6 +272,13 @@ impl Change {
                 m.label()
             }),
             Change::SeqLen { from, to } => format!("Sequences of {to} tokens instead of {from}"),
+            Change::Completion { from, to } => {
+                format!("Completions of {to} tokens instead of {from}")
+            }
+            Change::Generations { from, to } => {
+                format!("{to} generations per prompt instead of {from}")
+            }
+            Change::Reference(r) => format!("Reference: {}", r.label()),
         }
     }
 
@@ -368,6 +395,18 @@ impl Change {
             Change::SeqLen { .. } => {
                 "A different task: the model sees shorter contexts.".to_owned()
             }
+            Change::Completion { .. } => {
+                "A different task: longer answers are cut (and scored) shorter.".to_owned()
+            }
+            Change::Generations { .. } => {
+                "A noisier advantage estimate: each prompt's group is smaller.".to_owned()
+            }
+            Change::Reference(crate::Reference::Precomputed) => {
+                "The same loss; one no-gradient pass over the data before training.".to_owned()
+            }
+            Change::Reference(_) => {
+                "The same loss: the frozen base is the reference, no copy of it.".to_owned()
+            }
         }
     }
 }
@@ -379,7 +418,7 @@ impl fmt::Display for Change {
 }
 
 /// Knobs, in the order of [`RankKey::levels`].
-const KNOBS: usize = 13;
+const KNOBS: usize = 14;
 const MICRO: usize = 0;
 const CKPT: usize = 1;
 const SHARD: usize = 2;
@@ -393,6 +432,8 @@ const OPTIMIZER: usize = 9;
 const METHOD: usize = 10;
 const SEQ: usize = 11;
 const LOSS: usize = 12;
+/// DPO's reference, GRPO's generations per prompt.
+const OBJ: usize = 13;
 /// The knobs that give something up (with checkpointing, the ones tried one by one).
 const GIVE_UPS: [usize; 7] = [RECIPE, PRECISION, FORMAT, KV, OPTIMIZER, METHOD, SEQ];
 /// The give-ups along which the peak shrinks (all but the recipe).
@@ -413,7 +454,7 @@ pub struct RankKey {
     /// The most a change of the plan gives up.
     pub tier: Tier,
     /// How far the plan goes in the tiers that give something up, the task first: options
-    /// down the sequence chain, down the training-method chain (LoRA, QLoRA), down the
+    /// down the sequence chain (or the completion and GRPO's generations chains), down the training-method chain (LoRA, QLoRA), down the
     /// optimizer chain, 1 when the global batch grows (more GPUs than samples per step),
     /// options down the precision chains (summed).
     pub give_up: [u8; 5],
@@ -426,7 +467,8 @@ pub struct RankKey {
     pub compute_overhead_percent: u64,
     /// Tie-breaker: the option of each knob (micro-batch, checkpointing, sharding, GPUs,
     /// expert parallelism, recipe, precision, weight format, KV dtype, optimizer, training
-    /// method, sequence, loss).
+    /// method, sequence (or DPO's and GRPO's completion), loss, DPO's reference or GRPO's
+    /// generations).
     pub levels: [u8; KNOBS],
 }
 
@@ -483,6 +525,7 @@ struct Options {
     method: Vec<Option<Peft>>,
     seq: Vec<u64>,
     loss: Vec<LossKind>,
+    objective: Vec<crate::Objective>,
 }
 
 impl Options {
@@ -501,6 +544,7 @@ impl Options {
             self.method.len(),
             self.seq.len(),
             self.loss.len(),
+            self.objective.len(),
         ]
     }
 }
@@ -689,14 +733,46 @@ impl<'a> Search<'a> {
         };
         // DPO and GRPO set their sequence from the prompt and completion, and always run
         // TRL's fused head
-        let sft = knobs.objective.kind == crate::ObjectiveKind::Sft;
+        let objective = knobs.objective;
+        let sft = objective.kind == crate::ObjectiveKind::Sft;
+        // DPO and GRPO: the completions shorten instead of the sequence
+        let shortened = if sft {
+            knobs.seq_len
+        } else {
+            objective.max_completion
+        };
         o.seq = match text_arch {
-            Some(_) if sft => (0..=4)
-                .map(|k| knobs.seq_len >> k)
+            Some(_) => (0..=4)
+                .map(|k| shortened >> k)
                 .take_while(|&s| s >= 1)
                 .collect(),
-            _ => vec![knobs.seq_len],
+            None => vec![shortened],
         };
+        // DPO's reference from elsewhere; GRPO's groups halved down to two
+        o.objective = vec![objective];
+        if training && text_arch.is_some() {
+            match objective.kind {
+                crate::ObjectiveKind::Dpo
+                    if objective.reference != crate::Reference::Precomputed =>
+                {
+                    o.objective.push(crate::Objective {
+                        reference: crate::Reference::Precomputed,
+                        ..objective
+                    });
+                }
+                crate::ObjectiveKind::Grpo => {
+                    let mut g = objective.generations / 2;
+                    while g >= 2 {
+                        o.objective.push(crate::Objective {
+                            generations: g,
+                            ..objective
+                        });
+                        g /= 2;
+                    }
+                }
+                _ => {}
+            }
+        }
         // a loss that keeps the logits whole gives way to TRL's chunked one (causal LMs)
         o.loss = match text_arch {
             Some(a)
@@ -797,8 +873,20 @@ impl<'a> Search<'a> {
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),
-            objective: k.objective,
+            objective: pick(&o.objective, l, OBJ, k.objective),
         };
+        let mut knobs = knobs;
+        if knobs.objective.kind != crate::ObjectiveKind::Sft {
+            knobs.seq_len = k.seq_len;
+            knobs.objective.max_completion = pick(&o.seq, l, SEQ, knobs.objective.max_completion);
+            // a LoRA plan's reference is its base with the adapters off, as TRL makes it
+            if knobs.peft.is_some()
+                && k.peft.is_none()
+                && knobs.objective.reference == crate::Reference::Separate
+            {
+                knobs.objective.reference = crate::Reference::AdaptersOff;
+            }
+        }
         let plan = PlanInputs {
             num_gpus: self.gpus_at(l[GPUS]),
             sharding: pick(&o.sharding, l, SHARD, self.plan.sharding),
@@ -986,8 +1074,10 @@ impl<'a> Search<'a> {
     }
 
     fn rank(&self, l: &Levels) -> RankKey {
+        // fewer GRPO generations change the task as shorter completions do
+        let grpo = self.knobs.objective.kind == crate::ObjectiveKind::Grpo;
         let give_up = [
-            l[SEQ],
+            l[SEQ].saturating_add(if grpo { l[OBJ] } else { 0 }),
             l[METHOD],
             l[OPTIMIZER],
             u8::from(self.grows(l[GPUS])),
@@ -1040,7 +1130,7 @@ impl<'a> Search<'a> {
     /// Every combination of give-ups and checkpointing, as levels (the rest at 0).
     fn give_up_combinations(&self) -> Vec<Levels> {
         let counts = self.options.counts();
-        let mut knobs = vec![CKPT, LOSS];
+        let mut knobs = vec![CKPT, LOSS, OBJ];
         knobs.extend(GIVE_UPS);
         odometer(&knobs, &counts)
     }
@@ -1224,11 +1314,27 @@ impl<'a> Search<'a> {
                 knobs.peft.map_or(Method::Full, |p| p.method),
             ));
         }
-        if l[SEQ] > 0 {
+        let rl = knobs.objective.kind != crate::ObjectiveKind::Sft;
+        let (was, now) = (self.knobs.objective, knobs.objective);
+        if l[SEQ] > 0 && rl {
+            changes.push(Change::Completion {
+                from: was.max_completion,
+                to: now.max_completion,
+            });
+        } else if l[SEQ] > 0 {
             changes.push(Change::SeqLen {
                 from: o.seq.first().copied().unwrap_or(knobs.seq_len),
                 to: knobs.seq_len,
             });
+        }
+        if now.generations != was.generations {
+            changes.push(Change::Generations {
+                from: was.generations,
+                to: now.generations,
+            });
+        }
+        if now.reference != was.reference {
+            changes.push(Change::Reference(now.reference));
         }
         // the plan's own step replayed through the allocator, as its link's page will
         let mut plan = plan;
@@ -1253,9 +1359,15 @@ impl<'a> Search<'a> {
         if l[EP] > 0 {
             next.parallel.expert_parallel = plan.expert_parallel.to_string();
         }
-        if l[SEQ] > 0 {
+        if l[SEQ] > 0 && rl {
+            next.step.max_completion = now.max_completion.to_string();
+        } else if l[SEQ] > 0 {
             next.step.seq_len = knobs.seq_len.to_string();
         }
+        if now.generations != was.generations {
+            next.step.generations = now.generations.to_string();
+        }
+        next.step.reference = now.reference;
         next.parallel.sharding = plan.sharding;
         next.step.optimizer = knobs.optimizer;
         next.step.checkpointing = knobs.checkpointing;
@@ -1727,6 +1839,52 @@ mod tests {
         assert!(Tier::SameMath < Tier::Precision && Tier::Optimizer < Tier::Task);
     }
 
+    /// DPO's and GRPO's own knobs: a precomputed reference (the same loss), fewer
+    /// generations and shorter completions (a different task), each link carrying them.
+    #[test]
+    fn objectives_offer_their_own_knobs() {
+        let plans = |query: &str| {
+            let state = decode_query(query).state;
+            fit_advice(&state, 12).expect("plans")
+        };
+        let dpo = plans(
+            "m=arch&model=qwen3-1.7b&r=bf16&b=4&obj=dpo&ref=separate&mp=512&mc=1536&gc=full\
+             &gpu=custom&cap=14000",
+        );
+        let precomputed = dpo
+            .iter()
+            .find(|p| {
+                p.changes
+                    .contains(&Change::Reference(crate::Reference::Precomputed))
+            })
+            .expect("a precomputed reference");
+        assert_eq!(
+            Change::Reference(crate::Reference::Precomputed).tier(),
+            Tier::SameMath
+        );
+        assert_eq!(
+            precomputed.state.step.reference,
+            crate::Reference::Precomputed
+        );
+        let grpo = plans(
+            "m=arch&model=qwen3-0.6b&r=bf16&b=2&obj=grpo&ref=none&ng=16&mp=256&mc=4096&gc=full\
+             &gpu=custom&cap=12000",
+        );
+        assert!(grpo.iter().any(|p| p
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Generations { from: 16, .. }))));
+        assert!(grpo.iter().any(|p| p
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Completion { from: 4096, .. }))));
+        for p in &grpo {
+            // every plan's link gives the figures it promised
+            let e = crate::evaluate(&p.state).expect("the plan's page");
+            assert_eq!(e.step.peak_bytes, p.peak_bytes, "{:?}", p.changes);
+        }
+    }
+
     /// Small models, random settings and capacities: the pruned search lists exactly the
     /// first plans of the brute force.
     fn same_as_brute_force(query: &str, limit: usize) -> Result<(), TestCaseError> {
@@ -1766,6 +1924,23 @@ mod tests {
             let query = format!(
                 "m=arch&model={model}&r={recipe}&o={optimizer}&b={batch}&s={seq}&gen={gen}\
                  &n={n}&shard={shard}&gpu=custom&cap={capacity_mib}&method={method}"
+            );
+            same_as_brute_force(&query, limit)?;
+        }
+
+        #[test]
+        fn objective_pruned_search_equals_brute_force(
+            model in prop::sample::select(vec!["qwen3-0.6b", "llama3.2-1b"]),
+            objective in prop::sample::select(vec!["obj=dpo&ref=separate", "obj=dpo&ref=precomputed", "obj=grpo&ref=none&ng=8", "obj=grpo&ref=separate&ng=4&gtr=vllm-server"]),
+            method in prop::sample::select(vec!["full", "lora"]),
+            batch in 1u64..5,
+            completion in prop::sample::select(vec![128u64, 512, 1024]),
+            capacity_mib in 2_000u64..40_000,
+            limit in 1usize..6,
+        ) {
+            let query = format!(
+                "m=arch&model={model}&r=bf16&o=adamw&b={batch}&{objective}&mp=128&mc={completion}\
+                 &gc=full&gpu=custom&cap={capacity_mib}&method={method}"
             );
             same_as_brute_force(&query, limit)?;
         }
