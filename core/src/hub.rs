@@ -128,8 +128,14 @@ fn valid_name(part: &str) -> bool {
     matches!((bytes.first(), bytes.last()), (Some(&a), Some(&z)) if word(a) && word(z))
         && bytes.len() <= MAX_HUB_NAME_CHARS
         && bytes.iter().all(|&c| word(c) || c == b'-' || c == b'.')
-        && !part.contains("--")
-        && !part.contains("..")
+        && !doubled(part, b'-')
+        && !doubled(part, b'.')
+}
+
+/// Whether `text` has the character `c` twice in a row (no substring search: the page's
+/// bundle has none).
+fn doubled(text: &str, c: u8) -> bool {
+    text.as_bytes().windows(2).any(|w| w == [c, c])
 }
 
 /// A branch, tag or commit name this page sends: a subset of git's ref names.
@@ -143,7 +149,7 @@ fn valid_revision(revision: &str) -> bool {
                     .bytes()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         })
-        && !revision.contains("..")
+        && !doubled(revision, b'.')
 }
 
 /// Why a model could not be read from the Hub: each says what a person can do about it.

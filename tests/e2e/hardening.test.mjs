@@ -112,7 +112,7 @@ test('garbage or missing localStorage is handled like a bad link', async () => {
   await context.close();
 });
 
-test('every request stays on the page origin, in every mode', async () => {
+test('every request stays on the page origin, in every mode, a Hub id typed included', async () => {
   const { page, requests, errors, context } = await openPage(env.browser, env.server.origin, {
     permissions: ['clipboard-read', 'clipboard-write'],
     origin: env.server.origin,
@@ -121,12 +121,17 @@ test('every request stays on the page origin, in every mode', async () => {
   await page.getByTestId('mode-arch').check();
   for (const model of ['gpt2', 'vit-b16', 'custom']) await page.getByTestId('model').selectOption(model);
   await page.getByTestId('config-json').fill('{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":2,"vocab_size":100,"n_positions":64}');
+  // a Hub id typed, and Enter, but no click on Fetch: nothing is sent
+  await page.getByTestId('hub-id').fill('Qwen/Qwen3-0.6B');
+  await page.getByTestId('hub-id').press('Enter');
   await page.getByTestId('gpu').selectOption('h200');
   await page.getByTestId('optimizer').selectOption('none');
   await page.waitForLoadState('networkidle');
   const csp = await page.locator('meta[http-equiv="Content-Security-Policy"]').getAttribute('content');
   assert.match(csp, /default-src 'self'/);
   assert.doesNotMatch(csp, /unsafe-inline|\*/);
+  // one host beyond the page's own, for the Hub's config.json on a click (hub.test.mjs)
+  assert.match(csp, /(^|; )connect-src 'self' https:\/\/huggingface\.co(;|$)/);
   const foreign = requests.filter((u) => !u.startsWith(env.server.origin + '/'));
   assert.deepEqual(foreign, []);
   assert.deepEqual(errors, [], 'no CSP violation or other error');
