@@ -114,7 +114,7 @@ const fn choice_of(
 const MODEL: Spec = choice_of(Field::Model, "Model", "model", || {
     vec![(
         CUSTOM_MODEL_KEY,
-        "Custom: a Hub id, or paste or upload config.json",
+        "Custom: a Hub id or a config.json",
     )]
 });
 // The trainer is no field of the state: it names the defaults the inputs have

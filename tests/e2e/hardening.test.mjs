@@ -144,13 +144,16 @@ const axeSource = await readFile(require.resolve('axe-core/axe.min.js'), 'utf8')
 for (const colorScheme of ['light', 'dark']) {
   for (const query of ['', 'm=arch&model=llama3-8b&gpu=h100-80&n=8&shard=zero3&gb=512', 'm=arch&model=custom&gpu=custom&o=none', 'b=abc',
     // notes above the breakdown and the saved-activation sub-list under Activations
-    'm=arch&model=gemma3-4b&b=8&gpu=none']) {
+    'm=arch&model=gemma3-4b&b=8&gpu=none',
+    // a custom model: the Hub id field with its button, the config's text area
+    `m=arch&model=custom&s=64&gpu=none&cfg=${encodeURIComponent('{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":2,"vocab_size":100,"n_positions":64}')}`]) {
     test(`axe-core: no serious or critical violation (${colorScheme}, ?${query || 'defaults'})`, async () => {
       // The audit script is injected by the test, so this context alone bypasses the CSP.
       const context = await env.browser.newContext({ colorScheme, bypassCSP: true });
       const page = await context.newPage();
       await page.goto(`${env.server.origin}/?${query}`);
       await page.getByTestId('total').waitFor();
+      if (query.includes('cfg=')) assert.ok(await page.getByTestId('hub-fetch').isVisible());
       await page.evaluate(axeSource);
       const results = await page.evaluate(() => window.axe.run(document, { resultTypes: ['violations'] }));
       const bad = results.violations
