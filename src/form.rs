@@ -112,10 +112,7 @@ const fn choice_of(
 /// The model, the trainer, the sequence and the expert-parallel group: fields with behaviour
 /// or texts of their own.
 const MODEL: Spec = choice_of(Field::Model, "Model", "model", || {
-    vec![(
-        CUSTOM_MODEL_KEY,
-        "Custom: a Hub id or a config.json",
-    )]
+    vec![(CUSTOM_MODEL_KEY, "Custom: a Hub id or a config.json")]
 });
 // The trainer is no field of the state: it names the defaults the inputs have
 // (`Source::Trainer`), and a choice applies its defaults.

@@ -316,7 +316,14 @@ fn download(url: &str) -> Result<String, (HubError, String)> {
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
     let stderr = stderr.trim_end();
-    let (said, status) = stderr.split_at(stderr.len().saturating_sub(3));
+    // the status is the last three characters (curl's `%{http_code}`)
+    let cut = stderr.len().saturating_sub(3);
+    let (said, status) = match (stderr.get(..cut), stderr.get(cut..)) {
+        (Some(said), Some(code)) if code.len() == 3 && code.bytes().all(|b| b.is_ascii_digit()) => {
+            (said, code)
+        }
+        _ => (stderr, ""),
+    };
     let said = said.trim().to_owned();
     let status: u16 = status.parse().unwrap_or(0);
     match output.status.code() {

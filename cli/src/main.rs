@@ -386,6 +386,9 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     if given(&["--ram-gib"]).is_some() && state.hardware.gpu != Some(Gpu::CpuRam) {
         return Err("--ram-gib needs --gpu cpu".to_owned());
     }
+    if let Some(flag) = given(&["--config", "--preset"]).filter(|_| hub.is_some()) {
+        return Err(format!("--hub and {flag} both name the model: give one"));
+    }
     if advise && state.hardware.gpu.is_none() {
         return Err("--advise needs a device to fit the step on: --gpu KEY".to_owned());
     }

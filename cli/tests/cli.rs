@@ -1041,6 +1041,21 @@ fn hub_errors_say_what_to_do() {
     let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", "some-org/some-model"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("curl, which is not installed"), "{stderr}");
+    // a stand-in that dies mid-answer, its last words not ASCII
+    fake_curl(&dir, "{", "curl: (56) Übertragung abgebrochen €x", "", 56);
+    let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", "some-org/some-model"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("could not reach huggingface.co (curl: (56)"),
+        "{stderr}"
+    );
+    // two models named
+    let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", "a/b", "--preset", "gpt2"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with("memest: --hub and --preset both name the model"),
+        "{stderr}"
+    );
     // an id the Hub would refuse: a usage error, nothing started
     for id in ["gpt2", "a/b/c", "../x", "a/b@.."] {
         let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", id]);
