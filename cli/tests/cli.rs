@@ -1017,7 +1017,8 @@ fn hub_reads_hugging_face_s_own_cache_offline() {
 #[test]
 fn hub_errors_say_what_to_do() {
     let dir = scratch("hub-errors");
-    let vars = [("XDG_CACHE_HOME", "/nonexistent/memest-test-cache")];
+    let cache = dir.join("cache");
+    let vars = [("XDG_CACHE_HOME", cache.to_str().unwrap())];
     let long = format!(r#"{{"model_type":"gpt2","x":"{}"}}"#, "x".repeat(30_000));
     for (body, said, status, exit, message) in [
         ("Entry not found", "", "404", 0, "Not found on the Hub (HTTP 404)"),
