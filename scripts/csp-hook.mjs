@@ -1,7 +1,12 @@
 // Trunk post-build hook: writes the Content-Security-Policy into the staged index.html.
-// The policy allows only the page's own origin; Trunk's inline loader script is allowed by
-// its SHA-256 hash (it changes with every build), never by 'unsafe-inline'. A release build
-// minifies index.html (Trunk.toml), which drops the quotes around attribute values.
+// The policy allows only the page's own origin, and for connections one host more: the
+// Hugging Face Hub, whose `config.json` the page fetches when a person clicks "Fetch" by a
+// Hub id. Only https://huggingface.co itself: the Hub redirects within it (a renamed
+// repository) and serves a small text file such as config.json from it; the hosts it
+// redirects large (LFS / Xet) files to are not allowed, so such a redirect fails like no
+// network, and the page says so. Trunk's inline loader script is allowed by its SHA-256
+// hash (it changes with every build), never by 'unsafe-inline'. A release build minifies
+// index.html (Trunk.toml), which drops the quotes around attribute values.
 import { createHash } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -21,7 +26,7 @@ const policy = [
   `script-src 'self' 'wasm-unsafe-eval' ${hashes.join(' ')}`,
   "style-src 'self'",
   "img-src 'self' data:",
-  "connect-src 'self'",
+  "connect-src 'self' https://huggingface.co",
   "font-src 'self'",
   "object-src 'none'",
   "base-uri 'none'",
