@@ -8,10 +8,12 @@
 // hash (it changes with every build), never by 'unsafe-inline'. A release build minifies
 // index.html (Trunk.toml), which drops the quotes around attribute values.
 //
-// A release build also minifies wasm-bindgen's JavaScript glue with terser (Trunk's own
-// minifier cannot parse it and leaves it whole): local names only, never a property or an
-// export, so the glue's imports of the WebAssembly module keep their names. The file's
-// Subresource Integrity hash in index.html is written anew for the minified bytes.
+// A release build also shrinks what the WebAssembly module and its JavaScript glue share:
+// binaryen renames the module's imports and exports (wasm-bindgen's names carry a hash each)
+// and the glue is rewritten with its mapping, then minified with terser (Trunk's own
+// minifier cannot parse it and leaves it whole). The files' Subresource Integrity hashes in
+// index.html are written anew.
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -22,23 +24,63 @@ if (!staging) throw new Error('TRUNK_STAGING_DIR is not set: run this as a Trunk
 const file = join(staging, 'index.html');
 let html = await readFile(file, 'utf8');
 
+/** Writes the Subresource Integrity hash of `name` (now `bytes`) into its link in `html`. */
+function withIntegrity(html, name, bytes) {
+  const sri = `sha384-${createHash('sha384').update(bytes).digest('base64')}`;
+  // the file's own link (the inline loader names the files too, without a hash)
+  const tag = html.search(new RegExp(`href="?\\./${name.replaceAll('.', '\\.')}`));
+  const end = html.indexOf('>', tag);
+  const attr = /integrity=("?)sha384-[A-Za-z0-9+/=]+\1/.exec(html.slice(tag, end));
+  if (tag < 0 || !attr) throw new Error(`no integrity attribute for ${name} in index.html`);
+  const at = tag + attr.index;
+  return `${html.slice(0, at)}integrity=${attr[1]}${sri}${attr[1]}${html.slice(at + attr[0].length)}`;
+}
+
 if (process.env.TRUNK_PROFILE === 'release') {
-  for (const name of (await readdir(staging)).filter((n) => n.endsWith('.js'))) {
-    const path = join(staging, name);
-    const glue = await readFile(path, 'utf8');
-    const { code } = await minify(glue, { module: true, compress: true, mangle: true });
-    if (!code) throw new Error(`terser returned nothing for ${name}`);
-    await writeFile(path, code);
-    const sri = `sha384-${createHash('sha384').update(code).digest('base64')}`;
-    // the modulepreload link of this file (the inline loader names it too, without one)
-    const tag = html.search(new RegExp(`href="?\\./${name.replaceAll('.', '\\.')}`));
-    const end = html.indexOf('>', tag);
-    const attr = /integrity=("?)sha384-[A-Za-z0-9+/=]+\1/.exec(html.slice(tag, end));
-    if (tag < 0 || !attr) throw new Error(`no integrity attribute for ${name} in index.html`);
-    const at = tag + attr.index;
-    html = `${html.slice(0, at)}integrity=${attr[1]}${sri}${attr[1]}${html.slice(at + attr[0].length)}`;
-    console.log(`${name}: ${glue.length} -> ${code.length} characters (terser)`);
-  }
+  const files = await readdir(staging);
+  const wasmName = files.find((n) => n.endsWith('_bg.wasm'));
+  const jsName = files.find((n) => n.endsWith('.js'));
+  if (!wasmName || !jsName) throw new Error('no wasm-bindgen output in the staging folder');
+  let glue = await readFile(join(staging, jsName), 'utf8');
+  const before = glue.length;
+  // The names the module and its glue share (wasm-bindgen's import names carry a 16-digit
+  // hash each) minified on both sides: binaryen renames them and prints the mapping.
+  const wasmPath = join(staging, wasmName);
+  const mapping = JSON.parse(
+    execFileSync(join(process.cwd(), 'node_modules', '.bin', 'wasm-opt'), [
+      wasmPath, '-o', wasmPath, '--minify-imports-and-exports-and-modules',
+      '--enable-bulk-memory', '--enable-bulk-memory-opt', '--enable-nontrapping-float-to-int',
+      '--enable-sign-ext', '--enable-mutable-globals', '--enable-reference-types',
+      '--enable-multivalue',
+    ], { encoding: 'utf8' }),
+  );
+  const modules = new Set(mapping.imports.map(([module]) => module));
+  if (modules.size !== 1) throw new Error(`imports from ${modules.size} modules`);
+  const [module] = modules;
+  const imports = new Map(mapping.imports.map(([, from, to]) => [from, to]));
+  const exports = new Map(mapping.exports);
+  glue = glue.replaceAll(`"${module}": import0`, '"a": import0');
+  glue = glue.replace(/^(\s+)(\w+)(: function)/gm, (all, indent, name, rest) =>
+    imports.has(name) ? `${indent}${imports.get(name)}${rest}` : all,
+  );
+  glue = glue.replace(/\bwasm\.(\w+)/g, (all, name) =>
+    exports.has(name) ? `wasm.${exports.get(name)}` : all,
+  );
+  const left = [...imports.keys(), ...exports.keys()].filter(
+    (name) => name.startsWith('__wbg') && glue.includes(name),
+  );
+  if (left.length > 0) throw new Error(`names left unmapped in the glue: ${left.join(', ')}`);
+  // wasm-streams' classes (Leptos' server functions, unused here), whose exports the
+  // wasm-opt step of index.html removed
+  glue = glue.replace(/^export class IntoUnderlying\w+ \{\n[\s\S]*?^\}\n/gm, '');
+  glue = glue.replace(/^if \(Symbol\.dispose\) IntoUnderlying\w+\.prototype.*\n/gm, '');
+  glue = glue.replace(/^const IntoUnderlying\w+Finalization = [\s\S]*?;\n/gm, '');
+  const { code } = await minify(glue, { module: true, compress: true, mangle: true });
+  if (!code) throw new Error(`terser returned nothing for ${jsName}`);
+  await writeFile(join(staging, jsName), code);
+  html = withIntegrity(html, jsName, code);
+  html = withIntegrity(html, wasmName, await readFile(wasmPath));
+  console.log(`${jsName}: ${before} -> ${code.length} characters; ${imports.size} imports, ${exports.size} exports renamed`);
 }
 
 const hashes = [...html.matchAll(/<script type="?module"?>([\s\S]*?)<\/script>/g)].map(
