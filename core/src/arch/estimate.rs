@@ -585,10 +585,18 @@ fn estimate_on(
             let mut persistent = if quantized {
                 vec![params]
             } else {
+                // each group's tensors sized once, laid out layer by layer
+                let per_group = groups
+                    .iter()
+                    .map(|(l, _)| {
+                        let mut tensors = sized(&l.params(), p.weight_bytes())?;
+                        tensors.extend(sized(&adapters(l), adapter_bytes)?);
+                        Ok(tensors)
+                    })
+                    .collect::<Res<Vec<_>>>()?;
                 let mut all = sized(&spec.outside_parameter_tensors(), p.weight_bytes())?;
-                for l in &spec.layers {
-                    all.extend(sized(&l.params(), p.weight_bytes())?);
-                    all.extend(sized(&adapters(l), adapter_bytes)?);
+                for &g in &group_of {
+                    all.extend_from_slice(per_group.get(g).map_or(&[][..], Vec::as_slice));
                 }
                 all
             };
@@ -613,26 +621,27 @@ fn estimate_on(
                 let state = match step.optimizer {
                     Optimizer::AdamW => {
                         let moment = storage(e, state_bytes)?;
-                        let mut s = vec![moment, moment];
-                        if step.optimizer_impl.step_counter_on_device() {
-                            s.push(4);
-                        }
-                        s
+                        let counter = step.optimizer_impl.step_counter_on_device();
+                        [Some(moment), Some(moment), counter.then_some(4)]
                     }
-                    Optimizer::SgdMomentum => vec![storage(e, state_bytes)?],
-                    o => vec![
-                        optimizer_memory(
-                            o,
-                            step.optimizer_impl,
-                            &[(e, 1)],
-                            state_bytes,
-                            grad_bytes,
-                        )?
-                        .resident,
+                    Optimizer::SgdMomentum => [Some(storage(e, state_bytes)?), None, None],
+                    o => [
+                        Some(
+                            optimizer_memory(
+                                o,
+                                step.optimizer_impl,
+                                &[(e, 1)],
+                                state_bytes,
+                                grad_bytes,
+                            )?
+                            .resident,
+                        ),
+                        None,
+                        None,
                     ],
                 };
                 for _ in 0..c {
-                    states.push(state.clone());
+                    states.extend(state.iter().flatten());
                     temporaries.push(storage(e, state_bytes)?);
                 }
             }
@@ -666,10 +675,10 @@ fn estimate_on(
                     } else {
                         Vec::new()
                     },
-                    layer_gradients: if trains {
-                        spec.layers
+                    group_gradients: if trains {
+                        groups
                             .iter()
-                            .map(|l| {
+                            .map(|(l, _)| {
                                 if peft.is_some() {
                                     sized(&adapters(l), grad_bytes)
                                 } else {
@@ -680,6 +689,7 @@ fn estimate_on(
                     } else {
                         Vec::new()
                     },
+                    group_of: group_of.clone(),
                     embedding_gradients: if full {
                         sized(&spec.embedding_parameter_tensors(), grad_bytes)?
                     } else {
