@@ -120,37 +120,54 @@ enum Token<'a> {
     Close,
 }
 
-/// `markup` cut into tokens (markup this module wrote: values escaped, no comments).
+/// Where the next `byte` is in `text` from `from` on (its end when there is none).
+fn find(text: &str, from: usize, byte: u8) -> usize {
+    let bytes = text.as_bytes();
+    bytes
+        .get(from..)
+        .and_then(|rest| rest.iter().position(|&b| b == byte))
+        .map_or(bytes.len(), |at| from + at)
+}
+
+/// `markup` cut into tokens (markup this module wrote: values escaped, no comments). Byte
+/// by byte: every delimiter is ASCII, and a character searcher would cost more than the
+/// patching it serves.
 fn tokens(markup: &str) -> Vec<Token<'_>> {
     let mut out = Vec::new();
-    let mut rest = markup;
-    while !rest.is_empty() {
-        if let Some(tag) = rest.strip_prefix('<') {
-            let (inner, after) = tag.split_once('>').unwrap_or((tag, ""));
+    let mut at = 0;
+    while at < markup.len() {
+        if markup.as_bytes().get(at) == Some(&b'<') {
+            let end = find(markup, at, b'>');
+            let inner = markup.get(at + 1..end).unwrap_or_default();
             out.push(if inner.starts_with('/') {
                 Token::Close
             } else {
-                let (name, attributes) = inner.split_once(' ').unwrap_or((inner, ""));
-                Token::Open(name, attributes)
+                let space = find(inner, 0, b' ');
+                Token::Open(
+                    inner.get(..space).unwrap_or_default(),
+                    inner.get(space..).unwrap_or_default(),
+                )
             });
-            rest = after;
+            at = end + 1;
         } else {
-            let (text, after) = rest
-                .split_at_checked(rest.find('<').unwrap_or(rest.len()))
-                .unwrap_or((rest, ""));
-            out.push(Token::Text(text));
-            rest = after;
+            let end = find(markup, at, b'<');
+            out.push(Token::Text(markup.get(at..end).unwrap_or_default()));
+            at = end;
         }
     }
     out
 }
 
-/// The `name="value"` pairs of an opening tag's attributes (the value still escaped).
+/// The ` name="value"` pairs of an opening tag's attributes (the value still escaped).
 fn attributes(written: &str) -> impl Iterator<Item = (&str, &str)> {
-    let mut parts = written.split('"');
+    let mut at = 0;
     std::iter::from_fn(move || {
-        let name = parts.next()?.trim().strip_suffix('=')?;
-        Some((name, parts.next()?))
+        let equals = find(written, at, b'=');
+        let name = written.get(at..equals)?.get(1..)?;
+        let end = find(written, equals + 2, b'"');
+        let value = written.get(equals + 2..end)?;
+        at = end + 1;
+        Some((name, value))
     })
 }
 
@@ -274,6 +291,10 @@ fn patch(root: &web_sys::Element, was: &[Token<'_>], now: &[Token<'_>]) -> bool 
     stack.is_empty()
 }
 
+/// A changed child: its markup shown and its markup now, as tokens, and whether the one can
+/// be patched into the other.
+type Change<'a> = (Vec<Token<'a>>, Vec<Token<'a>>, bool);
+
 /// A directive, `use:children=markup`: keeps the element's children those of `markup` (one
 /// string per child element, from [`Markup::pieces`]). A child whose markup changed only in
 /// attribute values and texts is patched in place ([`patch`]); one that changed otherwise
@@ -283,27 +304,37 @@ pub fn children(el: web_sys::Element, markup: Memo<Vec<String>>) {
     let mut shown: Vec<String> = Vec::new();
     watch(move || {
         markup.with(|pieces| {
-            // each piece compared once (the pieces are kilobytes of markup); None: unchanged
+            // each piece compared once (the pieces are kilobytes of markup) and cut into
+            // tokens once; None: unchanged
             let same_count = pieces.len() == shown.len();
-            let changed: Vec<Option<bool>> = if same_count {
+            let changed: Vec<Option<Change<'_>>> = if same_count {
                 shown
                     .iter()
                     .zip(pieces)
-                    .map(|(was, now)| (was != now).then(|| patchable(&tokens(was), &tokens(now))))
+                    .map(|(was, now)| {
+                        (was != now).then(|| {
+                            let (was, now) = (tokens(was), tokens(now));
+                            let patchable = patchable(&was, &now);
+                            (was, now, patchable)
+                        })
+                    })
                     .collect()
             } else {
                 Vec::new()
             };
-            let parsed = changed.iter().filter(|&&c| c == Some(false)).count();
+            let parsed = changed
+                .iter()
+                .filter(|c| c.as_ref().is_some_and(|(_, _, patchable)| !patchable))
+                .count();
             if same_count && parsed * 2 <= pieces.len() {
                 let mut child = el.first_element_child();
-                for ((change, was), now) in changed.iter().zip(&shown).zip(pieces) {
+                for (change, now) in changed.iter().zip(pieces) {
                     let Some(current) = child else { break };
                     child = current.next_element_sibling();
                     let patched = match change {
                         None => true,
-                        Some(true) => patch(&current, &tokens(was), &tokens(now)),
-                        Some(false) => false,
+                        Some((was, tokens, true)) => patch(&current, was, tokens),
+                        Some((_, _, false)) => false,
                     };
                     if !patched {
                         current.set_outer_html(now);
