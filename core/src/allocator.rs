@@ -657,7 +657,7 @@ impl CachingAllocator {
             PoolKind::Large => LARGE_BUFFER,
         };
         // ExpandableSegment::size(): max_handles_ (numSegments, rounding up) pages.
-        let size = EXPANDABLE_ADDRESS_SPACE.div_ceil(page).saturating_mul(page);
+        let size = times(EXPANDABLE_ADDRESS_SPACE.div_ceil(page), page);
         let base = self.next_addr;
         // Past 2^64 bytes of address space `cuMemAddressReserve` fails.
         self.next_addr = base.checked_add(size)?;
@@ -696,7 +696,7 @@ impl CachingAllocator {
         let offset = b.addr.saturating_sub(base);
         let begin = offset / page;
         let end = offset.saturating_add(size).div_ceil(page);
-        let mapped = end.saturating_sub(begin).saturating_mul(page);
+        let mapped = times(end.saturating_sub(begin), page);
         if mapped == 0 {
             // "return size of 0 indicates OOM"
             return false;
@@ -768,13 +768,23 @@ impl CachingAllocator {
     }
 }
 
+/// `count * unit`, saturating: `saturating_mul` by a comparison, which WebAssembly spells
+/// as a call to a 128-bit multiply on every allocation.
+const fn times(count: u64, unit: u64) -> u64 {
+    if unit != 0 && count > u64::MAX / unit {
+        u64::MAX
+    } else {
+        count * unit
+    }
+}
+
 /// `round_size`: at least `kMinBlockSize`, else up to a multiple of it (the power-of-two
 /// divisions of `roundup_power2_divisions` are off by default: every division count is 0).
 fn round_size(size: u64) -> u64 {
     if size < MIN_BLOCK_SIZE {
         MIN_BLOCK_SIZE
     } else {
-        size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+        times(size.div_ceil(MIN_BLOCK_SIZE), MIN_BLOCK_SIZE)
     }
 }
 
@@ -794,7 +804,7 @@ fn get_allocation_size(size: u64) -> u64 {
     } else if size < MIN_LARGE_ALLOC {
         LARGE_BUFFER
     } else {
-        size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
+        times(size.div_ceil(ROUND_LARGE), ROUND_LARGE)
     }
 }
 
@@ -854,6 +864,27 @@ mod tests {
         }
         assert_eq!(AllocatorMode::from_key("cudaMallocAsync"), None);
         assert_eq!(AllocatorMode::default(), AllocatorMode::Default);
+    }
+
+    #[test]
+    fn times_saturates_as_saturating_mul() {
+        for count in [
+            0,
+            1,
+            2,
+            1 << 20,
+            u64::MAX / 512,
+            u64::MAX / 512 + 1,
+            u64::MAX,
+        ] {
+            for unit in [0, 1, 512, 2 * MIB, 20 * MIB, u64::MAX] {
+                assert_eq!(
+                    times(count, unit),
+                    count.saturating_mul(unit),
+                    "{count} x {unit}"
+                );
+            }
+        }
     }
 
     #[test]
