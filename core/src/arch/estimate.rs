@@ -427,13 +427,8 @@ fn estimate_on(
         in_place_loss: mesh.loss_parallel && mesh.plan == TpPlan::Megatron,
         compile: step.compile,
     };
-    let groups = spec.layer_groups();
     // each layer's group (the index into `groups` and the forward's per-group figures)
-    let group_of: Vec<usize> = spec
-        .layers
-        .iter()
-        .map(|l| groups.iter().position(|(g, _)| *g == l).unwrap_or(0))
-        .collect();
+    let (groups, group_of) = spec.layer_groups();
     // sums `per_layer` over the layers, each distinct layer computed once
     let over_layers = |per_layer: &dyn Fn(&Layer) -> Res<u64>| -> Res<u64> {
         groups.iter().try_fold(0, |acc, (layer, count)| {
@@ -572,7 +567,7 @@ fn estimate_on(
         storage(mul(step.batch, seq)?, 8)?
     };
     buffers = add(buffers, input)?;
-    let acts = spec.forward(&shape)?;
+    let acts = spec.forward(&shape, &groups)?;
     let allocations = match replay_mode {
         Some(mode) => {
             let layers = group_of
