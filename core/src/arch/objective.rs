@@ -383,7 +383,7 @@ impl<'a> Ctx<'a> {
     /// head, which `generate` runs as a plain Linear).
     fn weight_casts(&self, with_head: bool) -> u64 {
         let spec = &self.arch.spec;
-        let mut total = spec.layer_groups().iter().fold(0u64, |acc, (l, count)| {
+        let mut total = spec.layer_groups().0.iter().fold(0u64, |acc, (l, count)| {
             let layer = l
                 .linear_params(false)
                 .iter()
@@ -405,7 +405,7 @@ impl<'a> Ctx<'a> {
     /// query's fp32 norm (measured: `validation/RL.md`).
     fn layer_working_set(&self, tokens: u64) -> u64 {
         let mut worst = 0;
-        for (l, _) in self.arch.spec.layer_groups() {
+        for (l, _) in self.arch.spec.layer_groups().0 {
             let h = st(tokens.saturating_mul(l.attention.hidden), self.resid);
             let inner = tokens.saturating_mul(l.mlp.inner_per_token() / self.tp);
             let mlp = st(inner, self.act)
@@ -642,7 +642,7 @@ fn generation(ctx: &Ctx<'_>, sequences: u64, prompt: u64, completion: u64) -> (C
             st(rows.saturating_mul(a.v_head_dim), value_bytes),
         )
     };
-    let groups = spec.layer_groups();
+    let (groups, _) = spec.layer_groups();
     let cache = |positions: u64| -> u64 {
         groups.iter().fold(0u64, |acc, (l, count)| {
             let (k, v) = per_layer(l, positions);
