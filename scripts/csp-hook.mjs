@@ -36,7 +36,8 @@ function withIntegrity(html, name, bytes) {
   return `${html.slice(0, at)}integrity=${attr[1]}${sri}${attr[1]}${html.slice(at + attr[0].length)}`;
 }
 
-if (process.env.TRUNK_PROFILE === 'release') {
+// (KEEP_GLUE=1 keeps the names, for a profile of the bundle's functions)
+if (process.env.TRUNK_PROFILE === 'release' && !process.env.KEEP_GLUE) {
   const files = await readdir(staging);
   const wasmName = files.find((n) => n.endsWith('_bg.wasm'));
   const jsName = files.find((n) => n.endsWith('.js'));
