@@ -93,19 +93,10 @@ impl StepPhase {
     }
 }
 
-/// The phases of a DPO or GRPO step, beside its training tape.
+/// What a DPO or GRPO step holds beside its training tape (its generation and scoring
+/// phases are among [`PeakEstimate::phase_peaks`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectivePhases {
-    /// Peak bytes of the generation (GRPO), if it runs in this process's memory.
-    pub generation_bytes: Option<u64>,
-    /// Peak bytes of the scoring passes, if any run.
-    pub scoring_bytes: Option<u64>,
-    /// Peak bytes of the training phase.
-    pub training_bytes: u64,
-    /// The training phase's own peak moment.
-    pub training_peak_phase: Phase,
-    /// The phase that sets the step's peak.
-    pub peak: StepPhase,
     /// The generation's KV cache at its largest.
     pub kv_cache_bytes: u64,
     /// A separate reference's weights (resident in every phase).
