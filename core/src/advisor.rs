@@ -1152,31 +1152,36 @@ impl<'a> Search<'a> {
         // each give-up combination three times: on the GPUs the person has, on more that
         // keep the global batch, and on more that grow it
         let cuts = [0, 1, keeps.max(1), top].map(|c| c.min(top));
-        let mut combos: Vec<(Group, Levels, std::ops::Range<u8>)> = Vec::new();
+        // each combination with its window's first GPU level, ranked: the rank orders by
+        // (more GPUs, give-ups) as the groups do (the tier follows the give-ups), and sorting
+        // the same type as the candidates below keeps one sort in the bundle
+        let mut combos: Vec<(RankKey, Levels)> = Vec::new();
         for combo in self.give_up_combinations() {
             for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
                 if !gpus.is_empty() {
                     let mut probe = combo;
                     probe[GPUS] = gpus.start;
-                    let rank = self.rank(&probe);
-                    combos.push(((rank.more_gpus, rank.give_up), combo, gpus));
+                    combos.push((self.rank(&probe), probe));
                 }
             }
         }
-        // (unstable: a group's combinations are pooled before their candidates are sorted,
-        // and the stable sort's merge code is a kilobyte of bundle)
-        combos.sort_unstable_by_key(|(group, _, _)| *group);
+        combos.sort_unstable();
+        let group_of = |rank: &RankKey| -> Group { (rank.more_gpus, rank.give_up) };
         // (the rest of the key depends on the same-math knobs: ordered within each group)
         let mut i = 0;
         while i < combos.len() && listed.len() < limit {
-            let group = combos.get(i).map(|(g, _, _)| *g);
+            let group = combos.get(i).map(|(r, _)| group_of(r));
             let mut candidates: Vec<(RankKey, Levels)> = Vec::new();
-            while let Some((give_up, combo, gpus)) = combos.get(i) {
-                if Some(*give_up) != group {
+            while let Some((rank, probe)) = combos.get(i) {
+                if Some(group_of(rank)) != group {
                     break;
                 }
                 i += 1;
-                let (combo, gpus) = (*combo, gpus.clone());
+                // the window: from its first level to the next cut
+                let start = probe[GPUS];
+                let end = cuts.iter().copied().find(|&c| c > start).unwrap_or(start);
+                let mut combo = *probe;
+                combo[GPUS] = 0;
                 // every plan of this combination gives up at least what it does
                 if found.iter().any(|f| dominates(f, &combo)) {
                     continue;
@@ -1185,7 +1190,7 @@ impl<'a> Search<'a> {
                     continue;
                 };
                 let same_math = odometer(&[MICRO, SHARD, EP], &counts);
-                for g in fewest.max(gpus.start)..gpus.end {
+                for g in fewest.max(start)..end {
                     for m in &same_math {
                         let mut l = combo;
                         l[GPUS] = g;
