@@ -572,9 +572,9 @@ struct Search<'a> {
     global: u64,
     options: Options,
     /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
+    /// At batch 0 (no step has one): [`Self::fewest_gpus`] of each combination asked, which
+    /// shares the map (one hash table's code less in the bundle).
     cache: FxHashMap<(Levels, u64), Option<u64>>,
-    /// [`Self::fewest_gpus`] of each combination asked.
-    fewest: FxHashMap<Levels, Option<u8>>,
     /// The whole model's step by its settings (what sharding does not change).
     estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
 }
@@ -797,7 +797,6 @@ impl<'a> Search<'a> {
             global,
             options: o,
             cache: FxHashMap::default(),
-            fewest: FxHashMap::default(),
             estimates: FxHashMap::default(),
         }
     }
@@ -1048,11 +1047,11 @@ impl<'a> Search<'a> {
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
     /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
-        if let Some(&fewest) = self.fewest.get(l) {
-            return fewest;
+        if let Some(&fewest) = self.cache.get(&(*l, 0)) {
+            return fewest.map(|g| u8::try_from(g).unwrap_or(u8::MAX));
         }
         let fewest = self.find_fewest_gpus(l);
-        self.fewest.insert(*l, fewest);
+        self.cache.insert((*l, 0), fewest.map(u64::from));
         fewest
     }
 

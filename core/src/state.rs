@@ -1201,9 +1201,11 @@ fn choice_by<T: Copy>(
     value: &str,
     all: &[T],
     key: fn(T) -> &'static str,
-    from_key: impl Fn(&str) -> Option<T>,
+    from_key: fn(&str) -> Option<T>,
 ) -> Result<T, String> {
-    from_key(value).ok_or_else(|| expected_one_of(&mut all.iter().map(|&v| key(v))))
+    from_key(value).ok_or_else(|| {
+        expected_one_of(&mut (0..all.len()).map(|i| all.get(i).copied().map_or("", key)))
+    })
 }
 
 /// The error of [`choice_by`], written once for every type (not generic).
