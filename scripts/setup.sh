@@ -34,9 +34,11 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
-# playwright-core (driver only, never a browser download), axe-core and binaryen's wasm-opt.
+# playwright-core (driver only, never a browser download), axe-core, binaryen's wasm-opt and
+# terser (the release build minifies wasm-bindgen's glue with it).
 if [ ! -x node_modules/.bin/wasm-opt ] || [ ! -d node_modules/playwright-core ] ||
-  [ ! -d node_modules/axe-core ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  [ ! -d node_modules/axe-core ] || [ ! -d node_modules/terser ] ||
+  [ package-lock.json -nt node_modules/.package-lock.json ]; then
   log "installing npm packages"
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
 fi

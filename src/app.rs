@@ -493,7 +493,7 @@ pub fn App() -> impl IntoView {
         </main>
         <Explanations mode=mode />
         <footer class="page-footer">
-            <p>"Runs entirely in your browser: nothing you type leaves this page."</p>
+            <p>"Runs entirely in your browser: nothing you type leaves this page, but a Hub id you fetch."</p>
         </footer>
     }
 }

@@ -1,10 +1,13 @@
-//! The few places the page talks to the browser: URL, localStorage, clipboard, title.
+//! The few places the page talks to the browser: URL, localStorage, clipboard, title, and
+//! the one request it may send (a model's `config.json` from the Hub, on a click).
 //!
 //! Each function degrades quietly where the browser refuses (no storage in a private
 //! window, no clipboard permission): the page keeps working without it.
 
+use estimator_core::{ConfigBody, HubError, HUB_TIMEOUT_SECS};
 use gloo_storage::{LocalStorage, Storage};
 use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
 
 /// The localStorage key of the last inputs (versioned, so a new format can ignore old data).
 pub const STORAGE_KEY: &str = "batch-size-memory-estimator:v1";
@@ -87,4 +90,69 @@ pub async fn copy_to_clipboard(text: &str) -> Result<(), String> {
                 .unwrap_or_else(|| "permission denied".to_owned());
             format!("Copy failed: the browser refused the clipboard ({why}).")
         })
+}
+
+/// Fetches the `config.json` at `url` (the Hub's: the page's CSP lets no other host be
+/// reached) without credentials, gives up after [`HUB_TIMEOUT_SECS`], and reads the answer
+/// piece by piece as a pasted config: refused, and the download stopped, past the cap.
+///
+/// # Errors
+/// What a person can act on: not found, gated, unreachable, too slow, too large, not a
+/// config this estimator reads.
+pub async fn fetch_config(url: &str) -> Result<String, HubError> {
+    let window = web_sys::window().ok_or(HubError::Unreachable)?;
+    let controller = web_sys::AbortController::new().map_err(|_| HubError::Unreachable)?;
+    let signal = controller.signal();
+    let init = web_sys::RequestInit::new();
+    init.set_credentials(web_sys::RequestCredentials::Omit);
+    init.set_signal(Some(&signal));
+    let timer = controller.clone();
+    leptos::prelude::set_timeout(
+        move || timer.abort(),
+        std::time::Duration::from_secs(HUB_TIMEOUT_SECS.into()),
+    );
+    // a refused or unreachable request rejects alike; an aborted one ran out of time
+    let failed = |_| {
+        if signal.aborted() {
+            HubError::Timeout
+        } else {
+            HubError::Unreachable
+        }
+    };
+    let answer = async {
+        let response: web_sys::Response =
+            JsFuture::from(window.fetch_with_str_and_init(url, &init))
+                .await
+                .map_err(failed)?
+                .unchecked_into();
+        if let Some(why) = HubError::from_status(response.status()) {
+            return Err(why);
+        }
+        let announced = response
+            .headers()
+            .get("content-length")
+            .ok()
+            .flatten()
+            .and_then(|n| n.trim().parse().ok());
+        let mut body = ConfigBody::new(announced)?;
+        if let Some(stream) = response.body() {
+            let reader: web_sys::ReadableStreamDefaultReader = stream.get_reader().unchecked_into();
+            loop {
+                let next = JsFuture::from(reader.read()).await.map_err(failed)?;
+                let field = |name: &str| {
+                    web_sys::js_sys::Reflect::get(&next, &JsValue::from_str(name))
+                        .unwrap_or_default()
+                };
+                if field("done").as_bool() != Some(false) {
+                    break;
+                }
+                body.push(&web_sys::js_sys::Uint8Array::new(&field("value")).to_vec())?;
+            }
+        }
+        body.finish()
+    }
+    .await;
+    // stops a download still under way (an error status, a body past the cap)
+    controller.abort();
+    answer
 }

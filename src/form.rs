@@ -13,7 +13,7 @@
 //! says what in them differs from the defaults, and which open when it does.
 
 use estimator_core::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Generator, Gpu,
+    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Generator, Gpu, HubId,
     KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload, Optimizer, OptimizerImpl,
     Page, PageState, ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4,
     Reference, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
@@ -112,7 +112,7 @@ const fn choice_of(
 /// The model, the trainer, the sequence and the expert-parallel group: fields with behaviour
 /// or texts of their own.
 const MODEL: Spec = choice_of(Field::Model, "Model", "model", || {
-    vec![(CUSTOM_MODEL_KEY, "Custom: paste or upload config.json")]
+    vec![(CUSTOM_MODEL_KEY, "Custom: a Hub id or a config.json")]
 });
 // The trainer is no field of the state: it names the defaults the inputs have
 // (`Source::Trainer`), and a choice applies its defaults.
@@ -562,9 +562,53 @@ impl<'a> Builder<'a> {
         });
     }
 
-    /// The pasted or uploaded `config.json` (a [`ConfigInput`](crate::components::ConfigInput)).
+    /// The model's `config.json`: fetched from the Hub by its id on a click, pasted or
+    /// uploaded.
     fn config(&mut self) {
         self.m
+            .open("div", &[("class", "field")])
+            .el("label", &[("for", "hub-id")], "Hugging Face Hub id")
+            .open("div", &[("class", "field-row")])
+            .open(
+                "input",
+                &[
+                    ("id", "hub-id"),
+                    ("data-testid", "hub-id"),
+                    ("type", "text"),
+                    ("maxlength", "400"),
+                    ("autocomplete", "off"),
+                    ("spellcheck", "false"),
+                    ("placeholder", "owner/name@revision"),
+                    ("aria-describedby", "hub-hint hub-error"),
+                ],
+            )
+            .el(
+                "button",
+                &[
+                    ("type", "button"),
+                    ("id", "hub-fetch"),
+                    ("data-testid", "hub-fetch"),
+                    ("class", "secondary"),
+                ],
+                "Fetch",
+            )
+            .close("div")
+            .el(
+                "span",
+                &[("class", "hint"), ("id", "hub-hint")],
+                "Its config.json, read from huggingface.co on your click only; no token is sent.",
+            )
+            .el(
+                "span",
+                &[
+                    ("class", "error"),
+                    ("id", "hub-error"),
+                    ("data-testid", "hub-error"),
+                    ("role", "alert"),
+                ],
+                "",
+            )
+            .close("div")
             .open("div", &[("class", "field")])
             .el("label", &[("for", "config-json")], "config.json")
             .el(
@@ -807,6 +851,37 @@ fn read_config(input: &web_sys::Element, state: RwSignal<PageState>) {
     });
 }
 
+/// Fetches the `config.json` of the Hub id typed in `hub-id` and makes it the model; says
+/// why not in `hub-error`. The button waits, disabled, for the answer.
+fn fetch_hub(button: web_sys::Element, state: RwSignal<PageState>) {
+    let show = |message: &str| {
+        if let Some(error) = by_id("hub-error") {
+            error.set_text_content(Some(message));
+        }
+    };
+    let typed = by_id("hub-id")
+        .and_then(|i| i.dyn_into::<web_sys::HtmlInputElement>().ok())
+        .map(|i| i.value())
+        .unwrap_or_default();
+    let id = match HubId::parse(&typed) {
+        Ok(id) => id,
+        Err(why) => return show(&why.to_string()),
+    };
+    show("");
+    let _ = button.set_attribute("disabled", "");
+    spawn_local(async move {
+        let answer = crate::browser::fetch_config(&id.config_url()).await;
+        let _ = button.remove_attribute("disabled");
+        match answer {
+            Ok(text) => state.update(|s| {
+                s.model.preset = None;
+                let _ = s.set(Field::Config, &text);
+            }),
+            Err(why) => show(&format!("{id}: {why}")),
+        }
+    });
+}
+
 /// The form over `state`: edits change the state, and the form follows the state and
 /// `page`'s messages.
 pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView {
@@ -1000,9 +1075,11 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
             return;
         }
         let id = target.id();
-        if id == "config-file" {
-            read_config(&target, state);
-            return;
+        match id.as_str() {
+            "config-file" => return read_config(&target, state),
+            // the Hub id is read on the button's click only
+            "hub-id" => return,
+            _ => {}
         }
         let value = event_target_value(&ev);
         if id == "trainer" && Trainer::from_key(&value).is_none() {
@@ -1042,7 +1119,16 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
         <form class="card inputs" aria-labelledby="inputs-title" node_ref=form inner_html=markup
             on:submit=|ev| ev.prevent_default()
             on:input:capture=move |ev| edit(ev, true)
-            on:change:capture=move |ev| edit(ev, false)></form>
+            on:change:capture=move |ev| edit(ev, false)
+            on:click=move |ev| {
+                if let Some(button) = ev
+                    .target()
+                    .and_then(|t| t.dyn_into::<web_sys::Element>().ok())
+                    .filter(|t| t.id() == "hub-fetch")
+                {
+                    fetch_hub(button, state);
+                }
+            }></form>
     }
 }
 /// Simple mode: the parameters and their unit, side by side.

@@ -425,6 +425,37 @@ async fn the_form_shows_a_field_s_message_and_reports_typing() {
 }
 
 #[wasm_bindgen_test]
+async fn the_hub_id_is_read_on_the_click_only_and_checked_before_any_request() {
+    let (root, state, handle) = mount_form("m=arch&gpu=none");
+    state.update(|s| s.model.preset = None);
+    next_tick().await;
+    let before = state.get_untracked();
+    let input: web_sys::HtmlInputElement = by_testid(&root, "hub-id").unchecked_into();
+    input.set_value("gpt2");
+    input
+        .dispatch_event(&web_sys::Event::new("input").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(
+        state.get_untracked(),
+        before,
+        "typing an id changes nothing"
+    );
+    assert_eq!(by_testid(&root, "hub-error").text_content().unwrap(), "");
+    let button: web_sys::HtmlElement = by_testid(&root, "hub-fetch").unchecked_into();
+    assert_eq!(button.get_attribute("type").as_deref(), Some("button"));
+    button.click();
+    next_tick().await;
+    assert_eq!(
+        by_testid(&root, "hub-error").text_content().unwrap(),
+        "Not a Hub id: write it as owner/name, or owner/name@revision."
+    );
+    assert!(!button.has_attribute("disabled"), "no request under way");
+    assert_eq!(state.get_untracked(), before);
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
 async fn the_form_groups_the_models_and_reports_a_choice() {
     let (root, state, handle) = mount_form("m=arch&model=llama3-8b&gpu=none");
     next_tick().await;

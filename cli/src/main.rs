@@ -8,15 +8,21 @@ use std::process::ExitCode;
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
-    EvaluationError, Field, FitPlan, Gpu, KvDtype, LossKind, MaxBatch, Method, Mode, ModelFamily,
-    OptimizerImpl, PageState, PartKind, Preset, Scenario, Trainer, WeightFormat,
+    EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LossKind, MaxBatch, Method, Mode,
+    ModelFamily, OptimizerImpl, PageState, PartKind, Preset, Scenario, Trainer, WeightFormat,
 };
 
+mod hub;
+
 const USAGE: &str = "\
-usage: memest [--config PATH | --preset KEY | --query QUERY] [options]
+usage: memest [--config PATH | --hub ID | --preset KEY | --query QUERY] [options]
 
 model (one of):
   --config PATH         a Hugging Face config.json
+  --hub ID              a model on the Hugging Face Hub, owner/name or owner/name@rev:
+                        its config.json fetched with curl (no token) and cached; offline
+                        (or with HF_HUB_OFFLINE=1), the cached copy: memest's, in
+                        $XDG_CACHE_HOME/memest/hub, else Hugging Face's ($HF_HUB_CACHE)
   --preset KEY          a published model (keys below)
   --query QUERY         the page's query string (a shared link's part after '?')
 
@@ -175,7 +181,7 @@ fn usage() -> String {
         .replace("{losses}", &losses())
         .replace("{trainers}", &trainers());
     format!(
-        "{options}\n\nconfig.json model_type values (--config, --query):\n{}\npreset keys (--preset):\n{}",
+        "{options}\n\nconfig.json model_type values (--config, --hub, --query):\n{}\npreset keys (--preset):\n{}",
         wrapped(&types, "  "),
         wrapped(&presets, "  ").trim_end()
     )
@@ -204,6 +210,9 @@ struct Options {
     json: bool,
     advise: bool,
     notices: Vec<String>,
+    /// `--hub`: the model's id, and whether it named its revision; its config is read
+    /// after the arguments.
+    hub: Option<(HubId, bool)>,
 }
 
 /// Flags that set one input of the page, with the input they set.
@@ -301,6 +310,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     let mut notices = Vec::new();
     let mut json = false;
     let mut advise = false;
+    let mut hub = None;
     let mut i = 0;
     // The query is applied first so that flags refine a shared link, then the trainer's
     // defaults so that flags refine those.
@@ -341,6 +351,13 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 state.mode = Mode::Architecture;
                 state.model.preset = None;
                 state.model.config_json = text;
+            }
+            "--hub" => {
+                let text = value()?;
+                let id = HubId::parse(text).map_err(|why| format!("--hub {text:?}: {why}"))?;
+                state.mode = Mode::Architecture;
+                state.model.preset = None;
+                hub = Some((id, text.contains('@')));
             }
             "--engine" => {
                 let engine = value()?;
@@ -413,20 +430,25 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     if given(&["--ram-gib"]).is_some() && state.hardware.gpu != Some(Gpu::CpuRam) {
         return Err("--ram-gib needs --gpu cpu".to_owned());
     }
+    if let Some(flag) = given(&["--config", "--preset"]).filter(|_| hub.is_some()) {
+        return Err(format!("--hub and {flag} both name the model: give one"));
+    }
     if advise && state.hardware.gpu.is_none() {
         return Err("--advise needs a device to fit the step on: --gpu KEY".to_owned());
     }
     if state.mode == Mode::Architecture
         && state.model.preset.is_none()
         && state.model.config_json.is_empty()
+        && hub.is_none()
     {
-        return Err("give a model: --config PATH, --preset KEY or --query".to_owned());
+        return Err("give a model: --config PATH, --hub ID, --preset KEY or --query".to_owned());
     }
     Ok(Options {
         state,
         json,
         advise,
         notices,
+        hub,
     })
 }
 
@@ -808,7 +830,7 @@ const ADVICE_LIMIT: usize = 12;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match parse_args(&args) {
+    let mut options = match parse_args(&args) {
         Ok(o) => o,
         Err(why) if why.is_empty() => {
             println!("{}", usage());
@@ -819,6 +841,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some((id, revision_given)) = &options.hub {
+        match hub::load(id, *revision_given) {
+            Ok(loaded) => {
+                options.notices.extend(loaded.notice);
+                options.state.model.config_json = loaded.text;
+            }
+            Err(why) => {
+                eprintln!("memest: {why}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     for notice in &options.notices {
         eprintln!("memest: {notice}");
     }

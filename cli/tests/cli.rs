@@ -1036,3 +1036,245 @@ fn help_lists_the_vision_language_model_types() {
     }
     assert!(stdout.contains("--image-size WxH"));
 }
+
+/// A folder of the test's own, empty.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memest-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A stand-in for `curl` in `dir/bin` (the only folder on memest's `PATH`: no test reaches
+/// the network): it records its arguments in `dir/bin/args`, prints `body` on stdout, then
+/// `said` and the HTTP `status` on stderr (as `--write-out '%{stderr}%{http_code}'` does),
+/// and exits with `exit`.
+#[cfg(unix)]
+fn fake_curl(dir: &std::path::Path, body: &str, said: &str, status: &str, exit: u8) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for (name, text) in [("body", body), ("said", said), ("status", status)] {
+        std::fs::write(bin.join(name), text).unwrap();
+    }
+    std::fs::write(bin.join("exit"), exit.to_string()).unwrap();
+    let _ = std::fs::remove_file(bin.join("args"));
+    let script = bin.join("curl");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nhere=\"${0%/*}\"\nprintf '%s\\n' \"$@\" > \"$here/args\"\n/bin/cat \"$here/body\"\n\
+         /bin/cat \"$here/said\" >&2\n/bin/cat \"$here/status\" >&2\nexit \"$(/bin/cat \"$here/exit\")\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `memest ARGS` with no environment but `PATH=dir/bin`, `HOME=dir/home` and `vars`.
+fn memest_in(dir: &std::path::Path, vars: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memest"))
+        .env_clear()
+        .env("PATH", dir.join("bin"))
+        .env("HOME", dir.join("home"))
+        .envs(vars.iter().copied())
+        .args(args)
+        .output()
+        .expect("memest runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn n_params(stdout: &str) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    v["n_params"].as_u64().unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn hub_fetches_with_curl_over_https_keeps_a_copy_and_uses_it_offline() {
+    let dir = scratch("hub-fetch");
+    let qwen3 = std::fs::read_to_string(fixture_config("qwen3-0.6b")).unwrap();
+    fake_curl(&dir, &qwen3, "", "200", 0);
+    let cache = dir.join("cache");
+    let cache_home = [("XDG_CACHE_HOME", cache.to_str().unwrap())];
+    let run =
+        |vars: &[(&str, &str)]| memest_in(&dir, vars, &["--hub", "Qwen/Qwen3-0.6B", "--json"]);
+
+    let (code, stdout, stderr) = run(&cache_home);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(n_params(&stdout), 596_049_920);
+    let args = std::fs::read_to_string(dir.join("bin/args")).unwrap();
+    let args: Vec<&str> = args.lines().collect();
+    assert_eq!(args.first(), Some(&"-q"), "no ~/.curlrc: {args:?}");
+    assert!(
+        args.windows(2).any(|w| w == ["--proto", "=https"]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2).any(|w| w == ["--proto-redir", "=https"]),
+        "{args:?}"
+    );
+    assert_eq!(
+        args.last(),
+        Some(&"https://huggingface.co/Qwen/Qwen3-0.6B/resolve/main/config.json")
+    );
+    let kept = cache.join("memest/hub/Qwen/Qwen3-0.6B/main/config.json");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), qwen3);
+
+    // no network: the copy, said on stderr
+    fake_curl(
+        &dir,
+        "",
+        "curl: (6) Could not resolve host: huggingface.co\n",
+        "000",
+        6,
+    );
+    let (code, stdout, stderr) = run(&cache_home);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(n_params(&stdout), 596_049_920);
+    assert!(
+        stderr.starts_with("memest: Qwen/Qwen3-0.6B: could not reach huggingface.co (curl: (6) Could not resolve host: huggingface.co); using the cached copy ")
+            && stderr.contains(kept.to_str().unwrap()),
+        "{stderr}"
+    );
+
+    // HF_HUB_OFFLINE: curl is not even started
+    std::fs::remove_file(dir.join("bin/args")).unwrap();
+    let (code, stdout, stderr) = run(&[cache_home[0], ("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(n_params(&stdout), 596_049_920);
+    assert!(
+        stderr.contains("offline (HF_HUB_OFFLINE is set); using the cached copy"),
+        "{stderr}"
+    );
+    assert!(!dir.join("bin/args").exists(), "curl was started");
+
+    // another revision has no copy: a clear error, nothing printed on stdout
+    let (code, stdout, stderr) = memest_in(
+        &dir,
+        &[cache_home[0], ("HF_HUB_OFFLINE", "1")],
+        &["--hub", "Qwen/Qwen3-0.6B@dev"],
+    );
+    assert_eq!((code, stdout.as_str()), (1, ""));
+    assert!(
+        stderr.starts_with("memest: Qwen/Qwen3-0.6B@dev: offline (HF_HUB_OFFLINE is set), and no cached copy (looked in ")
+            && stderr.contains("use --config PATH"),
+        "{stderr}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn hub_reads_hugging_face_s_own_cache_offline() {
+    let dir = scratch("hub-hf-cache");
+    fake_curl(
+        &dir,
+        "",
+        "curl: (6) Could not resolve host: huggingface.co\n",
+        "000",
+        6,
+    );
+    let hf = dir.join("hf");
+    let repo = hf.join("models--meta-llama--Llama-3.2-1B");
+    let commit = "4e20de362430cd3b72f300e6b0f18e50e7166e08";
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::copy(fixture_config("llama-1b"), snapshot.join("config.json")).unwrap();
+    let empty = dir.join("empty");
+    let vars = [
+        ("HF_HUB_CACHE", hf.to_str().unwrap()),
+        ("XDG_CACHE_HOME", empty.to_str().unwrap()),
+    ];
+    // `main`: the Hub cannot be reached; the snapshot `refs/main` names
+    let (code, stdout, stderr) =
+        memest_in(&dir, &vars, &["--hub", "meta-llama/Llama-3.2-1B", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(n_params(&stdout), 1_235_814_400);
+    assert!(
+        stderr.contains("could not reach huggingface.co")
+            && stderr.contains(snapshot.join("config.json").to_str().unwrap()),
+        "{stderr}"
+    );
+    // a commit: read from the cache without asking the Hub (it never changes)
+    std::fs::remove_file(dir.join("bin/args")).unwrap();
+    let pinned = format!("meta-llama/Llama-3.2-1B@{commit}");
+    let (code, stdout, stderr) = memest_in(&dir, &vars, &["--hub", &pinned, "--json"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(n_params(&stdout), 1_235_814_400);
+    assert!(
+        !dir.join("bin/args").exists(),
+        "curl was started for a cached commit"
+    );
+    // offline, the same from HF_HOME/hub
+    let home = [
+        ("HF_HOME", dir.to_str().unwrap()),
+        ("XDG_CACHE_HOME", empty.to_str().unwrap()),
+        ("HF_HUB_OFFLINE", "1"),
+    ];
+    std::fs::rename(&hf, dir.join("hub")).unwrap();
+    let (code, stdout, stderr) =
+        memest_in(&dir, &home, &["--hub", "meta-llama/Llama-3.2-1B", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(n_params(&stdout), 1_235_814_400);
+    assert!(!dir.join("bin/args").exists());
+}
+
+#[cfg(unix)]
+#[test]
+fn hub_errors_say_what_to_do() {
+    let dir = scratch("hub-errors");
+    let cache = dir.join("cache");
+    let vars = [("XDG_CACHE_HOME", cache.to_str().unwrap())];
+    let long = format!(r#"{{"model_type":"gpt2","x":"{}"}}"#, "x".repeat(30_000));
+    for (body, said, status, exit, message) in [
+        ("Entry not found", "", "404", 0, "Not found on the Hub (HTTP 404)"),
+        ("", "", "401", 0, "gated or private"),
+        ("", "", "401", 0, "huggingface-cli download some-org/some-model config.json"),
+        ("", "", "503", 0, "the Hub answered HTTP 503, and no cached copy"),
+        ("<!DOCTYPE html>", "", "200", 0, "config is not a JSON object"),
+        (r#"{"model_type":"t5"}"#, "", "200", 0, "model_type \"t5\" is not supported (supported: llama"),
+        (long.as_str(), "", "200", 0, "longer than 20000 characters"),
+        ("", "curl: (28) Operation timed out\n", "000", 28, "no answer from huggingface.co within 15 s, and no cached copy"),
+        ("", "curl: (6) Could not resolve host: huggingface.co\n", "000", 6, "could not reach huggingface.co (curl: (6) Could not resolve host: huggingface.co), and no cached copy"),
+    ] {
+        fake_curl(&dir, body, said, status, exit);
+        let (code, stdout, stderr) = memest_in(&dir, &vars, &["--hub", "some-org/some-model"]);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{message}: {stderr}");
+        assert!(stderr.starts_with("memest: some-org/some-model: "), "{stderr}");
+        assert!(stderr.contains(message), "{message}:\n{stderr}");
+    }
+    // no curl at all
+    std::fs::remove_file(dir.join("bin/curl")).unwrap();
+    let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", "some-org/some-model"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("curl, which is not installed"), "{stderr}");
+    // a stand-in that dies mid-answer, its last words not ASCII
+    fake_curl(&dir, "{", "curl: (56) Übertragung abgebrochen €x", "", 56);
+    let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", "some-org/some-model"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("could not reach huggingface.co (curl: (56)"),
+        "{stderr}"
+    );
+    // two models named
+    let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", "a/b", "--preset", "gpt2"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with("memest: --hub and --preset both name the model"),
+        "{stderr}"
+    );
+    // an id the Hub would refuse: a usage error, nothing started
+    for id in ["gpt2", "a/b/c", "../x", "a/b@.."] {
+        let (code, _, stderr) = memest_in(&dir, &vars, &["--hub", id]);
+        assert_eq!(code, 2, "{id}");
+        assert!(
+            stderr.starts_with(&format!("memest: --hub {id:?}: Not a Hub id: ")),
+            "{stderr}"
+        );
+    }
+}

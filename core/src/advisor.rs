@@ -161,6 +161,23 @@ pub enum Change {
         /// Tokens after.
         to: u64,
     },
+    /// DPO and GRPO: shorter completions.
+    Completion {
+        /// Tokens before.
+        from: u64,
+        /// Tokens after.
+        to: u64,
+    },
+    /// GRPO: fewer completions per prompt.
+    Generations {
+        /// Generations before.
+        from: u64,
+        /// Generations after.
+        to: u64,
+    },
+    /// DPO: the reference's log-probabilities from elsewhere (precomputed, or the LoRA
+    /// base with its adapters off): the same loss.
+    Reference(crate::Reference),
 }
 
 impl Change {
@@ -185,7 +202,10 @@ impl Change {
             Change::Optimizer(_) => Tier::Optimizer,
             Change::Method(Method::Qlora) => Tier::Qlora,
             Change::Method(_) => Tier::Lora,
-            Change::SeqLen { .. } => Tier::Task,
+            Change::SeqLen { .. } | Change::Completion { .. } | Change::Generations { .. } => {
+                Tier::Task
+            }
+            Change::Reference(_) => Tier::SameMath,
         }
     }
 
@@ -252,6 +272,13 @@ impl Change {
                 m.label()
             }),
             Change::SeqLen { from, to } => format!("Sequences of {to} tokens instead of {from}"),
+            Change::Completion { from, to } => {
+                format!("Completions of {to} tokens instead of {from}")
+            }
+            Change::Generations { from, to } => {
+                format!("{to} generations per prompt instead of {from}")
+            }
+            Change::Reference(r) => format!("Reference: {}", r.label()),
         }
     }
 
@@ -368,6 +395,18 @@ impl Change {
             Change::SeqLen { .. } => {
                 "A different task: the model sees shorter contexts.".to_owned()
             }
+            Change::Completion { .. } => {
+                "A different task: longer answers are cut (and scored) shorter.".to_owned()
+            }
+            Change::Generations { .. } => {
+                "A noisier advantage estimate: each prompt's group is smaller.".to_owned()
+            }
+            Change::Reference(crate::Reference::Precomputed) => {
+                "The same loss; one no-gradient pass over the data before training.".to_owned()
+            }
+            Change::Reference(_) => {
+                "The same loss: the frozen base is the reference, no copy of it.".to_owned()
+            }
         }
     }
 }
@@ -379,7 +418,7 @@ impl fmt::Display for Change {
 }
 
 /// Knobs, in the order of [`RankKey::levels`].
-const KNOBS: usize = 13;
+const KNOBS: usize = 14;
 const MICRO: usize = 0;
 const CKPT: usize = 1;
 const SHARD: usize = 2;
@@ -393,6 +432,8 @@ const OPTIMIZER: usize = 9;
 const METHOD: usize = 10;
 const SEQ: usize = 11;
 const LOSS: usize = 12;
+/// DPO's reference, GRPO's generations per prompt.
+const OBJ: usize = 13;
 /// The knobs that give something up (with checkpointing, the ones tried one by one).
 const GIVE_UPS: [usize; 7] = [RECIPE, PRECISION, FORMAT, KV, OPTIMIZER, METHOD, SEQ];
 /// The give-ups along which the peak shrinks (all but the recipe).
@@ -413,7 +454,7 @@ pub struct RankKey {
     /// The most a change of the plan gives up.
     pub tier: Tier,
     /// How far the plan goes in the tiers that give something up, the task first: options
-    /// down the sequence chain, down the training-method chain (LoRA, QLoRA), down the
+    /// down the sequence chain (or the completion and GRPO's generations chains), down the training-method chain (LoRA, QLoRA), down the
     /// optimizer chain, 1 when the global batch grows (more GPUs than samples per step),
     /// options down the precision chains (summed).
     pub give_up: [u8; 5],
@@ -426,7 +467,8 @@ pub struct RankKey {
     pub compute_overhead_percent: u64,
     /// Tie-breaker: the option of each knob (micro-batch, checkpointing, sharding, GPUs,
     /// expert parallelism, recipe, precision, weight format, KV dtype, optimizer, training
-    /// method, sequence, loss).
+    /// method, sequence (or DPO's and GRPO's completion), loss, DPO's reference or GRPO's
+    /// generations).
     pub levels: [u8; KNOBS],
 }
 
@@ -483,6 +525,7 @@ struct Options {
     method: Vec<Option<Peft>>,
     seq: Vec<u64>,
     loss: Vec<LossKind>,
+    objective: Vec<crate::Objective>,
 }
 
 impl Options {
@@ -501,6 +544,7 @@ impl Options {
             self.method.len(),
             self.seq.len(),
             self.loss.len(),
+            self.objective.len(),
         ]
     }
 }
@@ -528,9 +572,9 @@ struct Search<'a> {
     global: u64,
     options: Options,
     /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
+    /// At batch 0 (no step has one): [`Self::fewest_gpus`] of each combination asked, which
+    /// shares the map (one hash table's code less in the bundle).
     cache: FxHashMap<(Levels, u64), Option<u64>>,
-    /// [`Self::fewest_gpus`] of each combination asked.
-    fewest: FxHashMap<Levels, Option<u8>>,
     /// The whole model's step by its settings (what sharding does not change).
     estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
 }
@@ -689,14 +733,46 @@ impl<'a> Search<'a> {
         };
         // DPO and GRPO set their sequence from the prompt and completion, and always run
         // TRL's fused head
-        let sft = knobs.objective.kind == crate::ObjectiveKind::Sft;
+        let objective = knobs.objective;
+        let sft = objective.kind == crate::ObjectiveKind::Sft;
+        // DPO and GRPO: the completions shorten instead of the sequence
+        let shortened = if sft {
+            knobs.seq_len
+        } else {
+            objective.max_completion
+        };
         o.seq = match text_arch {
-            Some(_) if sft => (0..=4)
-                .map(|k| knobs.seq_len >> k)
+            Some(_) => (0..=4)
+                .map(|k| shortened >> k)
                 .take_while(|&s| s >= 1)
                 .collect(),
-            _ => vec![knobs.seq_len],
+            None => vec![shortened],
         };
+        // DPO's reference from elsewhere; GRPO's groups halved down to two
+        o.objective = vec![objective];
+        if training && text_arch.is_some() {
+            match objective.kind {
+                crate::ObjectiveKind::Dpo
+                    if objective.reference != crate::Reference::Precomputed =>
+                {
+                    o.objective.push(crate::Objective {
+                        reference: crate::Reference::Precomputed,
+                        ..objective
+                    });
+                }
+                crate::ObjectiveKind::Grpo => {
+                    let mut g = objective.generations / 2;
+                    while g >= 2 {
+                        o.objective.push(crate::Objective {
+                            generations: g,
+                            ..objective
+                        });
+                        g /= 2;
+                    }
+                }
+                _ => {}
+            }
+        }
         // a loss that keeps the logits whole gives way to TRL's chunked one (causal LMs)
         o.loss = match text_arch {
             Some(a)
@@ -721,7 +797,6 @@ impl<'a> Search<'a> {
             global,
             options: o,
             cache: FxHashMap::default(),
-            fewest: FxHashMap::default(),
             estimates: FxHashMap::default(),
         }
     }
@@ -797,9 +872,21 @@ impl<'a> Search<'a> {
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),
-            objective: k.objective,
+            objective: pick(&o.objective, l, OBJ, k.objective),
             vision: k.vision,
         };
+        let mut knobs = knobs;
+        if knobs.objective.kind != crate::ObjectiveKind::Sft {
+            knobs.seq_len = k.seq_len;
+            knobs.objective.max_completion = pick(&o.seq, l, SEQ, knobs.objective.max_completion);
+            // a LoRA plan's reference is its base with the adapters off, as TRL makes it
+            if knobs.peft.is_some()
+                && k.peft.is_none()
+                && knobs.objective.reference == crate::Reference::Separate
+            {
+                knobs.objective.reference = crate::Reference::AdaptersOff;
+            }
+        }
         let plan = PlanInputs {
             num_gpus: self.gpus_at(l[GPUS]),
             sharding: pick(&o.sharding, l, SHARD, self.plan.sharding),
@@ -961,11 +1048,11 @@ impl<'a> Search<'a> {
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
     /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
-        if let Some(&fewest) = self.fewest.get(l) {
-            return fewest;
+        if let Some(&fewest) = self.cache.get(&(*l, 0)) {
+            return fewest.map(|g| u8::try_from(g).unwrap_or(u8::MAX));
         }
         let fewest = self.find_fewest_gpus(l);
-        self.fewest.insert(*l, fewest);
+        self.cache.insert((*l, 0), fewest.map(u64::from));
         fewest
     }
 
@@ -987,8 +1074,10 @@ impl<'a> Search<'a> {
     }
 
     fn rank(&self, l: &Levels) -> RankKey {
+        // fewer GRPO generations change the task as shorter completions do
+        let grpo = self.knobs.objective.kind == crate::ObjectiveKind::Grpo;
         let give_up = [
-            l[SEQ],
+            l[SEQ].saturating_add(if grpo { l[OBJ] } else { 0 }),
             l[METHOD],
             l[OPTIMIZER],
             u8::from(self.grows(l[GPUS])),
@@ -1041,7 +1130,7 @@ impl<'a> Search<'a> {
     /// Every combination of give-ups and checkpointing, as levels (the rest at 0).
     fn give_up_combinations(&self) -> Vec<Levels> {
         let counts = self.options.counts();
-        let mut knobs = vec![CKPT, LOSS];
+        let mut knobs = vec![CKPT, LOSS, OBJ];
         knobs.extend(GIVE_UPS);
         odometer(&knobs, &counts)
     }
@@ -1063,29 +1152,36 @@ impl<'a> Search<'a> {
         // each give-up combination three times: on the GPUs the person has, on more that
         // keep the global batch, and on more that grow it
         let cuts = [0, 1, keeps.max(1), top].map(|c| c.min(top));
-        let mut combos: Vec<(Group, Levels, std::ops::Range<u8>)> = Vec::new();
+        // each combination with its window's first GPU level, ranked: the rank orders by
+        // (more GPUs, give-ups) as the groups do (the tier follows the give-ups), and sorting
+        // the same type as the candidates below keeps one sort in the bundle
+        let mut combos: Vec<(RankKey, Levels)> = Vec::new();
         for combo in self.give_up_combinations() {
             for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
                 if !gpus.is_empty() {
                     let mut probe = combo;
                     probe[GPUS] = gpus.start;
-                    let rank = self.rank(&probe);
-                    combos.push(((rank.more_gpus, rank.give_up), combo, gpus));
+                    combos.push((self.rank(&probe), probe));
                 }
             }
         }
-        combos.sort_by_key(|(group, _, _)| *group);
+        combos.sort_unstable();
+        let group_of = |rank: &RankKey| -> Group { (rank.more_gpus, rank.give_up) };
         // (the rest of the key depends on the same-math knobs: ordered within each group)
         let mut i = 0;
         while i < combos.len() && listed.len() < limit {
-            let group = combos.get(i).map(|(g, _, _)| *g);
+            let group = combos.get(i).map(|(r, _)| group_of(r));
             let mut candidates: Vec<(RankKey, Levels)> = Vec::new();
-            while let Some((give_up, combo, gpus)) = combos.get(i) {
-                if Some(*give_up) != group {
+            while let Some((rank, probe)) = combos.get(i) {
+                if Some(group_of(rank)) != group {
                     break;
                 }
                 i += 1;
-                let (combo, gpus) = (*combo, gpus.clone());
+                // the window: from its first level to the next cut
+                let start = probe[GPUS];
+                let end = cuts.iter().copied().find(|&c| c > start).unwrap_or(start);
+                let mut combo = *probe;
+                combo[GPUS] = 0;
                 // every plan of this combination gives up at least what it does
                 if found.iter().any(|f| dominates(f, &combo)) {
                     continue;
@@ -1094,7 +1190,7 @@ impl<'a> Search<'a> {
                     continue;
                 };
                 let same_math = odometer(&[MICRO, SHARD, EP], &counts);
-                for g in fewest.max(gpus.start)..gpus.end {
+                for g in fewest.max(start)..end {
                     for m in &same_math {
                         let mut l = combo;
                         l[GPUS] = g;
@@ -1225,11 +1321,27 @@ impl<'a> Search<'a> {
                 knobs.peft.map_or(Method::Full, |p| p.method),
             ));
         }
-        if l[SEQ] > 0 {
+        let rl = knobs.objective.kind != crate::ObjectiveKind::Sft;
+        let (was, now) = (self.knobs.objective, knobs.objective);
+        if l[SEQ] > 0 && rl {
+            changes.push(Change::Completion {
+                from: was.max_completion,
+                to: now.max_completion,
+            });
+        } else if l[SEQ] > 0 {
             changes.push(Change::SeqLen {
                 from: o.seq.first().copied().unwrap_or(knobs.seq_len),
                 to: knobs.seq_len,
             });
+        }
+        if now.generations != was.generations {
+            changes.push(Change::Generations {
+                from: was.generations,
+                to: now.generations,
+            });
+        }
+        if now.reference != was.reference {
+            changes.push(Change::Reference(now.reference));
         }
         // the plan's own step replayed through the allocator, as its link's page will
         let mut plan = plan;
@@ -1254,9 +1366,15 @@ impl<'a> Search<'a> {
         if l[EP] > 0 {
             next.parallel.expert_parallel = plan.expert_parallel.to_string();
         }
-        if l[SEQ] > 0 {
+        if l[SEQ] > 0 && rl {
+            next.step.max_completion = now.max_completion.to_string();
+        } else if l[SEQ] > 0 {
             next.step.seq_len = knobs.seq_len.to_string();
         }
+        if now.generations != was.generations {
+            next.step.generations = now.generations.to_string();
+        }
+        next.step.reference = now.reference;
         next.parallel.sharding = plan.sharding;
         next.step.optimizer = knobs.optimizer;
         next.step.checkpointing = knobs.checkpointing;
@@ -1728,6 +1846,52 @@ mod tests {
         assert!(Tier::SameMath < Tier::Precision && Tier::Optimizer < Tier::Task);
     }
 
+    /// DPO's and GRPO's own knobs: a precomputed reference (the same loss), fewer
+    /// generations and shorter completions (a different task), each link carrying them.
+    #[test]
+    fn objectives_offer_their_own_knobs() {
+        let plans = |query: &str| {
+            let state = decode_query(query).state;
+            fit_advice(&state, 12).expect("plans")
+        };
+        let dpo = plans(
+            "m=arch&model=qwen3-1.7b&r=bf16&b=4&obj=dpo&ref=separate&mp=512&mc=1536&gc=full\
+             &gpu=custom&cap=14000",
+        );
+        let precomputed = dpo
+            .iter()
+            .find(|p| {
+                p.changes
+                    .contains(&Change::Reference(crate::Reference::Precomputed))
+            })
+            .expect("a precomputed reference");
+        assert_eq!(
+            Change::Reference(crate::Reference::Precomputed).tier(),
+            Tier::SameMath
+        );
+        assert_eq!(
+            precomputed.state.step.reference,
+            crate::Reference::Precomputed
+        );
+        let grpo = plans(
+            "m=arch&model=qwen3-0.6b&r=bf16&b=2&obj=grpo&ref=none&ng=16&mp=256&mc=4096&gc=full\
+             &gpu=custom&cap=12000",
+        );
+        assert!(grpo.iter().any(|p| p
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Generations { from: 16, .. }))));
+        assert!(grpo.iter().any(|p| p
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Completion { from: 4096, .. }))));
+        for p in &grpo {
+            // every plan's link gives the figures it promised
+            let e = crate::evaluate(&p.state).expect("the plan's page");
+            assert_eq!(e.step.peak_bytes, p.peak_bytes, "{:?}", p.changes);
+        }
+    }
+
     /// Small models, random settings and capacities: the pruned search lists exactly the
     /// first plans of the brute force.
     fn same_as_brute_force(query: &str, limit: usize) -> Result<(), TestCaseError> {
@@ -1767,6 +1931,23 @@ mod tests {
             let query = format!(
                 "m=arch&model={model}&r={recipe}&o={optimizer}&b={batch}&s={seq}&gen={gen}\
                  &n={n}&shard={shard}&gpu=custom&cap={capacity_mib}&method={method}"
+            );
+            same_as_brute_force(&query, limit)?;
+        }
+
+        #[test]
+        fn objective_pruned_search_equals_brute_force(
+            model in prop::sample::select(vec!["qwen3-0.6b", "llama3.2-1b"]),
+            objective in prop::sample::select(vec!["obj=dpo&ref=separate", "obj=dpo&ref=precomputed", "obj=grpo&ref=none&ng=8", "obj=grpo&ref=separate&ng=4&gtr=vllm-server"]),
+            method in prop::sample::select(vec!["full", "lora"]),
+            batch in 1u64..5,
+            completion in prop::sample::select(vec![128u64, 512, 1024]),
+            capacity_mib in 2_000u64..40_000,
+            limit in 1usize..6,
+        ) {
+            let query = format!(
+                "m=arch&model={model}&r=bf16&o=adamw&b={batch}&{objective}&mp=128&mc={completion}\
+                 &gc=full&gpu=custom&cap={capacity_mib}&method={method}"
             );
             same_as_brute_force(&query, limit)?;
         }

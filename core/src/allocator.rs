@@ -156,76 +156,112 @@ struct BlockPool {
     unmapped: SortedMap,
 }
 
-/// A map ordered by key, kept as sorted vectors, one per power of two of the key's size
-/// (its high 64 bits): a pool holds hundreds of free blocks, where a binary search and a
-/// short move within one size class beat a B-tree in time and weigh far less in the
-/// WebAssembly bundle (one vector for all moved 40% more instructions; finer classes
-/// gained nothing, blocks of one size being what crowds a class). Classes in order and
-/// keys in order within each is the keys' order.
+/// A map ordered by key, kept as sorted vectors, one per power of two of the key's size:
+/// a pool holds hundreds of free blocks, where a binary search and a short move within one
+/// size class beat a B-tree in time and weigh far less in the WebAssembly bundle (one
+/// vector for all moved 40% more instructions; finer classes gained nothing, blocks of one
+/// size being what crowds a class). Classes in order and keys in order within each is the
+/// keys' order.
+///
+/// Each class is sorted in descending order: a step frees its saved tensors from the last
+/// layer to the first (each at a lower address than the one before) and the next step takes
+/// them back lowest address first, so both land at the end of the vector, where nothing
+/// moves (in ascending order every one moved the whole class).
 #[derive(Clone, Debug, Default)]
-struct SortedMap(Vec<Vec<(u128, usize)>>);
+struct SortedMap(Vec<Vec<(Key, usize)>>);
+
+/// The `BlockComparatorSize` order: size, then address (two integers rather than one
+/// 128-bit one, which WebAssembly has no instructions for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    size: u64,
+    addr: u64,
+}
+
+/// Where an entry of a [`SortedMap`] is: its class and its index in the class.
+type Position = (usize, usize);
 
 impl SortedMap {
     /// The size class of `key`: 0 for no size, else the bit length of the size.
-    fn class(key: u128) -> usize {
-        let size = (key >> 64) as u64;
-        64 - size.leading_zeros() as usize
+    fn class(key: Key) -> usize {
+        64 - key.size.leading_zeros() as usize
     }
-    fn bucket(&mut self, key: u128) -> &mut Vec<(u128, usize)> {
+    fn bucket(&mut self, key: Key) -> &mut Vec<(Key, usize)> {
         let class = Self::class(key);
         if self.0.len() <= class {
             self.0.resize_with(class + 1, Vec::new);
         }
         &mut self.0[class]
     }
-    fn insert(&mut self, key: u128, value: usize) {
+    fn insert(&mut self, key: Key, value: usize) {
         let bucket = self.bucket(key);
-        match bucket.binary_search_by_key(&key, |&(k, _)| k) {
+        match bucket.binary_search_by(|&(k, _)| key.cmp(&k)) {
             Ok(i) => bucket[i].1 = value,
             Err(i) => bucket.insert(i, (key, value)),
         }
     }
-    fn remove(&mut self, key: &u128) -> Option<usize> {
-        let bucket = self.bucket(*key);
-        let i = bucket.binary_search_by_key(key, |&(k, _)| k).ok()?;
+    fn remove(&mut self, key: Key) -> Option<usize> {
+        let bucket = self.bucket(key);
+        let i = bucket.binary_search_by(|&(k, _)| key.cmp(&k)).ok()?;
         Some(bucket.remove(i).1)
     }
+    /// Removes the entry at `at` (from [`Self::first_from`]), without searching again.
+    fn remove_at(&mut self, (class, i): Position) {
+        if let Some(bucket) = self.0.get_mut(class) {
+            if i < bucket.len() {
+                bucket.remove(i);
+            }
+        }
+    }
+    /// Empties the map, keeping its vectors for the next replay.
+    fn clear(&mut self) {
+        for bucket in &mut self.0 {
+            bucket.clear();
+        }
+    }
     /// The entries from `from` on, in key order.
-    fn range(&self, from: u128) -> impl Iterator<Item = (u128, usize)> + '_ {
+    fn range(&self, from: Key) -> impl Iterator<Item = (Key, usize)> + '_ {
         let class = Self::class(from);
         let first = self
             .0
             .get(class)
-            .map_or(&[][..], |b| &b[b.partition_point(|&(k, _)| k < from)..]);
+            .map_or(&[][..], |b| &b[..b.partition_point(|&(k, _)| k >= from)]);
         first
             .iter()
-            .chain(self.0.iter().skip(class + 1).flatten())
+            .rev()
+            .chain(self.0.iter().skip(class + 1).flat_map(|b| b.iter().rev()))
             .copied()
     }
-    /// The first entry from `from` on: [`Self::range`]'s first, without its iterator.
-    fn first_from(&self, from: u128) -> Option<(u128, usize)> {
+    /// The first entry from `from` on ([`Self::range`]'s first, without its iterator) and
+    /// where it is.
+    fn first_from(&self, from: Key) -> Option<((Key, usize), Position)> {
         let class = Self::class(from);
-        if let Some(&found) = self.0.get(class).and_then(|b| {
-            let i = b.partition_point(|&(k, _)| k < from);
-            b.get(i)
-        }) {
-            return Some(found);
+        if let Some(b) = self.0.get(class) {
+            let i = b.partition_point(|&(k, _)| k >= from);
+            if let Some(found) = i.checked_sub(1).and_then(|j| b.get(j)) {
+                return Some((*found, (class, i - 1)));
+            }
         }
         self.0
             .iter()
+            .enumerate()
             .skip(class + 1)
-            .find_map(|b| b.first())
-            .copied()
+            .find_map(|(c, b)| Some((*b.last()?, (c, b.len() - 1))))
     }
+    /// The values in key order.
     fn values(&self) -> impl Iterator<Item = &usize> {
-        self.0.iter().flatten().map(|(_, v)| v)
+        self.0.iter().flat_map(|b| b.iter().rev()).map(|(_, v)| v)
     }
 }
 
-/// The `BlockComparatorSize` order (size, then address) as one integer, which compares
-/// faster than a pair.
-const fn size_key(size: u64, addr: u64) -> u128 {
-    ((size as u128) << 64) | addr as u128
+/// The key of a free block of the pools.
+const fn size_key(size: u64, addr: u64) -> Key {
+    Key { size, addr }
+}
+
+/// The key of an unmapped block: its address alone.
+const fn addr_key(addr: u64) -> Key {
+    Key { size: 0, addr }
 }
 
 /// An `ExpandableSegment`: its base address and page size (`segment_size_`).
@@ -283,6 +319,25 @@ impl CachingAllocator {
             peak_allocated: 0,
             peak_reserved: 0,
         }
+    }
+
+    /// Makes this allocator as [`new`](Self::new) would, keeping the memory of its
+    /// vectors: a replay after another one then grows none of them again.
+    pub(crate) fn reset(&mut self, mode: AllocatorMode) {
+        self.mode = mode;
+        self.max_split_size = MAX_SPLIT_SIZE;
+        self.blocks.clear();
+        self.free_slots.clear();
+        for pool in &mut self.pools {
+            pool.blocks.clear();
+            pool.unmapped.clear();
+        }
+        self.segments.clear();
+        self.next_addr = 0;
+        self.allocated = 0;
+        self.reserved = 0;
+        self.peak_allocated = 0;
+        self.peak_reserved = 0;
     }
 
     /// The mode this allocator emulates.
@@ -402,9 +457,10 @@ impl CachingAllocator {
     /// lower address), removed from the pool.
     fn get_free_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
         let blocks = &self.blocks;
-        let (mut key, mut slot) = self.pools[pool as usize]
+        let ((mut key, mut slot), at) = self.pools[pool as usize]
             .blocks
             .first_from(size_key(size, 0))?;
+        let mut moved = false;
         if blocks[slot].segment != NIL && self.mode == AllocatorMode::Expandable {
             let mut candidates = self.pools[pool as usize].blocks.range(key);
             candidates.next();
@@ -425,6 +481,7 @@ impl CachingAllocator {
                 }
                 key = k;
                 slot = s;
+                moved = true;
             }
         }
         let found = blocks[slot].size;
@@ -437,7 +494,13 @@ impl CachingAllocator {
         if size >= self.max_split_size && found >= size.saturating_add(LARGE_BUFFER) {
             return None;
         }
-        self.pool_mut(pool).blocks.remove(&key);
+        let blocks = &mut self.pool_mut(pool).blocks;
+        if moved {
+            blocks.remove(key);
+        } else {
+            // where the search found it: no second search
+            blocks.remove_at(at);
+        }
         Some(slot)
     }
 
@@ -557,9 +620,9 @@ impl CachingAllocator {
         self.blocks[dst].size = d.size.saturating_add(s.size);
         let pool = self.pool_mut(s.pool);
         if s.mapped {
-            pool.blocks.remove(&size_key(s.size, s.addr));
+            pool.blocks.remove(size_key(s.size, s.addr));
         } else {
-            pool.unmapped.remove(&u128::from(s.addr));
+            pool.unmapped.remove(addr_key(s.addr));
         }
         self.delete_block(src);
         s.size
@@ -594,7 +657,7 @@ impl CachingAllocator {
             PoolKind::Large => LARGE_BUFFER,
         };
         // ExpandableSegment::size(): max_handles_ (numSegments, rounding up) pages.
-        let size = EXPANDABLE_ADDRESS_SPACE.div_ceil(page).saturating_mul(page);
+        let size = times(EXPANDABLE_ADDRESS_SPACE.div_ceil(page), page);
         let base = self.next_addr;
         // Past 2^64 bytes of address space `cuMemAddressReserve` fails.
         self.next_addr = base.checked_add(size)?;
@@ -614,7 +677,7 @@ impl CachingAllocator {
         });
         self.pool_mut(pool)
             .unmapped
-            .insert(u128::from(base), candidate);
+            .insert(addr_key(base), candidate);
         Some(candidate)
     }
 
@@ -633,12 +696,12 @@ impl CachingAllocator {
         let offset = b.addr.saturating_sub(base);
         let begin = offset / page;
         let end = offset.saturating_add(size).div_ceil(page);
-        let mapped = end.saturating_sub(begin).saturating_mul(page);
+        let mapped = times(end.saturating_sub(begin), page);
         if mapped == 0 {
             // "return size of 0 indicates OOM"
             return false;
         }
-        self.pool_mut(b.pool).unmapped.remove(&u128::from(b.addr));
+        self.pool_mut(b.pool).unmapped.remove(addr_key(b.addr));
         self.blocks[to_map].mapped = true;
         if mapped < b.size {
             // to_map -> remaining -> to_map->next
@@ -661,7 +724,7 @@ impl CachingAllocator {
             let addr = self.blocks[remaining].addr;
             self.pool_mut(b.pool)
                 .unmapped
-                .insert(u128::from(addr), remaining);
+                .insert(addr_key(addr), remaining);
             self.blocks[to_map].size = mapped;
         }
         let (prev, next) = (self.blocks[to_map].prev, self.blocks[to_map].next);
@@ -700,8 +763,18 @@ impl CachingAllocator {
             candidate = next;
         }
         let c = self.blocks[candidate];
-        self.pool_mut(pool).blocks.remove(&size_key(c.size, c.addr));
+        self.pool_mut(pool).blocks.remove(size_key(c.size, c.addr));
         Some(candidate)
+    }
+}
+
+/// `count * unit`, saturating: `saturating_mul` by a comparison, which WebAssembly spells
+/// as a call to a 128-bit multiply on every allocation.
+const fn times(count: u64, unit: u64) -> u64 {
+    if unit != 0 && count > u64::MAX / unit {
+        u64::MAX
+    } else {
+        count * unit
     }
 }
 
@@ -711,7 +784,7 @@ fn round_size(size: u64) -> u64 {
     if size < MIN_BLOCK_SIZE {
         MIN_BLOCK_SIZE
     } else {
-        size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE)
+        times(size.div_ceil(MIN_BLOCK_SIZE), MIN_BLOCK_SIZE)
     }
 }
 
@@ -731,7 +804,7 @@ fn get_allocation_size(size: u64) -> u64 {
     } else if size < MIN_LARGE_ALLOC {
         LARGE_BUFFER
     } else {
-        size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE)
+        times(size.div_ceil(ROUND_LARGE), ROUND_LARGE)
     }
 }
 
@@ -791,6 +864,27 @@ mod tests {
         }
         assert_eq!(AllocatorMode::from_key("cudaMallocAsync"), None);
         assert_eq!(AllocatorMode::default(), AllocatorMode::Default);
+    }
+
+    #[test]
+    fn times_saturates_as_saturating_mul() {
+        for count in [
+            0,
+            1,
+            2,
+            1 << 20,
+            u64::MAX / 512,
+            u64::MAX / 512 + 1,
+            u64::MAX,
+        ] {
+            for unit in [0, 1, 512, 2 * MIB, 20 * MIB, u64::MAX] {
+                assert_eq!(
+                    times(count, unit),
+                    count.saturating_mul(unit),
+                    "{count} x {unit}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -62,11 +62,22 @@ impl ByteUnit {
 /// Rounded half up with integer arithmetic, so the figure never depends on float rounding.
 #[must_use]
 pub fn format_in_unit(bytes: u64, unit: ByteUnit) -> String {
-    let divisor = u128::from(unit.bytes_per_unit());
-    let hundredths = (u128::from(bytes) * 100 + divisor / 2) / divisor;
-    let mut text = group_digits(hundredths / 100);
+    let divisor = unit.bytes_per_unit();
+    // in 64 bits when they hold it (each 128-bit multiply and division is a call in
+    // WebAssembly, and a keystroke formats a hundred figures)
+    let hundredths = if bytes <= (u64::MAX - divisor / 2) / 100 {
+        u128::from((bytes * 100 + divisor / 2) / divisor)
+    } else {
+        let divisor = u128::from(divisor);
+        (u128::from(bytes) * 100 + divisor / 2) / divisor
+    };
+    let (whole, cents) = match u64::try_from(hundredths) {
+        Ok(h) => (u128::from(h / 100), h % 100),
+        Err(_) => (hundredths / 100, (hundredths % 100) as u64),
+    };
+    let mut text = group_digits(whole);
     text.push('.');
-    text.extend(digits(hundredths % 100 + 100).skip(1));
+    text.extend(digits(u128::from(cents + 100)).skip(1));
     text
 }
 
@@ -97,12 +108,22 @@ fn group_digits(value: u128) -> String {
 
 /// The decimal digits of `value`, most significant first: what `value.to_string()` writes,
 /// without the formatting machinery of `u128` (about half a kilobyte of WebAssembly).
-fn digits(mut value: u128) -> impl Iterator<Item = char> {
+fn digits(value: u128) -> impl Iterator<Item = char> {
     let mut reversed = Vec::new();
+    // the digits beyond 64 bits in 128-bit arithmetic, the rest in 64-bit (each 128-bit
+    // division is a call in WebAssembly)
+    let mut wide = value;
+    let mut narrow = loop {
+        if let Ok(narrow) = u64::try_from(wide) {
+            break narrow;
+        }
+        reversed.push(char::from(b'0' + (wide % 10) as u8));
+        wide /= 10;
+    };
     loop {
-        reversed.push(char::from(b'0' + (value % 10) as u8));
-        value /= 10;
-        if value == 0 {
+        reversed.push(char::from(b'0' + (narrow % 10) as u8));
+        narrow /= 10;
+        if narrow == 0 {
             break;
         }
     }
@@ -155,6 +176,29 @@ mod tests {
         );
         assert_eq!(format_in_unit(1_050_000_000, ByteUnit::Gb), "1.05");
         assert_eq!(format_in_unit(1_005_000_000, ByteUnit::Gb), "1.01");
+    }
+
+    #[test]
+    fn the_64_bit_paths_equal_the_128_bit_arithmetic() {
+        for unit in [ByteUnit::Gb, ByteUnit::Gib] {
+            let d = u128::from(unit.bytes_per_unit());
+            let edge = (u64::MAX - unit.bytes_per_unit() / 2) / 100;
+            for bytes in [
+                0,
+                1,
+                499_999_999,
+                500_000_000,
+                102_096_000_000,
+                edge,
+                edge + 1,
+                u64::MAX,
+            ] {
+                let h = (u128::from(bytes) * 100 + d / 2) / d;
+                let cents = h % 100 + 100;
+                let expected = format!("{}.{}", group_thousands(h / 100), &cents.to_string()[1..]);
+                assert_eq!(format_in_unit(bytes, unit), expected, "{bytes} in {unit:?}");
+            }
+        }
     }
 
     #[test]

@@ -25,8 +25,7 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
 /// `bytes * numerator / denominator`, without overflow on the way (the denominator taken
 /// as at least 1): a share of a tape's bytes.
 fn scale(bytes: u64, numerator: u64, denominator: u64) -> u64 {
-    u64::try_from(u128::from(bytes) * u128::from(numerator) / u128::from(denominator.max(1)))
-        .unwrap_or(u64::MAX)
+    u64::try_from(crate::plan::mul_div(bytes, numerator, denominator.max(1))).unwrap_or(u64::MAX)
 }
 
 /// One FSDP2 rank: `fully_shard` on every layer and on the root, each parameter split on

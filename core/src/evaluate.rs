@@ -1210,7 +1210,9 @@ pub(crate) fn resolve_reserve(
     let mesh = mesh_of(plan);
     let key = {
         use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // (Fx, not SipHash: the advisor's maps already bring it, and SipHash would be a
+        // kilobyte more of bundle for this one key)
+        let mut h = crate::fasthash::FxHasher::default();
         (
             &model.arch.spec,
             step,

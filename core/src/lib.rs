@@ -13,6 +13,7 @@ mod distributed;
 mod evaluate;
 mod fasthash;
 mod formats;
+mod hub;
 mod json;
 mod number;
 mod optimizer;
@@ -29,6 +30,10 @@ pub use allocator::{AllocatorMode, BlockId, CachingAllocator};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
 pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, PhasePeaks, StepMemory};
 pub use formats::{Block, GgufType, KvDtype, WeightFormat};
+pub use hub::{
+    read_config_body, ConfigBody, HubError, HubId, HUB_ORIGIN, HUB_TIMEOUT_SECS,
+    MAX_HUB_NAME_CHARS, MAX_HUB_REVISION_CHARS,
+};
 pub use number::FieldError;
 pub use optimizer::{Optimizer, OptimizerImpl};
 pub use plan::{

@@ -461,14 +461,22 @@ impl FitVerdict {
     }
 }
 
+/// `a * b / c` (`c` not 0), exactly: in 64 bits when the product fits (WebAssembly has no
+/// 128-bit instructions, each operation is a call, and the searches do thousands of these).
+pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u128 {
+    if a.leading_zeros() + b.leading_zeros() >= 64 {
+        u128::from(a * b / c)
+    } else {
+        u128::from(a) * u128::from(b) / u128::from(c)
+    }
+}
+
 pub(crate) fn ppm_of(bytes: u64, ppm: u64) -> u64 {
-    let value = u128::from(bytes) * u128::from(ppm) / 1_000_000;
-    u64::try_from(value).unwrap_or(u64::MAX)
+    u64::try_from(mul_div(bytes, ppm, 1_000_000)).unwrap_or(u64::MAX)
 }
 
 fn percent_of(bytes: u64, percent: u64) -> u64 {
-    let value = u128::from(bytes) * u128::from(percent) / 100;
-    u64::try_from(value).unwrap_or(u64::MAX)
+    u64::try_from(mul_div(bytes, percent, 100)).unwrap_or(u64::MAX)
 }
 
 /// The largest peak that fits on a GPU of `capacity_bytes` with `overheads`: the line
@@ -789,6 +797,31 @@ impl fmt::Display for Sharding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mul_div_equals_128_bit_arithmetic() {
+        let edges = [
+            0,
+            1,
+            99,
+            100,
+            999_999,
+            1 << 31,
+            (1 << 32) - 1,
+            1 << 32,
+            1 << 40,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for &a in &edges {
+            for &b in &edges {
+                for c in [1, 3, 100, 1_000_000, u64::MAX] {
+                    let exact = u128::from(a) * u128::from(b) / u128::from(c);
+                    assert_eq!(mul_div(a, b, c), exact, "{a} x {b} / {c}");
+                }
+            }
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -1230,9 +1230,20 @@ impl Field {
 /// The choice of `all` whose key is `value` (the message lists the keys otherwise).
 #[inline(never)]
 fn choice<T: Copy>(value: &str, all: &[T], key: fn(T) -> &'static str) -> Result<T, String> {
-    choice_by(value, all, key, |v| {
-        all.iter().copied().find(|&c| key(c) == v)
-    })
+    choice_index(value, all.len(), &|i| all.get(i).copied().map_or("", key))
+        .and_then(|i| all.get(i).copied().ok_or_else(String::new))
+}
+
+/// The index of the key `value` among `len` keys (not generic: one copy for every type of
+/// choice, where a generic search would be compiled once per type).
+fn choice_index(
+    value: &str,
+    len: usize,
+    key: &dyn Fn(usize) -> &'static str,
+) -> Result<usize, String> {
+    (0..len)
+        .find(|&i| key(i) == value)
+        .ok_or_else(|| expected_one_of(&mut (0..len).map(key)))
 }
 
 /// [`choice`] for types that read their keys their own way (case-insensitive GGUF names).
@@ -1240,9 +1251,11 @@ fn choice_by<T: Copy>(
     value: &str,
     all: &[T],
     key: fn(T) -> &'static str,
-    from_key: impl Fn(&str) -> Option<T>,
+    from_key: fn(&str) -> Option<T>,
 ) -> Result<T, String> {
-    from_key(value).ok_or_else(|| expected_one_of(&mut all.iter().map(|&v| key(v))))
+    from_key(value).ok_or_else(|| {
+        expected_one_of(&mut (0..all.len()).map(|i| all.get(i).copied().map_or("", key)))
+    })
 }
 
 /// The error of [`choice_by`], written once for every type (not generic).

@@ -573,7 +573,21 @@ fn rl_rows() -> Vec<RlRow> {
         };
         let est = estimate_objective(&arch, &step, peft.as_ref(), &Mesh::SINGLE, &objective, None)
             .unwrap_or_else(|e| panic!("{model}: {e}"));
-        let phases = est.objective.expect("an objective's phases");
+        assert!(est.objective.is_some(), "an objective's phases");
+        // each phase's peak: generation and scoring as they are, training its moments' largest
+        let phase = |wanted: &[estimator_core::Phase]| {
+            est.phase_peaks
+                .iter()
+                .filter(|(p, _)| wanted.contains(p))
+                .filter_map(|(_, c)| c.total())
+                .max()
+        };
+        use estimator_core::Phase as P;
+        let step_phase = match est.peak_phase {
+            P::Generation => "generation",
+            P::Scoring => "scoring",
+            _ => "training",
+        };
         let measured = |k: &str| v["phases"][k].as_u64();
         out.push(RlRow {
             name: format!(
@@ -604,12 +618,15 @@ fn rl_rows() -> Vec<RlRow> {
             measured: v["peak_bytes"].as_u64().expect("peak_bytes"),
             estimated: est.peak_bytes,
             phases: [
-                (measured("generation"), phases.generation_bytes),
-                (measured("scoring"), phases.scoring_bytes),
-                (measured("training"), Some(phases.training_bytes)),
+                (measured("generation"), phase(&[P::Generation])),
+                (measured("scoring"), phase(&[P::Scoring])),
+                (
+                    measured("training"),
+                    phase(&[P::Forward, P::Backward, P::OptimizerStep]),
+                ),
             ],
             measured_phase: v["peak_phase_rl"].as_str().unwrap_or("?").to_owned(),
-            estimated_phase: phases.peak.key(),
+            estimated_phase: step_phase,
         });
     }
     out

@@ -54,6 +54,11 @@ fn config_inputs() {
 }
 
 #[test]
+fn hub_id_inputs() {
+    replay_all("hub", checks::check_hub_id);
+}
+
+#[test]
 fn number_inputs() {
     replay_all("numbers", checks::check_numbers);
 }
@@ -64,10 +69,28 @@ fn inline_inputs() {
     for input in [&b""[..], b"&&&", b"?", b"%", b"=", b"m=arch&model=custom"] {
         checks::check_query(input);
     }
-    for input in [&b""[..], b"{}", b"[1]", b"{\"model_type\":\"t5\"}"] {
+    for input in [
+        &b""[..],
+        b"{}",
+        b"[1]",
+        b"{\"model_type\":\"t5\"}",
+        b"\xef\xbb\xbf{\"model_type\":\"gpt2\",\"n_layer\":2,\"n_embd\":64,\"n_head\":2,\"vocab_size\":100,\"n_positions\":64}",
+        b"\xef\xbb",
+    ] {
         checks::check_config(input);
     }
     for input in [&b""[..], b"-", b"e", b".", b"1e", b"\xff"] {
         checks::check_numbers(input);
+    }
+    for input in [
+        &b""[..],
+        b"/",
+        b"@",
+        b"a/b@",
+        b"a/b@a/b",
+        b"\xff/\xfe",
+        b"a/b@%2F",
+    ] {
+        checks::check_hub_id(input);
     }
 }

@@ -67,31 +67,35 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
     let num = |v: u64| v.to_string();
     let symbol = unit.symbol();
     let (left, right) = (num(LEFT), num(WIDTH - RIGHT));
+    // the grid as one path and the tick labels as bare texts: the chart is written anew on
+    // most changes (the line, and with it the axis, moves with each batch's allocator
+    // replay), and the browser's parse of it costs by the element
+    let mut grid = String::new();
     for i in 0..=TICKS {
-        let value = i * tick_units * per_unit;
-        let ty = y(value);
-        m.open("g", &[("class", "tick")])
-            .open(
-                "line",
-                &[
-                    ("x1", &left),
-                    ("x2", &right),
-                    ("y1", &num(ty)),
-                    ("y2", &num(ty)),
-                    ("class", "grid"),
-                ],
-            )
-            .close("line")
-            .el(
-                "text",
-                &[
-                    ("x", &num(LEFT - 6)),
-                    ("y", &num(ty + 4)),
-                    ("text-anchor", "end"),
-                ],
-                &format!("{} {symbol}", i * tick_units),
-            )
-            .close("g");
+        for part in [
+            "M",
+            &left,
+            " ",
+            &num(y(i * tick_units * per_unit)),
+            "H",
+            &right,
+        ] {
+            grid.push_str(part);
+        }
+    }
+    m.open("path", &[("d", &grid), ("class", "grid")])
+        .close("path");
+    for i in 0..=TICKS {
+        let ty = y(i * tick_units * per_unit);
+        m.el(
+            "text",
+            &[
+                ("x", &num(LEFT - 6)),
+                ("y", &num(ty + 4)),
+                ("text-anchor", "end"),
+            ],
+            &format!("{} {symbol}", i * tick_units),
+        );
     }
     for (i, r) in rows.iter().enumerate() {
         let x = LEFT + i as u64 * slot + (slot - bar_w) / 2;
@@ -117,6 +121,16 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
                 ("data-batch", &batch),
             ],
         )
+        // one tooltip for the bar (one element fewer per bar than one per part)
+        .el(
+            "title",
+            &[],
+            &format!(
+                "batch {batch}: peak {}, model state {}",
+                format_bytes(r.total_bytes, unit),
+                format_bytes(r.model_state_bytes, unit)
+            ),
+        )
         .open(
             "rect",
             &[
@@ -126,14 +140,6 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
                 ("width", &w_attr),
                 ("height", &num(base - state_top)),
             ],
-        )
-        .el(
-            "title",
-            &[],
-            &format!(
-                "batch {batch}: model state {}",
-                format_bytes(r.model_state_bytes, unit)
-            ),
         )
         .close("rect")
         .open(
@@ -145,11 +151,6 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
                 ("width", &w_attr),
                 ("height", &num(state_top - total_top)),
             ],
-        )
-        .el(
-            "title",
-            &[],
-            &format!("batch {batch}: peak {}", format_bytes(r.total_bytes, unit)),
         )
         .close("rect");
         // a clipped bar says its value, and how far it is above the line

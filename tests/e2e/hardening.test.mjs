@@ -112,7 +112,7 @@ test('garbage or missing localStorage is handled like a bad link', async () => {
   await context.close();
 });
 
-test('every request stays on the page origin, in every mode', async () => {
+test('every request stays on the page origin, in every mode, a Hub id typed included', async () => {
   const { page, requests, errors, context } = await openPage(env.browser, env.server.origin, {
     permissions: ['clipboard-read', 'clipboard-write'],
     origin: env.server.origin,
@@ -121,12 +121,17 @@ test('every request stays on the page origin, in every mode', async () => {
   await page.getByTestId('mode-arch').check();
   for (const model of ['gpt2', 'vit-b16', 'custom']) await page.getByTestId('model').selectOption(model);
   await page.getByTestId('config-json').fill('{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":2,"vocab_size":100,"n_positions":64}');
+  // a Hub id typed, and Enter, but no click on Fetch: nothing is sent
+  await page.getByTestId('hub-id').fill('Qwen/Qwen3-0.6B');
+  await page.getByTestId('hub-id').press('Enter');
   await page.getByTestId('gpu').selectOption('h200');
   await page.getByTestId('optimizer').selectOption('none');
   await page.waitForLoadState('networkidle');
   const csp = await page.locator('meta[http-equiv="Content-Security-Policy"]').getAttribute('content');
   assert.match(csp, /default-src 'self'/);
   assert.doesNotMatch(csp, /unsafe-inline|\*/);
+  // one host beyond the page's own, for the Hub's config.json on a click (hub.test.mjs)
+  assert.match(csp, /(^|; )connect-src 'self' https:\/\/huggingface\.co(;|$)/);
   const foreign = requests.filter((u) => !u.startsWith(env.server.origin + '/'));
   assert.deepEqual(foreign, []);
   assert.deepEqual(errors, [], 'no CSP violation or other error');
@@ -139,13 +144,16 @@ const axeSource = await readFile(require.resolve('axe-core/axe.min.js'), 'utf8')
 for (const colorScheme of ['light', 'dark']) {
   for (const query of ['', 'm=arch&model=llama3-8b&gpu=h100-80&n=8&shard=zero3&gb=512', 'm=arch&model=custom&gpu=custom&o=none', 'b=abc',
     // notes above the breakdown and the saved-activation sub-list under Activations
-    'm=arch&model=gemma3-4b&b=8&gpu=none']) {
+    'm=arch&model=gemma3-4b&b=8&gpu=none',
+    // a custom model: the Hub id field with its button, the config's text area
+    `m=arch&model=custom&s=64&gpu=none&cfg=${encodeURIComponent('{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":2,"vocab_size":100,"n_positions":64}')}`]) {
     test(`axe-core: no serious or critical violation (${colorScheme}, ?${query || 'defaults'})`, async () => {
       // The audit script is injected by the test, so this context alone bypasses the CSP.
       const context = await env.browser.newContext({ colorScheme, bypassCSP: true });
       const page = await context.newPage();
       await page.goto(`${env.server.origin}/?${query}`);
       await page.getByTestId('total').waitFor();
+      if (query.includes('cfg=')) assert.ok(await page.getByTestId('hub-fetch').isVisible());
       await page.evaluate(axeSource);
       const results = await page.evaluate(() => window.axe.run(document, { resultTypes: ['violations'] }));
       const bad = results.violations

@@ -8,9 +8,10 @@
 
 use estimator_core::{
     decode_query, encode_query, estimate_peak, evaluate, parse_activation_mb, parse_batch,
-    parse_hf_config, parse_params, percent_decode, percent_encode, AttentionKernel, Checkpointing,
-    Evaluation, MaxBatch, Optimizer, PageState, ParamUnit, PartKind, PrecisionRecipe, TrainingStep,
-    BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
+    parse_hf_config, parse_params, percent_decode, percent_encode, read_config_body,
+    AttentionKernel, Checkpointing, ConfigBody, Evaluation, HubError, HubId, MaxBatch, Optimizer,
+    PageState, ParamUnit, PartKind, PrecisionRecipe, TrainingStep, BYTES_PER_MB, HUB_ORIGIN,
+    MAX_BATCH, MAX_CONFIG_CHARS, MAX_PARAMS,
 };
 
 /// Largest activation size per sample the activation field accepts, in bytes: 10^7 MB.
@@ -182,6 +183,7 @@ pub fn check_evaluation(e: &Evaluation) {
 ///   every recipe, optimizer, kernel and checkpointing setting, picked from the input's
 ///   bytes), and an `Ok` estimate's peak is its largest phase.
 pub fn check_config(data: &[u8]) {
+    check_config_body(data);
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -265,6 +267,89 @@ pub fn check_config(data: &[u8]) {
                 .any(|(phase, _)| *phase == estimate.peak_phase));
         }
     }
+}
+
+/// `config`, read as the Hub's answer (the page's and the CLI's `--hub` path):
+///
+/// - reading the body at once or in pieces (sizes picked from the input) never panics and
+///   gives the same outcome;
+/// - it is accepted exactly when the bytes are UTF-8 (a byte-order mark dropped) of at most
+///   `MAX_CONFIG_CHARS` characters that `parse_hf_config` reads, and then it is that text;
+/// - a body past the cap is refused as too large, before its end.
+fn check_config_body(data: &[u8]) {
+    let whole = read_config_body(data);
+    let piece = 1 + usize::from(data.first().copied().unwrap_or(0)) % 64;
+    let mut body = ConfigBody::new(None).expect("no announced length");
+    let mut pieces = Ok(());
+    for chunk in data.chunks(piece) {
+        pieces = body.push(chunk);
+        if pieces.is_err() {
+            break;
+        }
+    }
+    let pieces = pieces.and_then(|()| body.finish());
+    assert_eq!(whole, pieces, "in pieces of {piece}");
+    let text = std::str::from_utf8(data)
+        .ok()
+        .map(|t| t.strip_prefix('\u{feff}').unwrap_or(t));
+    match (&whole, text) {
+        (Ok(read), Some(text)) => {
+            assert_eq!(read, text);
+            assert!(text.chars().count() <= MAX_CONFIG_CHARS);
+            assert!(parse_hf_config(text).is_ok());
+        }
+        (Ok(_), None) => panic!("bytes that are not UTF-8 were accepted"),
+        (Err(HubError::TooLarge), _) => {
+            let starts = data.iter().filter(|&&b| b & 0xC0 != 0x80).count();
+            assert!(starts > MAX_CONFIG_CHARS, "refused at {starts} characters");
+        }
+        (Err(HubError::Config(e)), Some(text)) => {
+            if text.chars().count() <= MAX_CONFIG_CHARS {
+                assert_eq!(parse_hf_config(text).as_ref(), Err(e));
+            }
+        }
+        (Err(HubError::Config(_)), None) => {}
+        (Err(other), _) => panic!("a body cannot fail with {other:?}"),
+    }
+}
+
+/// `hub`: a Hub id as typed in the page or given to `memest --hub`.
+///
+/// - `HubId::parse` never panics;
+/// - an accepted id prints as text that reads back as the same id;
+/// - its `config_url` is on the Hub's origin, has exactly the six path segments
+///   `owner/name/resolve/revision/config.json` and only characters that need no escaping in
+///   a URL path, with no `.` or `..` segment: nothing typed can point the request elsewhere.
+pub fn check_hub_id(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let Ok(id) = HubId::parse(&text) else {
+        return;
+    };
+    assert_eq!(HubId::parse(&id.to_string()).as_ref(), Ok(&id), "{text:?}");
+    let url = id.config_url();
+    let path = url
+        .strip_prefix(HUB_ORIGIN)
+        .and_then(|p| p.strip_prefix('/'))
+        .unwrap_or_else(|| panic!("{url} is not on the Hub"));
+    let segments: Vec<&str> = path.split('/').collect();
+    assert_eq!(segments.len(), 5, "{url}");
+    assert_eq!(segments[2], "resolve", "{url}");
+    assert_eq!(segments[4], "config.json", "{url}");
+    assert_eq!(segments[0], id.owner());
+    assert_eq!(segments[1], id.name());
+    for segment in &segments {
+        assert!(
+            !segment.is_empty() && *segment != "." && *segment != "..",
+            "{url}"
+        );
+        assert!(
+            segment
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'%')),
+            "{url}"
+        );
+    }
+    assert_eq!(segments[3].replace("%2F", "/"), id.revision(), "{url}");
 }
 
 /// `numbers`: the number fields and percent-coding on arbitrary text.

@@ -93,19 +93,10 @@ impl StepPhase {
     }
 }
 
-/// The phases of a DPO or GRPO step, beside its training tape.
+/// What a DPO or GRPO step holds beside its training tape (its generation and scoring
+/// phases are among [`PeakEstimate::phase_peaks`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectivePhases {
-    /// Peak bytes of the generation (GRPO), if it runs in this process's memory.
-    pub generation_bytes: Option<u64>,
-    /// Peak bytes of the scoring passes, if any run.
-    pub scoring_bytes: Option<u64>,
-    /// Peak bytes of the training phase.
-    pub training_bytes: u64,
-    /// The training phase's own peak moment.
-    pub training_peak_phase: Phase,
-    /// The phase that sets the step's peak.
-    pub peak: StepPhase,
     /// The generation's KV cache at its largest.
     pub kv_cache_bytes: u64,
     /// A separate reference's weights (resident in every phase).
@@ -512,13 +503,8 @@ fn estimate_on(
         compile: step.compile,
         scored_per_row: trainer.scored_per_row,
     };
-    let groups = spec.layer_groups();
     // each layer's group (the index into `groups` and the forward's per-group figures)
-    let group_of: Vec<usize> = spec
-        .layers
-        .iter()
-        .map(|l| groups.iter().position(|(g, _)| *g == l).unwrap_or(0))
-        .collect();
+    let (groups, group_of) = spec.layer_groups();
     // sums `per_layer` over the layers, each distinct layer computed once
     let over_layers = |per_layer: &dyn Fn(&Layer) -> Res<u64>| -> Res<u64> {
         groups.iter().try_fold(0, |acc, (layer, count)| {
@@ -657,7 +643,7 @@ fn estimate_on(
         storage(mul(step.batch, seq)?, 8)?
     };
     buffers = add(buffers, input)?;
-    let acts = spec.forward(&shape)?;
+    let acts = spec.forward(&shape, &groups)?;
     let allocations = match replay_mode {
         Some(mode) => {
             let layers = group_of
@@ -670,10 +656,18 @@ fn estimate_on(
             let mut persistent = if quantized {
                 vec![params]
             } else {
+                // each group's tensors sized once, laid out layer by layer
+                let per_group = groups
+                    .iter()
+                    .map(|(l, _)| {
+                        let mut tensors = sized(&l.params(), p.weight_bytes())?;
+                        tensors.extend(sized(&adapters(l), adapter_bytes)?);
+                        Ok(tensors)
+                    })
+                    .collect::<Res<Vec<_>>>()?;
                 let mut all = sized(&spec.outside_parameter_tensors(), p.weight_bytes())?;
-                for l in &spec.layers {
-                    all.extend(sized(&l.params(), p.weight_bytes())?);
-                    all.extend(sized(&adapters(l), adapter_bytes)?);
+                for &g in &group_of {
+                    all.extend_from_slice(per_group.get(g).map_or(&[][..], Vec::as_slice));
                 }
                 all
             };
@@ -698,26 +692,27 @@ fn estimate_on(
                 let state = match step.optimizer {
                     Optimizer::AdamW => {
                         let moment = storage(e, state_bytes)?;
-                        let mut s = vec![moment, moment];
-                        if step.optimizer_impl.step_counter_on_device() {
-                            s.push(4);
-                        }
-                        s
+                        let counter = step.optimizer_impl.step_counter_on_device();
+                        [Some(moment), Some(moment), counter.then_some(4)]
                     }
-                    Optimizer::SgdMomentum => vec![storage(e, state_bytes)?],
-                    o => vec![
-                        optimizer_memory(
-                            o,
-                            step.optimizer_impl,
-                            &[(e, 1)],
-                            state_bytes,
-                            grad_bytes,
-                        )?
-                        .resident,
+                    Optimizer::SgdMomentum => [Some(storage(e, state_bytes)?), None, None],
+                    o => [
+                        Some(
+                            optimizer_memory(
+                                o,
+                                step.optimizer_impl,
+                                &[(e, 1)],
+                                state_bytes,
+                                grad_bytes,
+                            )?
+                            .resident,
+                        ),
+                        None,
+                        None,
                     ],
                 };
                 for _ in 0..c {
-                    states.push(state.clone());
+                    states.extend(state.iter().flatten());
                     temporaries.push(storage(e, state_bytes)?);
                 }
             }
@@ -751,10 +746,10 @@ fn estimate_on(
                     } else {
                         Vec::new()
                     },
-                    layer_gradients: if trains {
-                        spec.layers
+                    group_gradients: if trains {
+                        groups
                             .iter()
-                            .map(|l| {
+                            .map(|(l, _)| {
                                 if peft.is_some() {
                                     sized(&adapters(l), grad_bytes)
                                 } else {
@@ -765,6 +760,7 @@ fn estimate_on(
                     } else {
                         Vec::new()
                     },
+                    group_of: group_of.clone(),
                     embedding_gradients: if full {
                         sized(&spec.embedding_parameter_tensors(), grad_bytes)?
                     } else {

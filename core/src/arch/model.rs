@@ -812,16 +812,27 @@ impl ModelSpec {
             self.hidden()
         }
     }
-    /// The distinct layers, each with how many times it occurs, in order of first occurrence.
-    pub fn layer_groups(&self) -> Vec<(&Layer, u64)> {
+    /// The distinct layers, each with how many times it occurs, in order of first occurrence,
+    /// and each layer's group (an index into them), found in one pass: comparing whole layers
+    /// is a good part of an estimate.
+    pub fn layer_groups(&self) -> (Vec<(&Layer, u64)>, Vec<usize>) {
         let mut groups: Vec<(&Layer, u64)> = Vec::new();
+        let mut group_of = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            match groups.iter_mut().find(|(l, _)| *l == layer) {
-                Some((_, n)) => *n += 1,
-                None => groups.push((layer, 1)),
+            match groups.iter_mut().position(|(l, _)| *l == layer) {
+                Some(g) => {
+                    if let Some((_, n)) = groups.get_mut(g) {
+                        *n += 1;
+                    }
+                    group_of.push(g);
+                }
+                None => {
+                    group_of.push(groups.len());
+                    groups.push((layer, 1));
+                }
             }
         }
-        groups
+        (groups, group_of)
     }
     /// Element counts of the parameter tensors outside the layers.
     pub fn outside_parameter_tensors(&self) -> Vec<u64> {
@@ -962,7 +973,8 @@ impl ModelSpec {
     }
 
     /// Runs the forward of one step on a tape.
-    pub fn forward(&self, s: &StepShape) -> Res<ForwardTape> {
+    /// `groups`: [`Self::layer_groups`].
+    pub fn forward(&self, s: &StepShape, groups: &[(&Layer, u64)]) -> Res<ForwardTape> {
         let d = s.d;
         let (w, r) = (d.act, d.resid());
         // the logits' width: the whole vocabulary unless loss parallelism keeps a slice
@@ -1010,7 +1022,7 @@ impl ModelSpec {
             layer.forward(&mut own, input, s)?;
             Ok(own)
         };
-        for (layer, count) in self.layer_groups() {
+        for &(layer, count) in groups {
             let own = run(layer, true)?;
             per_group.push(own.total());
             per_group_log.push(own.log());
@@ -1094,7 +1106,7 @@ impl ModelSpec {
                     // gathered rows, the fused gate/up output, the activation and the product,
                     // next to the embeddings' output, the layer's input, its middle residual and
                     // the normed input (checked with validation/peak_live.py on Mixtral)
-                    let moe_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                    let moe_live = groups.iter().try_fold(0, |acc, (l, _)| {
                         let FeedForward::Moe(m) = l.mlp else {
                             return Ok(acc);
                         };
@@ -1164,7 +1176,7 @@ impl ModelSpec {
                     // inside eager attention: the embeddings' output and the learned positions'
                     // (still referenced by the model's forward), the layer's input and, before
                     // a pre-norm attention, its normed copy, with the attention's own tensors
-                    let attn_live = self.layer_groups().iter().try_fold(0, |acc, (l, _)| {
+                    let attn_live = groups.iter().try_fold(0, |acc, (l, _)| {
                         let own = l.attention.inference_live(s)?;
                         if own == 0 {
                             return Ok::<u64, super::error::EstimateError>(acc);

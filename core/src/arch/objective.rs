@@ -15,8 +15,7 @@ use super::arith::{storage, Res};
 use super::config::Architecture;
 use super::error::EstimateError;
 use super::estimate::{
-    rank_step, CategoryBytes, ObjectivePhases, PeakEstimate, Phase, StepPhase, TrainerTape,
-    TrainingStep,
+    rank_step, CategoryBytes, ObjectivePhases, PeakEstimate, Phase, TrainerTape, TrainingStep,
 };
 use super::mesh::Mesh;
 use super::peft::Peft;
@@ -384,7 +383,7 @@ impl<'a> Ctx<'a> {
     /// head, which `generate` runs as a plain Linear).
     fn weight_casts(&self, with_head: bool) -> u64 {
         let spec = &self.arch.spec;
-        let mut total = spec.layer_groups().iter().fold(0u64, |acc, (l, count)| {
+        let mut total = spec.layer_groups().0.iter().fold(0u64, |acc, (l, count)| {
             let layer = l
                 .linear_params(false)
                 .iter()
@@ -406,7 +405,7 @@ impl<'a> Ctx<'a> {
     /// query's fp32 norm (measured: `validation/RL.md`).
     fn layer_working_set(&self, tokens: u64) -> u64 {
         let mut worst = 0;
-        for (l, _) in self.arch.spec.layer_groups() {
+        for (l, _) in self.arch.spec.layer_groups().0 {
             let h = st(tokens.saturating_mul(l.attention.hidden), self.resid);
             let inner = tokens.saturating_mul(l.mlp.inner_per_token() / self.tp);
             let mlp = st(inner, self.act)
@@ -643,7 +642,7 @@ fn generation(ctx: &Ctx<'_>, sequences: u64, prompt: u64, completion: u64) -> (C
             st(rows.saturating_mul(a.v_head_dim), value_bytes),
         )
     };
-    let groups = spec.layer_groups();
+    let (groups, _) = spec.layer_groups();
     let cache = |positions: u64| -> u64 {
         groups.iter().fold(0u64, |acc, (l, count)| {
             let (k, v) = per_layer(l, positions);
@@ -715,39 +714,23 @@ fn finish(
     reference_param_bytes: u64,
     vllm_permille: Option<u32>,
 ) -> Res<PeakEstimate> {
-    let total = |c: &CategoryBytes| c.total().ok_or(EstimateError::TooLarge);
-    let mut training = (Phase::Forward, CategoryBytes::default(), 0);
-    for (phase, c) in &e.phase_peaks {
-        let t = total(c)?;
-        if t > training.2 || (t == training.2 && *phase == Phase::OptimizerStep) {
-            training = (*phase, *c, t);
+    let mut phases: Vec<(Phase, CategoryBytes)> =
+        [(Phase::Generation, generation), (Phase::Scoring, scoring)]
+            .into_iter()
+            .filter_map(|(p, c)| c.map(|c| (p, c)))
+            .collect();
+    phases.append(&mut e.phase_peaks);
+    let mut best = (Phase::Forward, CategoryBytes::default(), 0);
+    for (phase, c) in &phases {
+        let t = c.total().ok_or(EstimateError::TooLarge)?;
+        // (ties: the later moment, as the training tape reports them)
+        if t >= best.2 {
+            best = (*phase, *c, t);
         }
     }
-    let mut best = (StepPhase::Training, training.0, training.1, training.2);
-    let mut extra = Vec::new();
-    for (step_phase, phase, c) in [
-        (StepPhase::Generation, Phase::Generation, generation),
-        (StepPhase::Scoring, Phase::Scoring, scoring),
-    ] {
-        if let Some(c) = c {
-            let t = total(&c)?;
-            if t > best.3 {
-                best = (step_phase, phase, c, t);
-            }
-            extra.push((phase, c));
-        }
-    }
-    extra.append(&mut e.phase_peaks);
-    e.phase_peaks = extra;
-    e.peak_bytes = best.3;
-    e.peak_phase = best.1;
-    e.at_peak = best.2;
+    e.phase_peaks = phases;
+    (e.peak_phase, e.at_peak, e.peak_bytes) = best;
     e.objective = Some(Box::new(ObjectivePhases {
-        generation_bytes: generation.as_ref().map(total).transpose()?,
-        scoring_bytes: scoring.as_ref().map(total).transpose()?,
-        training_bytes: training.2,
-        training_peak_phase: training.0,
-        peak: best.0,
         kv_cache_bytes,
         reference_param_bytes,
         vllm_permille,

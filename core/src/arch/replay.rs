@@ -53,12 +53,15 @@ pub(crate) struct StepAllocations<'a> {
     pub input_gradient: u64,
     /// Gradients of the head and final norm, made at the start of backward.
     pub head_gradients: Vec<u64>,
-    /// Gradients of each layer's parameters, in the layers' order.
-    pub layer_gradients: Vec<Vec<u64>>,
+    /// Gradients of the parameters of a layer of each group of identical layers (none
+    /// when nothing trains).
+    pub group_gradients: Vec<Vec<u64>>,
+    /// Each layer's group, an index into `group_gradients`.
+    pub group_of: Vec<usize>,
     /// Gradients of the embeddings, made at the end of backward.
     pub embedding_gradients: Vec<u64>,
-    /// Optimizer state per trained tensor, each a list of tensors.
-    pub states: Vec<Vec<u64>>,
+    /// Optimizer state, the tensors of each trained tensor one after the other.
+    pub states: Vec<u64>,
     /// The step's temporaries per trained tensor (bytes), and how they live.
     pub temporaries: (Vec<u64>, StepTemporaries),
     /// Whether a backward and an optimizer step run.
@@ -138,10 +141,56 @@ fn layer_forward(
     }
 }
 
+/// The lists a replay fills, kept from one replay to the next so that their memory is
+/// allocated once.
+#[derive(Default)]
+struct Scratch {
+    /// What backward keeps, layer after layer.
+    kept: Vec<BlockId>,
+    /// Where each layer's part of `kept` starts.
+    starts: Vec<usize>,
+    /// What a checkpointed layer's recomputation keeps.
+    recomputed: Vec<BlockId>,
+    /// A layer's backward transients, or the optimizer step's temporaries.
+    transients: Vec<BlockId>,
+    /// The gradients, freed by the optimizer step.
+    grads: Vec<BlockId>,
+}
+
+thread_local! {
+    /// The allocator and the lists of the last replay, which the next one reuses (a replay
+    /// otherwise spends a tenth of its time growing them).
+    static SPARE: std::cell::RefCell<Option<(CachingAllocator, Scratch)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Replays two steps of `s` through a caching allocator in `mode`.
 #[must_use]
 pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorPeaks {
-    let mut a = CachingAllocator::new(mode);
+    let (mut a, mut scratch) = match SPARE.with(|spare| spare.borrow_mut().take()) {
+        Some((mut a, scratch)) => {
+            a.reset(mode);
+            (a, scratch)
+        }
+        None => (CachingAllocator::new(mode), Scratch::default()),
+    };
+    replay_with(&mut a, &mut scratch, s);
+    let peaks = AllocatorPeaks {
+        allocated_bytes: a.peak_allocated(),
+        reserved_bytes: a.peak_reserved(),
+    };
+    SPARE.with(|spare| *spare.borrow_mut() = Some((a, scratch)));
+    peaks
+}
+
+fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocations<'_>) {
+    let Scratch {
+        kept,
+        starts,
+        recomputed,
+        transients,
+        grads,
+    } = scratch;
     for &bytes in &s.persistent {
         a.malloc(bytes);
     }
@@ -151,25 +200,25 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
         let embeddings = a.malloc(s.embeddings_saved);
         let mut flow = Transient { pending: None };
         // under checkpointing each layer keeps its input (the previous layer's output)
-        let mut layer_kept: Vec<Vec<BlockId>> = Vec::with_capacity(s.layers.len());
+        kept.clear();
+        starts.clear();
         for (i, log) in s.layers.iter().enumerate() {
-            let mut kept = Vec::new();
+            starts.push(kept.len());
             let recompute = s.checkpointed.get(i).copied().unwrap_or(false);
             if recompute && s.trains {
                 kept.extend(flow.pending.take());
                 let mut inner = Transient { pending: None };
-                let mut scratch = Vec::new();
-                layer_forward(&mut a, log, false, &mut inner, &mut scratch);
+                // (a forward that keeps nothing adds nothing to `kept`)
+                layer_forward(a, log, false, &mut inner, kept);
                 flow.pending = inner.pending;
             } else {
-                layer_forward(&mut a, log, s.trains, &mut flow, &mut kept);
+                layer_forward(a, log, s.trains, &mut flow, kept);
             }
-            layer_kept.push(kept);
         }
         let head = a.malloc(s.head_saved);
         let loss = a.malloc(s.loss_forward);
         a.free(loss);
-        flow.flush(&mut a);
+        flow.flush(a);
         if !s.trains {
             a.free(head);
             a.free(embeddings);
@@ -178,32 +227,36 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
         }
         // backward
         let buffers = a.malloc(s.loss_buffers);
-        let mut grads: Vec<BlockId> = s.head_gradients.iter().map(|&b| a.malloc(b)).collect();
+        grads.clear();
+        grads.extend(s.head_gradients.iter().map(|&b| a.malloc(b)));
         a.free(head);
         let mut gradient = a.malloc(s.input_gradient);
         a.free(buffers);
         for (i, log) in s.layers.iter().enumerate().rev() {
-            let mut recomputed = Vec::new();
+            recomputed.clear();
             if s.checkpointed.get(i).copied().unwrap_or(false) {
                 let mut inner = Transient { pending: None };
-                layer_forward(&mut a, log, true, &mut inner, &mut recomputed);
-                inner.flush(&mut a);
+                layer_forward(a, log, true, &mut inner, recomputed);
+                inner.flush(a);
             }
-            let transients: Vec<BlockId> = s.layer_backward.iter().map(|&b| a.malloc(b)).collect();
-            if let Some(layer) = s.layer_gradients.get(i) {
+            transients.clear();
+            transients.extend(s.layer_backward.iter().map(|&b| a.malloc(b)));
+            let layer = s.group_of.get(i).and_then(|&g| s.group_gradients.get(g));
+            if let Some(layer) = layer {
                 grads.extend(layer.iter().map(|&b| a.malloc(b)));
             }
-            for t in transients {
+            for &t in transients.iter() {
                 a.free(t);
             }
             let next = a.malloc(s.input_gradient);
             a.free(gradient);
             gradient = next;
-            for t in recomputed {
+            for &t in recomputed.iter() {
                 a.free(t);
             }
-            if let Some(kept) = layer_kept.get_mut(i) {
-                for t in kept.drain(..) {
+            // this layer's part is the end of `kept`: the layers after it freed theirs
+            if let Some(&start) = starts.get(i) {
+                for t in kept.drain(start.min(kept.len())..) {
                     a.free(t);
                 }
             }
@@ -214,10 +267,8 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
         a.free(input);
         // the optimizer step: state made on the first, then the temporaries
         if !states_made {
-            for state in &s.states {
-                for &bytes in state {
-                    a.malloc(bytes);
-                }
+            for &bytes in &s.states {
+                a.malloc(bytes);
             }
             states_made = true;
         }
@@ -225,8 +276,9 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
         match kind {
             StepTemporaries::None => {}
             StepTemporaries::AllAtOnce => {
-                let temps: Vec<BlockId> = sizes.iter().map(|&b| a.malloc(b)).collect();
-                for t in temps {
+                transients.clear();
+                transients.extend(sizes.iter().map(|&b| a.malloc(b)));
+                for &t in transients.iter() {
                     a.free(t);
                 }
             }
@@ -239,12 +291,8 @@ pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorP
                 }
             }
         }
-        for g in grads {
+        for &g in grads.iter() {
             a.free(g);
         }
-    }
-    AllocatorPeaks {
-        allocated_bytes: a.peak_allocated(),
-        reserved_bytes: a.peak_reserved(),
     }
 }
