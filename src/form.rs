@@ -1290,7 +1290,7 @@ pub const OBJECTIVE_SETTINGS: &[Spec] = &[
         Field::MaxPrompt,
         "Prompt tokens",
         "max-prompt",
-        "DPO: the batch counts chosen/rejected pairs (twice the rows).",
+        "DPO: the batch counts pairs (two rows each).",
     ),
     typed(
         Field::MaxCompletion,

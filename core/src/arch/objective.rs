@@ -525,7 +525,7 @@ fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<Peak
     let split = o.steps_per_generation.max(1);
     if !sequences.is_multiple_of(split) {
         return Err(EstimateError::ObjectiveUnsupported(
-            "the generation batch (prompts x generations) must divide into steps_per_generation micro-batches",
+            "prompts x generations must split into steps_per_generation micro-batches",
         ));
     }
     let micro = sequences / split;
