@@ -395,17 +395,12 @@ impl Change {
             Change::SeqLen { .. } => {
                 "A different task: the model sees shorter contexts.".to_owned()
             }
-            Change::Completion { .. } => {
-                "A different task: answers are cut shorter.".to_owned()
-            }
+            Change::Completion { .. } => "A different task: answers are cut shorter.".to_owned(),
             Change::Generations { .. } => {
                 "Noisier advantages: smaller groups per prompt.".to_owned()
             }
-            Change::Reference(crate::Reference::Precomputed) => {
-                "The same loss; one no-gradient pass over the data before training.".to_owned()
-            }
             Change::Reference(_) => {
-                "The same loss: the frozen base is the reference, no copy of it.".to_owned()
+                "The same loss, without a reference's copy of the weights in memory.".to_owned()
             }
         }
     }

@@ -254,19 +254,9 @@ pub fn estimate_objective(
             },
         );
     }
-    if !arch.is_causal_lm() {
+    if !arch.is_causal_lm() || objective.max_completion == 0 || !step.optimizer.trains() {
         return Err(EstimateError::ObjectiveUnsupported(
-            "DPO and GRPO train causal language models",
-        ));
-    }
-    if objective.max_completion == 0 {
-        return Err(EstimateError::ObjectiveUnsupported(
-            "DPO and GRPO need at least one completion token",
-        ));
-    }
-    if !step.optimizer.trains() {
-        return Err(EstimateError::ObjectiveUnsupported(
-            "DPO and GRPO train: pick an optimizer",
+            "DPO and GRPO train a causal language model with an optimizer on at least one completion token",
         ));
     }
     match objective.reference {
@@ -693,7 +683,7 @@ fn first_phase(e: &PeakEstimate) -> CategoryBytes {
 }
 
 /// Adds a separate reference's weights and the trainer's own inputs to every moment of the
-/// training tape.
+/// training tape (the peak is found anew over them all).
 fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) {
     let grow = |c: &mut CategoryBytes| {
         c.parameters = c.parameters.saturating_add(parameters);
@@ -701,7 +691,6 @@ fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) {
     };
     e.phase_peaks.iter_mut().for_each(|(_, c)| grow(c));
     e.backward_moments.iter_mut().for_each(|(_, c)| grow(c));
-    grow(&mut e.at_peak);
 }
 
 /// The step's peak over its phases, the training tape's moments among them.
