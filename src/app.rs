@@ -375,26 +375,30 @@ pub fn App() -> impl IntoView {
                 m.text(" · ");
                 m.open("span", &[("data-testid", "step-phases")]);
                 let phases = [
-                    ("generation", p.generation_bytes),
-                    ("scoring", p.scoring_bytes),
-                    ("training", Some(p.training_bytes)),
+                    ("generation", "phase-generation", p.generation_bytes),
+                    ("scoring", "phase-scoring", p.scoring_bytes),
+                    ("training", "phase-training", Some(p.training_bytes)),
                 ];
                 let mut first = true;
-                for (name, bytes) in phases {
+                for (name, testid, bytes) in phases {
                     let Some(bytes) = bytes else { continue };
                     if !first {
                         m.text(", ");
                     }
                     first = false;
-                    let peak = p.peak.key() == name;
-                    m.el(
-                        if peak { "strong" } else { "span" },
-                        &[
-                            ("data-testid", &format!("phase-{name}")),
-                            ("data-bytes", &bytes.to_string()),
-                        ],
-                        &format!("{name} {}", format_bytes(bytes, unit.get())),
-                    );
+                    let tag = if p.peak.key() == name {
+                        "strong"
+                    } else {
+                        "span"
+                    };
+                    m.open(
+                        tag,
+                        &[("data-testid", testid), ("data-bytes", &bytes.to_string())],
+                    )
+                    .text(name)
+                    .text(" ")
+                    .text(&format_bytes(bytes, unit.get()))
+                    .close(tag);
                 }
                 m.close("span");
             }

@@ -1290,13 +1290,13 @@ pub const OBJECTIVE_SETTINGS: &[Spec] = &[
         Field::MaxPrompt,
         "Prompt tokens",
         "max-prompt",
-        "DPO: the batch counts chosen/rejected pairs (twice the rows).",
+        "DPO: the batch counts pairs (two rows each).",
     ),
     typed(
         Field::MaxCompletion,
         "Completion tokens",
         "max-completion",
-        "The tokens the loss scores.",
+        "",
     ),
     choice_of(Field::Reference, "Reference model", "reference", || {
         options(&Reference::ALL, Reference::key, Reference::label)
@@ -1321,7 +1321,7 @@ pub const VLLM: &[Spec] = &[typed(
     Field::VllmMemory,
     "vLLM gpu_memory_utilization",
     "vllm-memory",
-    "Reserved by vLLM for the whole run.",
+    "",
 )];
 
 /// The training method (training only).

@@ -395,17 +395,12 @@ impl Change {
             Change::SeqLen { .. } => {
                 "A different task: the model sees shorter contexts.".to_owned()
             }
-            Change::Completion { .. } => {
-                "A different task: longer answers are cut (and scored) shorter.".to_owned()
-            }
+            Change::Completion { .. } => "A different task: answers are cut shorter.".to_owned(),
             Change::Generations { .. } => {
-                "A noisier advantage estimate: each prompt's group is smaller.".to_owned()
-            }
-            Change::Reference(crate::Reference::Precomputed) => {
-                "The same loss; one no-gradient pass over the data before training.".to_owned()
+                "Noisier advantages: smaller groups per prompt.".to_owned()
             }
             Change::Reference(_) => {
-                "The same loss: the frozen base is the reference, no copy of it.".to_owned()
+                "The same loss, without a reference's copy of the weights in memory.".to_owned()
             }
         }
     }
@@ -576,7 +571,9 @@ struct Search<'a> {
     /// shares the map (one hash table's code less in the bundle).
     cache: FxHashMap<(Levels, u64), Option<u64>>,
     /// The whole model's step by its settings (what sharding does not change).
-    estimates: FxHashMap<(Knobs, crate::Mesh), Result<Unsharded, EvaluationError>>,
+    /// (a list searched in order: a few hundred per search, and one hash table's code less
+    /// in the bundle)
+    estimates: Vec<((Knobs, crate::Mesh), Result<Unsharded, EvaluationError>)>,
 }
 
 impl<'a> Search<'a> {
@@ -797,7 +794,7 @@ impl<'a> Search<'a> {
             global,
             options: o,
             cache: FxHashMap::default(),
-            estimates: FxHashMap::default(),
+            estimates: Vec::new(),
         }
     }
 
@@ -941,10 +938,17 @@ impl<'a> Search<'a> {
             ..knobs
         };
         let mesh = crate::distributed::mesh_of(plan);
-        let whole = self
-            .estimates
-            .entry((estimate_key, mesh))
-            .or_insert_with(|| unsharded(&model, batch, &mesh));
+        let key = (estimate_key, mesh);
+        let at = match self.estimates.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                self.estimates.push((key, unsharded(&model, batch, &mesh)));
+                self.estimates.len() - 1
+            }
+        };
+        let Some((_, whole)) = self.estimates.get(at) else {
+            return Err(crate::evaluate::too_large());
+        };
         match whole {
             Ok(whole) => shard_step(&model, whole, plan, batch, false, &mesh),
             Err(e) => Err(e.clone()),

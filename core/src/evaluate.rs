@@ -592,7 +592,7 @@ fn with_weight_format(mut estimate: PeakEstimate, weight_bytes: u64) -> PeakEsti
 
 const STEP_TOO_LARGE: &str = "The memory needed is too large to count (over 18 EB).";
 
-fn too_large() -> EvaluationError {
+pub(crate) fn too_large() -> EvaluationError {
     EvaluationError::Step(STEP_TOO_LARGE.to_owned())
 }
 

@@ -254,19 +254,9 @@ pub fn estimate_objective(
             },
         );
     }
-    if !arch.is_causal_lm() {
+    if !arch.is_causal_lm() || objective.max_completion == 0 || !step.optimizer.trains() {
         return Err(EstimateError::ObjectiveUnsupported(
-            "DPO and GRPO train causal language models",
-        ));
-    }
-    if objective.max_completion == 0 {
-        return Err(EstimateError::ObjectiveUnsupported(
-            "DPO and GRPO need at least one completion token",
-        ));
-    }
-    if !step.optimizer.trains() {
-        return Err(EstimateError::ObjectiveUnsupported(
-            "DPO and GRPO train: pick an optimizer",
+            "DPO and GRPO train a causal language model with an optimizer on at least one completion token",
         ));
     }
     match objective.reference {
@@ -526,7 +516,7 @@ fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<Peak
     let split = o.steps_per_generation.max(1);
     if !sequences.is_multiple_of(split) {
         return Err(EstimateError::ObjectiveUnsupported(
-            "the generation batch (prompts x generations) must divide into steps_per_generation micro-batches",
+            "prompts x generations must split into steps_per_generation micro-batches",
         ));
     }
     let micro = sequences / split;
@@ -694,7 +684,7 @@ fn first_phase(e: &PeakEstimate) -> CategoryBytes {
 }
 
 /// Adds a separate reference's weights and the trainer's own inputs to every moment of the
-/// training tape.
+/// training tape (the peak is found anew over them all).
 fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) {
     let grow = |c: &mut CategoryBytes| {
         c.parameters = c.parameters.saturating_add(parameters);
@@ -702,7 +692,6 @@ fn add_everywhere(e: &mut PeakEstimate, parameters: u64, buffers: u64) {
     };
     e.phase_peaks.iter_mut().for_each(|(_, c)| grow(c));
     e.backward_moments.iter_mut().for_each(|(_, c)| grow(c));
-    grow(&mut e.at_peak);
 }
 
 /// The step's peak over its phases, the training tape's moments among them.
