@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the tools (skipping what is there) and runs every test tier:
-# formatting and lints, core unit/property/accuracy tests, the CLI tests, browser tests of the
-# components (wasm-bindgen-test in headless Chromium), the release build with its size
-# budget, and the end-to-end tests of the built page.
+# formatting and lints, core unit/property/accuracy tests (with and without its `vision`
+# feature), the CLI tests, browser tests of the components (wasm-bindgen-test in headless
+# Chromium), the release build with its size budget, and the end-to-end tests of the built
+# page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,6 +19,8 @@ cargo clippy -p batch-size-estimator --target wasm32-unknown-unknown --all-targe
 
 step "core: unit, property and accuracy tests"
 cargo test -p estimator-core
+# as the page builds it: without the vision-language models (the `vision` feature)
+cargo test -p estimator-core --no-default-features
 
 step "cli"
 cargo test -p estimator-cli

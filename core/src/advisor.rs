@@ -870,6 +870,7 @@ impl<'a> Search<'a> {
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),
             objective: pick(&o.objective, l, OBJ, k.objective),
+            #[cfg(feature = "vision")]
             vision: k.vision,
         };
         let mut knobs = knobs;

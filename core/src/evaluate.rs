@@ -14,6 +14,10 @@ use crate::{
     ShardedState, Sharding, SimpleInputs, SweepRow, TrainingStep, WeightFormat, MAX_BATCH,
 };
 
+/// A vision-language model's images: their step and parameters.
+#[cfg(feature = "vision")]
+mod vision;
+
 /// A kind of memory in the breakdown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PartKind {
@@ -362,6 +366,7 @@ pub(crate) struct Knobs {
     pub objective: crate::Objective,
     /// A vision-language model's images and what trains of its vision side (`None` for
     /// every other model).
+    #[cfg(feature = "vision")]
     pub vision: Option<crate::VisionInputs>,
 }
 
@@ -380,6 +385,7 @@ pub(crate) enum Model<'a> {
         /// Supervised, DPO or GRPO.
         objective: crate::Objective,
         /// A vision-language model's images (`None`: the text model alone).
+        #[cfg(feature = "vision")]
         vision: Option<crate::VisionInputs>,
     },
 }
@@ -428,6 +434,7 @@ pub(crate) fn parse_model(
         kv_dtype: state.inference.kv_dtype,
         peft: None,
         objective: crate::Objective::SFT,
+        #[cfg(feature = "vision")]
         vision: None,
     };
     match state.mode {
@@ -461,17 +468,14 @@ pub(crate) fn parse_model(
             .map_err(|e| EvaluationError::Model(e.to_string()))?;
             let peft = state.parsed_peft(&arch);
             let objective = state.parsed_objective();
-            let vision = state.parsed_vision(&arch);
-            let (peft, objective, vision) = match (peft, objective, vision) {
-                (Ok(p), Ok(o), Ok(v)) => (p, o, v),
-                (p, o, v) => {
+            // (the image fields' errors come after the objective's)
+            #[cfg(feature = "vision")]
+            let (objective, vision) = vision::with_images(state, &arch, objective);
+            let (peft, objective) = match (peft, objective) {
+                (Ok(p), Ok(o)) => (p, o),
+                (p, o) => {
                     return Err(fields_error(
-                        p.err()
-                            .into_iter()
-                            .chain(o.err())
-                            .chain(v.err())
-                            .flatten()
-                            .collect(),
+                        p.err().into_iter().chain(o.err()).flatten().collect(),
                     ))
                 }
             };
@@ -480,6 +484,7 @@ pub(crate) fn parse_model(
                 Knobs {
                     peft,
                     objective,
+                    #[cfg(feature = "vision")]
                     vision,
                     ..knobs(batch, seq_len)
                 },
@@ -535,6 +540,7 @@ impl Parsed {
                 kv_dtype: knobs.kv_dtype,
                 peft: knobs.peft,
                 objective: knobs.objective,
+                #[cfg(feature = "vision")]
                 vision: knobs.vision,
             },
         }
@@ -661,22 +667,26 @@ pub(crate) fn unsharded(
             format_weight_bytes,
             peft,
             objective,
+            #[cfg(feature = "vision")]
             vision,
             ..
         } => {
             let step = TrainingStep { batch, ..*step };
-            let mut estimate = match vision {
-                Some(v) => vision_step(&model.arch, &step, peft.as_ref(), mesh, objective, v),
-                None => crate::estimate_objective(
-                    &model.arch,
-                    &step,
-                    peft.as_ref(),
-                    mesh,
-                    objective,
-                    None,
-                ),
-            }
-            .map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
+            // with images, the vision-language model's step
+            #[cfg(feature = "vision")]
+            let estimate = vision::step(
+                &model.arch,
+                &step,
+                peft.as_ref(),
+                mesh,
+                objective,
+                vision.as_ref(),
+            );
+            #[cfg(not(feature = "vision"))]
+            let estimate =
+                crate::estimate_objective(&model.arch, &step, peft.as_ref(), mesh, objective, None);
+            let mut estimate =
+                estimate.map_err(|e| EvaluationError::Step(capitalise(&e.to_string())))?;
             if let Some(weights) = *format_weight_bytes {
                 estimate = with_weight_format(estimate, weights);
             }
@@ -685,30 +695,6 @@ pub(crate) fn unsharded(
             Ok(Unsharded::Architecture(Box::new(estimate), units))
         }
     }
-}
-
-/// A vision-language model's step with its images: supervised fine-tuning or inference on
-/// one rank's whole model (data parallelism shards it above); the splits of the step and
-/// DPO / GRPO are modelled for the text models only.
-fn vision_step(
-    arch: &Architecture,
-    step: &TrainingStep,
-    peft: Option<&crate::Peft>,
-    mesh: &crate::Mesh,
-    objective: &crate::Objective,
-    vision: &crate::VisionInputs,
-) -> Result<PeakEstimate, crate::EstimateError> {
-    if objective.kind != crate::ObjectiveKind::Sft {
-        return Err(crate::EstimateError::ImagesInvalid(
-            "DPO and GRPO are modelled for text only: with images, pick supervised fine-tuning",
-        ));
-    }
-    if mesh.splits_the_step() {
-        return Err(crate::EstimateError::MeshUnsupported(
-            "with images, the step is modelled on data parallelism only (no tensor, context or pipeline parallelism)",
-        ));
-    }
-    crate::estimate_vlm(arch, step, peft, vision)
 }
 
 /// The step of `whole` (the [`unsharded`] step of `model` at `batch`) per GPU, sharded as
@@ -1132,26 +1118,13 @@ pub(crate) fn evaluate_parsed(
         }
         _ => None,
     };
-    Ok(Evaluation {
+    let evaluation = Evaluation {
         // peft counts the adapters among the model's parameters
-        n_params: parsed
-            .n_params()
-            .saturating_add(if knobs.peft.is_some() {
-                // the adapters: what trains but a vision side's trained parts
-                fit.step
-                    .trainable_params
-                    .saturating_sub(match (parsed, knobs.vision) {
-                        (Parsed::Architecture(m), Some(v)) => m.arch.vision_trainable_count(&v),
-                        _ => 0,
-                    })
-            } else {
-                0
-            })
-            // with images, the vision tower and its projector are part of the model
-            .saturating_add(match (parsed, knobs.vision) {
-                (Parsed::Architecture(m), Some(_)) => m.arch.vision_parameter_count(),
-                _ => 0,
-            }),
+        n_params: parsed.n_params().saturating_add(if knobs.peft.is_some() {
+            fit.step.trainable_params
+        } else {
+            0
+        }),
         step: fit.step,
         batch,
         sweep: sweep_rows,
@@ -1164,7 +1137,11 @@ pub(crate) fn evaluate_parsed(
             || plan.pipeline_parallel > 1,
         allocator,
         plan,
-    })
+    };
+    // with images, the vision tower and its projector are part of the model
+    #[cfg(feature = "vision")]
+    let evaluation = vision::with_vision_parameters(evaluation, parsed, knobs);
+    Ok(evaluation)
 }
 
 impl Evaluation {
@@ -1198,7 +1175,8 @@ pub(crate) fn resolve_reserve(
         step,
         peft,
         objective,
-        vision: None,
+        #[cfg(feature = "vision")]
+            vision: None,
         ..
     } = model
     else {
@@ -1418,59 +1396,6 @@ mod tests {
     use super::*;
     use crate::{decode_query, encode_query, Checkpointing, Gpu, Optimizer, Preset};
     use proptest::prelude::*;
-
-    /// A vision-language config with its images: the page's evaluation is `estimate_vlm`'s
-    /// step, its parameters include the tower; the same config without a vision side's
-    /// fields keeps the text model's figures; bad image fields are field errors.
-    #[test]
-    fn a_vision_language_model_is_evaluated_with_its_images() {
-        let config = include_str!("../../validation/configs/qwen2.5-vl-7b-4l.json");
-        let mut state = decode_query("m=arch&model=custom&b=1&s=256&r=bf16&oi=foreach").state;
-        state.hardware.gpu = None;
-        state.model.preset = None;
-        state.model.config_json = config.to_owned();
-        state.step.images = "2".to_owned();
-        state.step.image_size = "1344x896".to_owned();
-        let e = evaluate(&state).unwrap();
-        let arch = crate::parse_hf_config(config).unwrap();
-        let step = TrainingStep {
-            batch: 1,
-            seq_len: 256,
-            precision: PrecisionRecipe::Bf16,
-            optimizer: Optimizer::AdamW,
-            optimizer_impl: OptimizerImpl::Foreach,
-            attention: AttentionKernel::Sdpa,
-            checkpointing: Checkpointing::None,
-            compile: Compile::Off,
-            loss: LossKind::Hf,
-            packing: false,
-            padding: false,
-            optimizer_in_backward: false,
-            activation_offload: false,
-        };
-        let images = crate::VisionInputs::new(2, 1344, 896);
-        let direct = crate::estimate_vlm(&arch, &step, None, &images).unwrap();
-        assert_eq!(e.step.peak_bytes, direct.peak_bytes);
-        assert_eq!(e.n_params, direct.n_params);
-        assert!(e.n_params > arch.parameter_count());
-        // no images (the default): the language model alone, as before the image fields
-        state.step.images = crate::DEFAULT_IMAGES.to_owned();
-        let none = evaluate(&state).unwrap();
-        assert!(none.step.peak_bytes < e.step.peak_bytes);
-        assert_eq!(none.n_params, arch.parameter_count());
-        state.step.images = "x".to_owned();
-        state.step.image_size = "10x".to_owned();
-        match evaluate(&state) {
-            Err(EvaluationError::Fields(f)) => {
-                let fields: Vec<Field> = f.iter().map(|(f, _)| *f).collect();
-                assert_eq!(fields, [Field::Images, Field::ImageSize]);
-            }
-            other => panic!("{other:?}"),
-        }
-        // a text model ignores the image fields
-        let text = decode_query("m=arch&model=llama3.2-1b&img=4&isz=1x").state;
-        assert!(evaluate(&text).is_ok());
-    }
 
     #[test]
     fn simple_default_is_the_issue_example() {

@@ -35,6 +35,15 @@ impl Map {
         }
     }
 
+    fn iter(&self) -> impl Iterator<Item = &(String, Value)> {
+        self.0.iter()
+    }
+}
+
+/// What the vision-language readers do to a wrapper's `text_config` (fill its class's
+/// defaults, drop the vision side of a flat config).
+#[cfg(feature = "vision")]
+impl Map {
     /// Whether `key` is set.
     #[must_use]
     pub fn contains_key(&self, key: &str) -> bool {
@@ -46,10 +55,6 @@ impl Map {
         if let Ok(i) = self.position(key) {
             self.0.remove(i);
         }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &(String, Value)> {
-        self.0.iter()
     }
 }
 
@@ -114,6 +119,7 @@ impl Value {
     }
 }
 
+#[cfg(feature = "vision")]
 impl From<u64> for Value {
     fn from(n: u64) -> Self {
         Value::Number(n.to_string().into_boxed_str())

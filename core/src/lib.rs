@@ -48,7 +48,8 @@ pub use simple::{
     Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,
     SIMPLE_OPTIMIZERS,
 };
-pub use state::{parse_image_size, DEFAULT_IMAGES, DEFAULT_IMAGE_SIZE};
+#[cfg(feature = "vision")]
+pub use state::{parse_image_size, VisionSettings, DEFAULT_IMAGES, DEFAULT_IMAGE_SIZE};
 pub use state::{
     Field, HardwareSettings, InferenceSettings, MethodSettings, Mode, ModelChoice, PageState,
     ParallelSettings, PlanInputs, Section, SimpleModel, StepSettings, CUSTOM_MODEL_KEY,
@@ -70,6 +71,7 @@ pub use arch::{
     Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, Reference, SavedPart, Stage,
     StepPhase, TargetsError, TpPlan, TrainingStep,
 };
+#[cfg(feature = "vision")]
 pub use arch::{
     estimate_vlm, image_tokens, ImageLayout, ImageTokens, VisionInputs, VlmKind, MAX_IMAGES,
     MAX_IMAGE_SIDE,

@@ -371,20 +371,34 @@ mod tests {
         falls_back("wf=int3&kvd=fp4&ram=0", 3);
     }
 
+    #[cfg(feature = "vision")]
     #[test]
     fn image_fields_round_trip_and_stay_out_of_other_links() {
         round_trips("m=arch&img=3&isz=1344x896&vt=trained&vp=frozen");
         round_trips("m=arch&img=1");
         let d = decode_query("img=2&isz=640x480&vt=trained");
-        assert_eq!(d.state.step.images, "2");
-        assert_eq!(d.state.step.image_size, "640x480");
-        assert!(d.state.step.vision_trained && d.state.step.projector_trained);
+        assert_eq!(d.state.vision.images, "2");
+        assert_eq!(d.state.vision.image_size, "640x480");
+        assert!(d.state.vision.tower_trained && d.state.vision.projector_trained);
         // at their defaults the image fields are not written: older links read the same
         let link = encode_query(&crate::PageState::default());
         for key in ["img=", "isz=", "vt=", "vp="] {
             assert!(!link.contains(key), "{key} in {link}");
         }
         falls_back("vt=maybe&vp=yes", 2);
+    }
+
+    /// Without the `vision` feature (the page's build) the image keys are unknown settings.
+    #[cfg(not(feature = "vision"))]
+    #[test]
+    fn image_fields_are_unknown_without_vision() {
+        let d = decode_query("m=arch&img=2&isz=640x480");
+        assert_eq!(d.notices.len(), 2, "{:?}", d.notices);
+        assert!(d
+            .notices
+            .iter()
+            .all(|n| n.starts_with("Ignored unknown setting")));
+        assert_eq!(d.state, decode_query("m=arch").state);
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub struct Page {
     pub is_vision: bool,
     /// Architecture mode: whether the model is a vision-language model (images beside the
     /// text: the image fields are its inputs, the sequence its text tokens).
+    #[cfg(feature = "vision")]
     pub is_vision_language: bool,
     /// Architecture mode, a mixture of experts: the parameters one token runs through.
     pub active_params: Option<u64>,
@@ -103,6 +104,7 @@ pub fn parse_page(state: &PageState) -> Page {
         }
     }
     // the image fields are a vision-language model's inputs only
+    #[cfg(feature = "vision")]
     if let Some(Err(errors)) = model.map(|a| state.parsed_vision(a)) {
         field_errors.extend(errors.into_iter().map(|(f, e)| (f, e.to_string())));
     }
@@ -143,6 +145,7 @@ pub fn parse_page(state: &PageState) -> Page {
             .unwrap_or_default(),
         is_moe: model.is_some_and(crate::Architecture::is_moe),
         is_vision: model.is_some_and(crate::Architecture::is_vision),
+        #[cfg(feature = "vision")]
         is_vision_language: model.is_some_and(crate::Architecture::is_vision_language),
         active_params: model
             .filter(|a| a.is_moe())
@@ -242,14 +245,12 @@ mod tests {
         }
     }
 
+    /// A vision-language config: its image fields are checked, a text model's are not.
+    #[cfg(feature = "vision")]
     #[test]
-    fn the_page_knows_the_model() {
-        let page = parse_page(&decode_query("m=arch&model=qwen3-30b-a3b").state);
-        assert!(page.is_moe && !page.is_vision);
-        assert_eq!(page.active_params, Some(3_353_032_704));
+    fn the_page_knows_a_vision_language_model() {
         let page = parse_page(&decode_query("m=arch&model=vit-b16").state);
         assert!(page.is_vision && !page.is_vision_language);
-        // a vision-language config: its image fields are checked, a text model's are not
         let mut vlm = decode_query("m=arch&isz=12x&img=2").state;
         vlm.model.preset = None;
         vlm.model.config_json =
@@ -262,6 +263,15 @@ mod tests {
             .any(|(f, _)| *f == Field::ImageSize));
         let page = parse_page(&decode_query("m=arch&model=llama3-8b&isz=12x&img=2").state);
         assert!(page.field_errors.is_empty() && !page.is_vision_language);
+    }
+
+    #[test]
+    fn the_page_knows_the_model() {
+        let page = parse_page(&decode_query("m=arch&model=qwen3-30b-a3b").state);
+        assert!(page.is_moe && !page.is_vision);
+        assert_eq!(page.active_params, Some(3_353_032_704));
+        let page = parse_page(&decode_query("m=arch&model=vit-b16").state);
+        assert!(page.is_vision);
         let page = parse_page(&decode_query("m=arch&model=llama3-8b&method=lora&lt=c_attn").state);
         assert!(page
             .field_errors

@@ -33,12 +33,6 @@ pub const MAX_NEW_TOKENS: u64 = 1 << 24;
 pub const MAX_GENERATIONS: u64 = 1 << 16;
 /// Largest LoRA rank accepted.
 pub const MAX_LORA_RANK: u64 = 1 << 16;
-/// Images per sample on a first visit (vision-language models): none, so that a
-/// multimodal config (Gemma 3's) and every link from before the image fields give the
-/// language model's figures as they did; the fields are there to add images.
-pub const DEFAULT_IMAGES: &str = "0";
-/// Image size on a first visit (vision-language models), width x height in pixels.
-pub const DEFAULT_IMAGE_SIZE: &str = "1024x768";
 
 /// Parses a whole count field in `1..=max` (or `0..=max` when `zero_ok`).
 fn parse_count(text: &str, max: u64, what: &'static str, zero_ok: bool) -> Result<u64, FieldError> {
@@ -47,6 +41,12 @@ fn parse_count(text: &str, max: u64, what: &'static str, zero_ok: bool) -> Resul
         other => other,
     }
 }
+
+/// A vision-language model's image fields: their section and their parsing.
+#[cfg(feature = "vision")]
+mod vision;
+#[cfg(feature = "vision")]
+pub use vision::{parse_image_size, VisionSettings, DEFAULT_IMAGES, DEFAULT_IMAGE_SIZE};
 
 /// Which way the model is described.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -102,6 +102,9 @@ pub struct PageState {
     pub model: ModelChoice,
     /// One step: batch, sequence, precision recipe, optimizer and the trainer's settings.
     pub step: StepSettings,
+    /// A vision-language model's images and what trains of its vision side.
+    #[cfg(feature = "vision")]
+    pub vision: VisionSettings,
     /// The training method: full fine-tuning, LoRA or QLoRA and their settings.
     pub training: MethodSettings,
     /// Inference: generated tokens, the weights' format and the KV cache's dtype.
@@ -113,10 +116,12 @@ pub struct PageState {
 }
 
 /// The sections' key tables: every field's URL key but the mode's and the unit's.
-const SECTION_KEYS: [&[(Field, &str)]; 7] = [
+const SECTION_KEYS: [&[(Field, &str)]; if cfg!(feature = "vision") { 8 } else { 7 }] = [
     SimpleModel::KEYS,
     ModelChoice::KEYS,
     StepSettings::KEYS,
+    #[cfg(feature = "vision")]
+    VisionSettings::KEYS,
     MethodSettings::KEYS,
     InferenceSettings::KEYS,
     HardwareSettings::KEYS,
@@ -304,15 +309,6 @@ pub struct StepSettings {
     pub generator: Generator,
     /// Colocated vLLM's `gpu_memory_utilization`, as typed (a fraction of the device).
     pub vllm_memory: String,
-    /// Vision-language models: images per sample, as typed (0: text only).
-    pub images: String,
-    /// Vision-language models: each image's width x height in pixels, as typed (`1024x768`).
-    pub image_size: String,
-    /// Vision-language models: the vision tower trained (frozen by default, as most
-    /// fine-tunes leave it).
-    pub vision_trained: bool,
-    /// Vision-language models: the projector trained (by default, as most fine-tunes do).
-    pub projector_trained: bool,
 }
 
 impl Default for StepSettings {
@@ -338,10 +334,6 @@ impl Default for StepSettings {
             max_completion: "512".to_owned(),
             generator: Generator::Model,
             vllm_memory: "0.3".to_owned(),
-            images: DEFAULT_IMAGES.to_owned(),
-            image_size: DEFAULT_IMAGE_SIZE.to_owned(),
-            vision_trained: false,
-            projector_trained: true,
         }
     }
 }
@@ -368,10 +360,6 @@ impl Section for StepSettings {
         (Field::MaxCompletion, "mc"),
         (Field::Generator, "gtr"),
         (Field::VllmMemory, "vllm"),
-        (Field::Images, "img"),
-        (Field::ImageSize, "isz"),
-        (Field::VisionTower, "vt"),
-        (Field::Projector, "vp"),
     ];
 
     fn get(&self, field: Field) -> Option<String> {
@@ -396,11 +384,6 @@ impl Section for StepSettings {
             Field::MaxCompletion => self.max_completion.clone(),
             Field::Generator => self.generator.key().to_owned(),
             Field::VllmMemory => self.vllm_memory.clone(),
-            // the image fields travel only when changed, so that every other link stays as it was
-            Field::Images if self.images != DEFAULT_IMAGES => self.images.clone(),
-            Field::ImageSize if self.image_size != DEFAULT_IMAGE_SIZE => self.image_size.clone(),
-            Field::VisionTower if self.vision_trained => trained_key(true).to_owned(),
-            Field::Projector if !self.projector_trained => trained_key(false).to_owned(),
             _ => return None,
         })
     }
@@ -445,12 +428,6 @@ impl Section for StepSettings {
             Field::MaxCompletion => self.max_completion = text(value)?,
             Field::Generator => self.generator = choice(value, &Generator::ALL, Generator::key)?,
             Field::VllmMemory => self.vllm_memory = text(value)?,
-            Field::Images => self.images = text(value)?,
-            Field::ImageSize => self.image_size = text(value)?,
-            Field::VisionTower => self.vision_trained = choice(value, &[false, true], trained_key)?,
-            Field::Projector => {
-                self.projector_trained = choice(value, &[true, false], trained_key)?;
-            }
             _ => {}
         }
         Ok(())
@@ -973,13 +950,17 @@ pub enum Field {
     Generator,
     /// [`StepSettings::vllm_memory`].
     VllmMemory,
-    /// [`StepSettings::images`].
+    /// [`VisionSettings::images`].
+    #[cfg(feature = "vision")]
     Images,
-    /// [`StepSettings::image_size`].
+    /// [`VisionSettings::image_size`].
+    #[cfg(feature = "vision")]
     ImageSize,
-    /// [`StepSettings::vision_trained`].
+    /// [`VisionSettings::tower_trained`].
+    #[cfg(feature = "vision")]
     VisionTower,
-    /// [`StepSettings::projector_trained`].
+    /// [`VisionSettings::projector_trained`].
+    #[cfg(feature = "vision")]
     Projector,
     /// [`PageState::method`].
     Method,
@@ -1060,7 +1041,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; 68] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 68 } else { 64 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -1088,9 +1069,13 @@ impl Field {
         Field::MaxCompletion,
         Field::Generator,
         Field::VllmMemory,
+        #[cfg(feature = "vision")]
         Field::Images,
+        #[cfg(feature = "vision")]
         Field::ImageSize,
+        #[cfg(feature = "vision")]
         Field::VisionTower,
+        #[cfg(feature = "vision")]
         Field::Projector,
         Field::Method,
         Field::LoraRank,
@@ -1177,9 +1162,13 @@ impl Field {
             Field::MaxCompletion => "completion tokens",
             Field::Generator => "generator",
             Field::VllmMemory => "vLLM memory fraction",
+            #[cfg(feature = "vision")]
             Field::Images => "images per sample",
+            #[cfg(feature = "vision")]
             Field::ImageSize => "image size",
+            #[cfg(feature = "vision")]
             Field::VisionTower => "vision tower",
+            #[cfg(feature = "vision")]
             Field::Projector => "projector",
             Field::Method => "training method",
             Field::LoraRank => "LoRA rank",
@@ -1272,34 +1261,6 @@ fn on_off(value: bool) -> &'static str {
     }
 }
 
-/// A trained or frozen part of a vision-language model.
-fn trained_key(trained: bool) -> &'static str {
-    if trained {
-        "trained"
-    } else {
-        "frozen"
-    }
-}
-
-/// Parses an image size, `WIDTHxHEIGHT` in pixels (`x`, `X`, `*` or the multiplication
-/// sign between them; one number is a square).
-///
-/// # Errors
-/// The message for the field.
-pub fn parse_image_size(text: &str) -> Result<(u64, u64), FieldError> {
-    let max = crate::MAX_IMAGE_SIDE;
-    let text = text.trim();
-    let side = |t: &str| parse_whole_count(t.trim(), 1, max, "pixels");
-    match text.split_once(['x', 'X', '\u{d7}', '*']) {
-        Some((w, h)) => Ok((side(w)?, side(h)?)),
-        None if text.is_empty() => Err(FieldError::Empty),
-        None => {
-            let s = side(text)?;
-            Ok((s, s))
-        }
-    }
-}
-
 /// Adapters in fp32, or in the base model's dtype.
 fn adapter_dtype_key(fp32: bool) -> &'static str {
     if fp32 {
@@ -1327,6 +1288,8 @@ impl PageState {
             f if SimpleModel::owns(f) => self.simple.get(f),
             f if ModelChoice::owns(f) => self.model.get(f),
             f if StepSettings::owns(f) => self.step.get(f),
+            #[cfg(feature = "vision")]
+            f if VisionSettings::owns(f) => self.vision.get(f),
             f if MethodSettings::owns(f) => self.training.get(f),
             f if InferenceSettings::owns(f) => self.inference.get(f),
             f if HardwareSettings::owns(f) => self.hardware.get(f),
@@ -1346,6 +1309,8 @@ impl PageState {
             f if SimpleModel::owns(f) => self.simple.set(f, value)?,
             f if ModelChoice::owns(f) => self.model.set(f, value)?,
             f if StepSettings::owns(f) => self.step.set(f, value)?,
+            #[cfg(feature = "vision")]
+            f if VisionSettings::owns(f) => self.vision.set(f, value)?,
             f if MethodSettings::owns(f) => self.training.set(f, value)?,
             f if InferenceSettings::owns(f) => self.inference.set(f, value)?,
             f if HardwareSettings::owns(f) => self.hardware.set(f, value)?,
@@ -1413,39 +1378,6 @@ impl PageState {
             steps_per_generation: 1,
             iterations: 1,
         })
-    }
-
-    /// The images of a vision-language model's step (`None` without images, or for any
-    /// other model: the image fields are not its inputs).
-    ///
-    /// # Errors
-    /// The fields and their messages.
-    pub fn parsed_vision(
-        &self,
-        arch: &crate::Architecture,
-    ) -> Result<Option<crate::VisionInputs>, Vec<(Field, FieldError)>> {
-        if !arch.is_vision_language() {
-            return Ok(None);
-        }
-        let mut errors = Vec::new();
-        let images = parse_count(&self.step.images, crate::MAX_IMAGES, "images", true)
-            .map_err(|e| errors.push((Field::Images, e)));
-        let size =
-            parse_image_size(&self.step.image_size).map_err(|e| errors.push((Field::ImageSize, e)));
-        let (Ok(images), Ok((width, height))) = (images, size) else {
-            return Err(errors);
-        };
-        if images == 0 {
-            // the language model alone, as the model's note says
-            return Ok(None);
-        }
-        Ok(Some(crate::VisionInputs {
-            images,
-            width,
-            height,
-            tower_trained: self.step.vision_trained,
-            projector_trained: self.step.projector_trained,
-        }))
     }
 
     /// The LoRA rank, whether `lora_alpha` is a number (it scales the adapters' output, not
@@ -1886,19 +1818,6 @@ impl PageState {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn image_sizes_read_as_width_by_height() {
-        assert_eq!(parse_image_size("1344x896"), Ok((1344, 896)));
-        assert_eq!(parse_image_size(" 1024 X 768 "), Ok((1024, 768)));
-        assert_eq!(parse_image_size("640\u{d7}480"), Ok((640, 480)));
-        assert_eq!(parse_image_size("448"), Ok((448, 448)));
-        assert_eq!(parse_image_size(""), Err(FieldError::Empty));
-        assert!(parse_image_size("0x10").is_err());
-        assert!(parse_image_size("10x").is_err());
-        assert!(parse_image_size("1e9x10").is_err());
-        assert!(parse_image_size("12.5x10").is_err());
-    }
 
     /// Every field but the mode and the unit belongs to exactly one section, and every URL
     /// key names one field.

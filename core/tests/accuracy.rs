@@ -679,6 +679,7 @@ fn dpo_and_grpo_steps_are_within_three_percent() {
 }
 
 /// One vision-language row: its measured and estimated peaks and parameter counts.
+#[cfg(feature = "vision")]
 struct VlmRow {
     name: String,
     measured: u64,
@@ -691,6 +692,7 @@ struct VlmRow {
     phases: [(u64, u64); 3],
 }
 
+#[cfg(feature = "vision")]
 fn vlm_rows() -> Vec<VlmRow> {
     use estimator_core::{estimate_vlm, image_tokens, VisionInputs};
     let text = std::fs::read_to_string(format!("{FIXTURES}/vlm-measured.jsonl"))
@@ -823,6 +825,7 @@ fn vlm_rows() -> Vec<VlmRow> {
 
 /// Vision-language models (`validation/VLM.md`): every row's peak within 3%, its image
 /// tokens, sequence and parameter counts exact.
+#[cfg(feature = "vision")]
 #[test]
 fn vision_language_steps_are_within_three_percent() {
     let rows = vlm_rows();

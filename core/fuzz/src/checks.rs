@@ -231,6 +231,7 @@ pub fn check_config(data: &[u8]) {
             optimizer_in_backward: p % 4 == 1,
             activation_offload: p % 6 == 1,
         };
+        #[cfg(feature = "vision")]
         if arch.is_vision_language() {
             // images of the byte-picked size, tower frozen or trained: no panic, and the
             // peak is the largest phase

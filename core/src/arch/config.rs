@@ -23,6 +23,7 @@ pub struct Architecture {
     /// Parameters as PyTorch counts them, computed once from `spec`.
     pub(crate) n_params: u64,
     /// The vision side of a vision-language model (its language model is `spec`).
+    #[cfg(feature = "vision")]
     pub(crate) vlm: Option<Box<super::vision::VisionLm>>,
 }
 
@@ -79,6 +80,7 @@ impl Architecture {
             notes: self.notes.clone(),
             compact: String::new(),
             n_params,
+            #[cfg(feature = "vision")]
             vlm: self.vlm.clone(),
         }
     }
@@ -180,37 +182,6 @@ impl Architecture {
             .iter()
             .filter(|l| l.attention.window.is_some())
             .count() as u64
-    }
-    /// Whether this is a vision-language model (it takes images beside its text).
-    #[must_use]
-    pub fn is_vision_language(&self) -> bool {
-        self.vlm.is_some()
-    }
-    /// Parameters of the vision tower and its projector (and a vision-language model's
-    /// language-model parameters outside the text layers), 0 for a text-only model.
-    #[must_use]
-    pub fn vision_parameter_count(&self) -> u64 {
-        self.vlm
-            .as_deref()
-            .map_or(0, super::vision::VisionLm::parameter_count)
-    }
-    /// Parameters of the vision side that `v` trains (the tower's, the projector's).
-    #[must_use]
-    pub fn vision_trainable_count(&self, v: &super::vision::VisionInputs) -> u64 {
-        self.vlm.as_deref().map_or(0, |x| {
-            let sum = |t: &[u64]| t.iter().fold(0u64, |a, &b| a.saturating_add(b));
-            let tower = if v.tower_trained {
-                sum(&x.tower_params)
-            } else {
-                0
-            };
-            let projector = if v.projector_trained {
-                sum(&x.projector_params)
-            } else {
-                0
-            };
-            tower.saturating_add(projector)
-        })
     }
     /// Image side in pixels (vision models; 0 otherwise).
     #[must_use]
@@ -481,6 +452,7 @@ impl<'a> Reader<'a> {
         }
     }
     /// A field's value as it is, if present (recorded).
+    #[cfg(feature = "vision")]
     pub fn raw(&mut self, name: &str) -> Option<&'a Value> {
         self.get(name)
     }
@@ -530,6 +502,32 @@ mod tests {
             parse_hf_config(&arch.to_config_json()).as_ref(),
             Ok(&arch),
             "{path} round trip"
+        );
+    }
+
+    /// Without the `vision` feature (the page's build) a multimodal Gemma 3 config is its
+    /// language model with the note saying so, and the other vision-language wrappers are
+    /// model types it does not read.
+    #[cfg(not(feature = "vision"))]
+    #[test]
+    fn multimodal_configs_are_their_language_model_without_vision() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let read = |path: String| std::fs::read_to_string(path).expect("config");
+        let gemma = parse_hf_config(&read(format!(
+            "{dir}/tests/fixtures/configs/gemma3-4b.json"
+        )))
+        .expect("parses");
+        assert_eq!(
+            gemma.notes().first(),
+            Some(&super::super::families::MULTIMODAL_NOTE)
+        );
+        assert_eq!(gemma.parameter_count(), 3_880_263_168);
+        let qwen = parse_hf_config(&read(format!(
+            "{dir}/../validation/configs/qwen2.5-vl-7b-4l.json"
+        )));
+        assert!(
+            matches!(&qwen, Err(ConfigError::UnsupportedModelType(t)) if t == "qwen2_5_vl"),
+            "{qwen:?}"
         );
     }
 

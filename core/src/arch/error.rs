@@ -78,6 +78,7 @@ pub enum EstimateError {
     /// DPO or GRPO settings that do not go together (or a model they do not train).
     ObjectiveUnsupported(&'static str),
     /// Images for a text-only model, or images a processor cannot take.
+    #[cfg(feature = "vision")]
     ImagesInvalid(&'static str),
 }
 
@@ -107,11 +108,11 @@ impl fmt::Display for EstimateError {
                 f,
                 "the model's {count} {what} do not split evenly over {group} tensor-parallel GPUs"
             ),
-            EstimateError::MeshUnsupported(why)
-            | EstimateError::ObjectiveUnsupported(why)
-            | EstimateError::ImagesInvalid(why) => {
+            EstimateError::MeshUnsupported(why) | EstimateError::ObjectiveUnsupported(why) => {
                 write!(f, "{why}")
             }
+            #[cfg(feature = "vision")]
+            EstimateError::ImagesInvalid(why) => write!(f, "{why}"),
         }
     }
 }

@@ -304,7 +304,21 @@ pub(crate) struct TrainerTape {
     /// The first layer's input needs a gradient whatever the adapters (a vision-language
     /// model's merged embeddings when its projector or tower trains): a frozen first layer
     /// then keeps what it saves before its first adapter.
+    #[cfg(feature = "vision")]
     pub input_grad: bool,
+}
+
+impl TrainerTape {
+    /// [`Self::input_grad`]: never without the `vision` feature (only a vision-language
+    /// model's images ask for it).
+    #[cfg(feature = "vision")]
+    const fn input_grad(&self) -> bool {
+        self.input_grad
+    }
+    #[cfg(not(feature = "vision"))]
+    const fn input_grad(&self) -> bool {
+        false
+    }
 }
 
 /// One rank's step, with what the trainer adds to its tape.
@@ -485,7 +499,7 @@ fn estimate_on(
             targets: f.targets,
             adapter_bytes,
             quantized,
-            input_grad: step.checkpointing.recomputes() || trainer.input_grad,
+            input_grad: step.checkpointing.recomputes() || trainer.input_grad(),
             autocast: trainer.autocast,
         }),
         seq_shards: if mesh.sequence_parallel {
@@ -895,7 +909,7 @@ fn estimate_on(
             if p.autocast()
                 && !quantized
                 && !step.checkpointing.checkpoints_layer(0)
-                && !trainer.input_grad =>
+                && !trainer.input_grad() =>
         {
             let stage = |role: Role| match role {
                 Role::O => 1,

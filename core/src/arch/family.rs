@@ -157,6 +157,7 @@ impl ModelFamily {
             "qwen2_5",
         );
         // the vision-language wrappers, read around their language model
+        #[cfg(feature = "vision")]
         v.extend([
             "qwen2_5_vl",
             "qwen3_vl",

@@ -60,7 +60,7 @@
 //! tokens are `(side / patch)^2 + 1` (the class token).
 //!
 //! # Vision-language models
-//! `families.rs` reads the vision side of `qwen2_5_vl`, `qwen3_vl`, `gemma3`, `llava` /
+//! `families/vision.rs` reads the vision side of `qwen2_5_vl`, `qwen3_vl`, `gemma3`, `llava` /
 //! `llava_next`, `idefics3` / `smolvlm` and `mllama` configs beside their language model (a
 //! text family, read as above) into `vision.rs`'s data: the tower's and projector's parameters,
 //! each processor's token arithmetic (a pure function of the image's pixels); `vlm.rs`'s
@@ -69,6 +69,10 @@
 //! nothing; its backward runs after the language model's layers and before the token
 //! embedding's). There `TrainingStep::seq_len` is the text tokens per sample; the images come
 //! in a `VisionInputs` beside the step.
+//!
+//! All of it is behind the `vision` feature (on by default; the page's bundle leaves it off):
+//! without it `vision.rs`, `vlm.rs` and `families/vision.rs` are not compiled and a `gemma3`
+//! config is read through its `text_config` alone, with a note saying so.
 
 mod arith;
 mod config;
@@ -86,7 +90,9 @@ mod presets;
 mod recipe;
 mod replay;
 mod shape;
+#[cfg(feature = "vision")]
 mod vision;
+#[cfg(feature = "vision")]
 mod vlm;
 
 pub use config::{Architecture, ParameterUnits};
@@ -104,5 +110,7 @@ pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
 pub use recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
 pub use replay::AllocatorPeaks;
+#[cfg(feature = "vision")]
 pub use vision::{ImageLayout, VisionInputs, VlmKind, MAX_IMAGES, MAX_IMAGE_SIDE};
+#[cfg(feature = "vision")]
 pub use vlm::{estimate_vlm, image_tokens, ImageTokens};

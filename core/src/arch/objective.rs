@@ -353,6 +353,7 @@ impl<'a> Ctx<'a> {
                 // TRL's configs default to `bf16=True`: accelerate's autocast around every
                 // forward, whatever the weights' dtype
                 autocast: true,
+                #[cfg(feature = "vision")]
                 input_grad: false,
             },
         )

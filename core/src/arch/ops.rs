@@ -84,12 +84,13 @@ pub enum SavedPart {
     WorkingSet,
     /// A vision-language model's tower and projector, and what the language model keeps
     /// for the images (the merge mask, Mllama's cross-attention over the vision states).
+    #[cfg(feature = "vision")]
     Vision,
 }
 
 impl SavedPart {
     /// Every part, in the order the breakdown lists them.
-    pub const ALL: [SavedPart; 17] = [
+    pub const ALL: [SavedPart; if cfg!(feature = "vision") { 17 } else { 16 }] = [
         SavedPart::Embeddings,
         SavedPart::Norms,
         SavedPart::PostNorms,
@@ -106,6 +107,7 @@ impl SavedPart {
         SavedPart::LayerInputs,
         SavedPart::InFlight,
         SavedPart::WorkingSet,
+        #[cfg(feature = "vision")]
         SavedPart::Vision,
     ];
 
@@ -129,6 +131,7 @@ impl SavedPart {
             SavedPart::LayerInputs => "layer-inputs",
             SavedPart::InFlight => "in-flight",
             SavedPart::WorkingSet => "working-set",
+            #[cfg(feature = "vision")]
             SavedPart::Vision => "vision",
         }
     }
@@ -153,6 +156,7 @@ impl SavedPart {
             SavedPart::LayerInputs => "Checkpointed layer inputs",
             SavedPart::InFlight => "Offloaded, still on the GPU (copies in flight)",
             SavedPart::WorkingSet => "Forward working set (no-grad)",
+            #[cfg(feature = "vision")]
             SavedPart::Vision => "Vision tower, projector and image tokens",
         }
     }

@@ -25,6 +25,39 @@ use super::peft::Peft;
 use super::recipe::{Checkpointing, PrecisionRecipe};
 use super::vision::{layout, ImageLayout, Processor, VisionInputs, VisionLm, VlmKind, MAX_IMAGES};
 
+/// A vision-language model's vision side, as the page and the CLI ask for it.
+impl Architecture {
+    /// Whether this is a vision-language model (it takes images beside its text).
+    #[must_use]
+    pub fn is_vision_language(&self) -> bool {
+        self.vlm.is_some()
+    }
+    /// Parameters of the vision tower and its projector (and a vision-language model's
+    /// language-model parameters outside the text layers), 0 for a text-only model.
+    #[must_use]
+    pub fn vision_parameter_count(&self) -> u64 {
+        self.vlm.as_deref().map_or(0, VisionLm::parameter_count)
+    }
+    /// Parameters of the vision side that `v` trains (the tower's, the projector's).
+    #[must_use]
+    pub fn vision_trainable_count(&self, v: &VisionInputs) -> u64 {
+        self.vlm.as_deref().map_or(0, |x| {
+            let sum = |t: &[u64]| t.iter().fold(0u64, |a, &b| a.saturating_add(b));
+            let tower = if v.tower_trained {
+                sum(&x.tower_params)
+            } else {
+                0
+            };
+            let projector = if v.projector_trained {
+                sum(&x.projector_params)
+            } else {
+                0
+            };
+            tower.saturating_add(projector)
+        })
+    }
+}
+
 /// Images per sample and the language model's sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageTokens {

@@ -1,0 +1,141 @@
+//! A vision-language model's images in the evaluation (the `vision` feature): the step with
+//! its vision tower, the parameters it adds, the image fields' errors.
+
+use super::{Evaluation, Knobs, Parsed};
+use crate::state::{Field, PageState};
+use crate::{Architecture, FieldError, Objective, PeakEstimate, TrainingStep, VisionInputs};
+
+/// A parsed input, or its fields' errors.
+type Parsing<T> = Result<T, Vec<(Field, FieldError)>>;
+
+/// The objective parsed, and the images of a vision-language model: the image fields'
+/// errors join the objective's (after them), so that every field's error shows at once.
+pub(super) fn with_images(
+    state: &PageState,
+    arch: &Architecture,
+    objective: Parsing<Objective>,
+) -> (Parsing<Objective>, Option<VisionInputs>) {
+    match (objective, state.parsed_vision(arch)) {
+        (Ok(o), Ok(v)) => (Ok(o), v),
+        (o, v) => (
+            Err(o.err().into_iter().chain(v.err()).flatten().collect()),
+            None,
+        ),
+    }
+}
+
+/// The step of one rank's whole model: with images, the vision-language model's
+/// (supervised fine-tuning or inference; data parallelism shards it above, the splits of
+/// the step and DPO / GRPO are modelled for the text models only); without, the text
+/// model's.
+pub(super) fn step(
+    arch: &Architecture,
+    step: &TrainingStep,
+    peft: Option<&crate::Peft>,
+    mesh: &crate::Mesh,
+    objective: &Objective,
+    vision: Option<&VisionInputs>,
+) -> Result<PeakEstimate, crate::EstimateError> {
+    let Some(vision) = vision else {
+        return crate::estimate_objective(arch, step, peft, mesh, objective, None);
+    };
+    if objective.kind != crate::ObjectiveKind::Sft {
+        return Err(crate::EstimateError::ImagesInvalid(
+            "DPO and GRPO are modelled for text only: with images, pick supervised fine-tuning",
+        ));
+    }
+    if mesh.splits_the_step() {
+        return Err(crate::EstimateError::MeshUnsupported(
+            "with images, the step is modelled on data parallelism only (no tensor, context or pipeline parallelism)",
+        ));
+    }
+    crate::estimate_vlm(arch, step, peft, vision)
+}
+
+/// `e` with the vision side among the model's parameters when the step has images: the
+/// tower and the projector, and of what trains only the adapters counted as the text
+/// model's (the vision side's trained parts are already among them).
+pub(super) fn with_vision_parameters(
+    mut e: Evaluation,
+    parsed: &Parsed,
+    knobs: &Knobs,
+) -> Evaluation {
+    let (Parsed::Architecture(m), Some(v)) = (parsed, knobs.vision) else {
+        return e;
+    };
+    let adapters = if knobs.peft.is_some() {
+        e.step
+            .trainable_params
+            .saturating_sub(m.arch.vision_trainable_count(&v))
+    } else {
+        0
+    };
+    e.n_params = parsed
+        .n_params()
+        .saturating_add(adapters)
+        .saturating_add(m.arch.vision_parameter_count());
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::evaluate;
+    use super::*;
+    use crate::{
+        decode_query, AttentionKernel, Checkpointing, Compile, EvaluationError, LossKind,
+        Optimizer, OptimizerImpl, PrecisionRecipe,
+    };
+
+    /// A vision-language config with its images: the page's evaluation is `estimate_vlm`'s
+    /// step, its parameters include the tower; the same config without a vision side's
+    /// fields keeps the text model's figures; bad image fields are field errors.
+    #[test]
+    fn a_vision_language_model_is_evaluated_with_its_images() {
+        let config = include_str!("../../../validation/configs/qwen2.5-vl-7b-4l.json");
+        let mut state = decode_query("m=arch&model=custom&b=1&s=256&r=bf16&oi=foreach").state;
+        state.hardware.gpu = None;
+        state.model.preset = None;
+        state.model.config_json = config.to_owned();
+        state.vision.images = "2".to_owned();
+        state.vision.image_size = "1344x896".to_owned();
+        let e = evaluate(&state).unwrap();
+        let arch = crate::parse_hf_config(config).unwrap();
+        let step = TrainingStep {
+            batch: 1,
+            seq_len: 256,
+            precision: PrecisionRecipe::Bf16,
+            optimizer: Optimizer::AdamW,
+            optimizer_impl: OptimizerImpl::Foreach,
+            attention: AttentionKernel::Sdpa,
+            checkpointing: Checkpointing::None,
+            compile: Compile::Off,
+            loss: LossKind::Hf,
+            packing: false,
+            padding: false,
+            optimizer_in_backward: false,
+            activation_offload: false,
+        };
+        let images = crate::VisionInputs::new(2, 1344, 896);
+        let direct = crate::estimate_vlm(&arch, &step, None, &images).unwrap();
+        assert_eq!(e.step.peak_bytes, direct.peak_bytes);
+        assert_eq!(e.n_params, direct.n_params);
+        assert!(e.n_params > arch.parameter_count());
+        // no images (the default): the language model alone, as before the image fields
+        state.vision.images = crate::DEFAULT_IMAGES.to_owned();
+        let none = evaluate(&state).unwrap();
+        assert!(none.step.peak_bytes < e.step.peak_bytes);
+        assert_eq!(none.n_params, arch.parameter_count());
+        state.vision.images = "x".to_owned();
+        state.vision.image_size = "10x".to_owned();
+        match evaluate(&state) {
+            Err(EvaluationError::Fields(f)) => {
+                let fields: Vec<Field> = f.iter().map(|(f, _)| *f).collect();
+                assert_eq!(fields, [Field::Images, Field::ImageSize]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // a text model ignores the image fields
+        let text = decode_query("m=arch&model=llama3.2-1b&img=4&isz=1x").state;
+        assert!(evaluate(&text).is_ok());
+    }
+}

@@ -1,0 +1,151 @@
+//! A vision-language model's image fields (the `vision` feature): images per sample, their
+//! size, what trains of the vision side; their URL keys `img`, `isz`, `vt`, `vp`.
+
+use super::{choice, parse_count, text, Field, PageState, Section};
+use crate::number::{parse_whole_count, FieldError};
+
+/// Images per sample on a first visit (vision-language models): none, so that a
+/// multimodal config (Gemma 3's) and every link from before the image fields give the
+/// language model's figures as they did; the fields are there to add images.
+pub const DEFAULT_IMAGES: &str = "0";
+/// Image size on a first visit (vision-language models), width x height in pixels.
+pub const DEFAULT_IMAGE_SIZE: &str = "1024x768";
+
+/// A vision-language model's images and what trains of its vision side (the inputs of no
+/// other model).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VisionSettings {
+    /// Images per sample, as typed (0: text only).
+    pub images: String,
+    /// Each image's width x height in pixels, as typed (`1024x768`).
+    pub image_size: String,
+    /// The vision tower trained (frozen by default, as most fine-tunes leave it).
+    pub tower_trained: bool,
+    /// The projector trained (by default, as most fine-tunes do).
+    pub projector_trained: bool,
+}
+
+impl Default for VisionSettings {
+    fn default() -> Self {
+        Self {
+            images: DEFAULT_IMAGES.to_owned(),
+            image_size: DEFAULT_IMAGE_SIZE.to_owned(),
+            tower_trained: false,
+            projector_trained: true,
+        }
+    }
+}
+
+impl Section for VisionSettings {
+    const KEYS: &'static [(Field, &'static str)] = &[
+        (Field::Images, "img"),
+        (Field::ImageSize, "isz"),
+        (Field::VisionTower, "vt"),
+        (Field::Projector, "vp"),
+    ];
+
+    fn get(&self, field: Field) -> Option<String> {
+        // the image fields travel only when changed, so that every other link stays as it was
+        Some(match field {
+            Field::Images if self.images != DEFAULT_IMAGES => self.images.clone(),
+            Field::ImageSize if self.image_size != DEFAULT_IMAGE_SIZE => self.image_size.clone(),
+            Field::VisionTower if self.tower_trained => trained_key(true).to_owned(),
+            Field::Projector if !self.projector_trained => trained_key(false).to_owned(),
+            _ => return None,
+        })
+    }
+
+    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+        match field {
+            Field::Images => self.images = text(value)?,
+            Field::ImageSize => self.image_size = text(value)?,
+            Field::VisionTower => self.tower_trained = choice(value, &[false, true], trained_key)?,
+            Field::Projector => {
+                self.projector_trained = choice(value, &[true, false], trained_key)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A trained or frozen part of a vision-language model.
+fn trained_key(trained: bool) -> &'static str {
+    if trained {
+        "trained"
+    } else {
+        "frozen"
+    }
+}
+
+/// Parses an image size, `WIDTHxHEIGHT` in pixels (`x`, `X`, `*` or the multiplication
+/// sign between them; one number is a square).
+///
+/// # Errors
+/// The message for the field.
+pub fn parse_image_size(text: &str) -> Result<(u64, u64), FieldError> {
+    let max = crate::MAX_IMAGE_SIDE;
+    let text = text.trim();
+    let side = |t: &str| parse_whole_count(t.trim(), 1, max, "pixels");
+    match text.split_once(['x', 'X', '\u{d7}', '*']) {
+        Some((w, h)) => Ok((side(w)?, side(h)?)),
+        None if text.is_empty() => Err(FieldError::Empty),
+        None => {
+            let s = side(text)?;
+            Ok((s, s))
+        }
+    }
+}
+
+impl PageState {
+    /// The images of a vision-language model's step (`None` without images, or for any
+    /// other model: the image fields are not its inputs).
+    ///
+    /// # Errors
+    /// The fields and their messages.
+    pub fn parsed_vision(
+        &self,
+        arch: &crate::Architecture,
+    ) -> Result<Option<crate::VisionInputs>, Vec<(Field, FieldError)>> {
+        if !arch.is_vision_language() {
+            return Ok(None);
+        }
+        let v = &self.vision;
+        let mut errors = Vec::new();
+        let images = parse_count(&v.images, crate::MAX_IMAGES, "images", true)
+            .map_err(|e| errors.push((Field::Images, e)));
+        let size = parse_image_size(&v.image_size).map_err(|e| errors.push((Field::ImageSize, e)));
+        let (Ok(images), Ok((width, height))) = (images, size) else {
+            return Err(errors);
+        };
+        if images == 0 {
+            // the language model alone, as the model's note says
+            return Ok(None);
+        }
+        Ok(Some(crate::VisionInputs {
+            images,
+            width,
+            height,
+            tower_trained: v.tower_trained,
+            projector_trained: v.projector_trained,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_sizes_read_as_width_by_height() {
+        assert_eq!(parse_image_size("1344x896"), Ok((1344, 896)));
+        assert_eq!(parse_image_size(" 1024 X 768 "), Ok((1024, 768)));
+        assert_eq!(parse_image_size("640\u{d7}480"), Ok((640, 480)));
+        assert_eq!(parse_image_size("448"), Ok((448, 448)));
+        assert_eq!(parse_image_size(""), Err(FieldError::Empty));
+        assert!(parse_image_size("0x10").is_err());
+        assert!(parse_image_size("10x").is_err());
+        assert!(parse_image_size("1e9x10").is_err());
+        assert!(parse_image_size("12.5x10").is_err());
+    }
+}
