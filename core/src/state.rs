@@ -1253,6 +1253,16 @@ fn expected_one_of(keys: &mut dyn Iterator<Item = &'static str>) -> String {
     format!("expected one of {}.", keys.join(", "))
 }
 
+/// A fraction below 1 (a probability, a share of the device) as typed, in thousandths.
+fn fraction_permille(text: &str) -> Result<u64, FieldError> {
+    crate::number::parse_rounded_amount(text, 1000, 999).map_err(|e| match e {
+        FieldError::TooLarge { .. } => {
+            FieldError::Other("Must be below 1 (a fraction).".to_owned())
+        }
+        e => e,
+    })
+}
+
 fn on_off(value: bool) -> &'static str {
     if value {
         "on"
@@ -1351,14 +1361,7 @@ impl PageState {
             Ok(1)
         };
         let vllm = if grpo && st.generator == Generator::VllmColocated {
-            crate::number::parse_rounded_amount(&st.vllm_memory, 1000, 999)
-                .map_err(|e| match e {
-                    FieldError::TooLarge { .. } | FieldError::Zero => FieldError::Other(
-                        "A fraction of the GPU between 0 and 1 (TRL's default 0.3).".to_owned(),
-                    ),
-                    e => e,
-                })
-                .map_err(|e| errors.push((Field::VllmMemory, e)))
+            fraction_permille(&st.vllm_memory).map_err(|e| errors.push((Field::VllmMemory, e)))
         } else {
             Ok(300)
         };
@@ -1393,15 +1396,11 @@ impl PageState {
         let alpha =
             crate::number::parse_rounded_amount(&self.training.lora_alpha, 1000, u64::MAX / 2)
                 .map(|_| ());
-        let dropout =
-            match crate::number::parse_rounded_amount(&self.training.lora_dropout, 1000, 999) {
-                Ok(_) => Ok(true),
-                Err(FieldError::Zero) => Ok(false),
-                Err(FieldError::TooLarge { .. }) => Err(FieldError::Other(
-                    "Must be below 1 (a probability).".to_owned(),
-                )),
-                Err(e) => Err(e),
-            };
+        let dropout = match fraction_permille(&self.training.lora_dropout) {
+            Ok(_) => Ok(true),
+            Err(FieldError::Zero) => Ok(false),
+            Err(e) => Err(e),
+        };
         (rank, alpha, dropout)
     }
 

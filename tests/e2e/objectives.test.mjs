@@ -110,7 +110,7 @@ test('GRPO on Qwen3 1.7B with 8 generations on one 80 GB GPU: generation, traini
   // a fraction that is not one is refused next to its field, the rest keeps working
   await typeInto(page, 'vllm-memory', '1.5');
   await page.waitForFunction(() => document.querySelector('[data-testid="vllm-memory-error"]')?.textContent !== '');
-  assert.match(await page.getByTestId('vllm-memory-error').textContent(), /between 0 and 1/);
+  assert.match(await page.getByTestId('vllm-memory-error').textContent(), /Must be below 1/);
   await typeInto(page, 'vllm-memory', '0.4');
   await page.waitForFunction(() => document.querySelector('[data-testid="vllm-memory-error"]')?.textContent === '');
 

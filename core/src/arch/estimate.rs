@@ -1410,8 +1410,9 @@ fn estimate_on(
     ];
     // The first layer's backward: the later layers' saved tensors are gone, their gradients
     // exist (in `gradients`: the layers' only; the head's wait in `temporaries`, as in
-    // `layer_backward`). Never a single GPU's peak (the embeddings' backward holds all
-    // that and more), but where a sharded engine's reduced gradients add up.
+    // `layer_backward`): where a sharded engine's reduced gradients add up, and a single
+    // GPU's peak when the recomputed first layer and the waiting head share of a tied
+    // matrix outweigh the embeddings' backward (GRPO's long completions, rl-measured.jsonl).
     if trains && peft.is_none() && !in_backward {
         let embedding = sum_storages(&spec.embedding_parameter_tensors(), p.gradient_bytes())?;
         let first_saved = if step.checkpointing.checkpoints_layer(0) {
@@ -1419,15 +1420,22 @@ fn estimate_on(
         } else {
             largest_layer
         };
-        moments.push((
-            BackwardMoment::Layers,
-            CategoryBytes {
-                activations: add(acts.outside.saturating_sub(acts.head_saved), first_saved)?,
-                gradients: grads.saturating_sub(add(head_grads, embedding)?),
-                temporaries: add(layer_transient, head_grads)?,
-                ..base
-            },
-        ));
+        let first = CategoryBytes {
+            activations: add(acts.outside.saturating_sub(acts.head_saved), first_saved)?,
+            // a tied matrix is one gradient: its head share waits in `temporaries`, its
+            // embedding share is still to come (subtracted once, not twice)
+            gradients: grads.saturating_sub(if spec.tied {
+                embedding
+            } else {
+                add(head_grads, embedding)?
+            }),
+            temporaries: add(layer_transient, head_grads)?,
+            ..base
+        };
+        if first.total() > bwd.total() {
+            bwd = first;
+        }
+        moments.push((BackwardMoment::Layers, first));
     }
     moments.extend(
         [bwd_attention, bwd_first_attention]

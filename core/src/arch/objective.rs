@@ -259,23 +259,17 @@ pub fn estimate_objective(
             "DPO and GRPO train a causal language model with an optimizer on at least one completion token",
         ));
     }
-    match objective.reference {
-        Reference::AdaptersOff if peft.is_none() => {
-            return Err(EstimateError::ObjectiveUnsupported(
-                "the adapters-off reference needs LoRA or QLoRA",
-            ))
-        }
-        Reference::Precomputed if objective.kind == ObjectiveKind::Grpo => {
-            return Err(EstimateError::ObjectiveUnsupported(
-                "GRPO has no precomputed reference: pick none (beta = 0), separate or adapters-off",
-            ))
-        }
-        Reference::None if objective.kind == ObjectiveKind::Dpo => {
-            return Err(EstimateError::ObjectiveUnsupported(
-                "DPO needs a reference: separate, adapters-off or precomputed",
-            ))
-        }
-        _ => {}
+    let is_grpo = objective.kind == ObjectiveKind::Grpo;
+    if match objective.reference {
+        Reference::AdaptersOff => peft.is_none(),
+        Reference::Precomputed => is_grpo,
+        Reference::None => !is_grpo,
+        Reference::Separate => false,
+    } {
+        return Err(EstimateError::ObjectiveUnsupported(
+            "this reference does not go with this step: DPO takes separate, precomputed or \
+             adapters-off (LoRA, QLoRA), GRPO none (beta = 0), separate or adapters-off",
+        ));
     }
     // DPOConfig's `disable_dropout=True` sets every dropout's p to 0, LoRA's among them,
     // and a dropout of p = 0 returns its input (ATen `_dropout`): nothing is kept
