@@ -30,9 +30,11 @@ test("TRL's SFTTrainer on Qwen3-0.6B needs a third of a plain loop's memory", as
     return el && Number(el.dataset.bytes) !== before;
   }, plain);
   const trl = Number(await bytesOf(page, 'total'));
-  // with the fused AdamW TRL inherits from HF Trainer, the peak leaves the optimizer step
+  // with the fused AdamW TRL inherits from HF Trainer, the peak leaves the optimizer step for
+  // the backward, which TRL 1.13's own code peaked at 5.092 GiB (trainers-measured.jsonl, the
+  // foreach row's backward: the optimizer kernel does not change it)
   assert.equal(await page.getByTestId('optimizer-impl').inputValue(), 'fused');
-  assert.ok(Math.abs(trl / GIB - 5.02) < 0.01, `TRL SFT: ${trl / GIB} GiB`);
+  assert.ok(Math.abs(trl / GIB / 5.092 - 1) < 0.01, `TRL SFT: ${trl / GIB} GiB`);
   assert.ok(plain > 2.5 * trl, `plain loop ${plain / GIB} GiB against TRL ${trl / GIB} GiB`);
   // TRL 1.13's own code measured under fake tensors with foreach AdamW: 5.55 GiB (peak in
   // the optimizer step); the changed kernel makes the setup custom
