@@ -19,8 +19,8 @@ pub(crate) const TORCHTUNE_CHUNKS: u64 = 8;
 /// TRL's `entropy_from_logits` default: rows per chunk of its no-gradient entropy.
 const TRL_ENTROPY_ROWS: u64 = 128;
 /// TRL's `ChunkedLogProbFunction` tiles (`trl/kernels/chunked_logprob.py`).
-const TRL_FUSED_TOKENS: u64 = 4096;
-const TRL_FUSED_VOCAB: u64 = 32_768;
+pub(crate) const TRL_FUSED_TOKENS: u64 = 4096;
+pub(crate) const TRL_FUSED_VOCAB: u64 = 32_768;
 
 /// The causal-LM head as the loss sees it.
 #[derive(Clone, Copy, Debug)]

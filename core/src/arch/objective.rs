@@ -17,14 +17,11 @@ use super::error::EstimateError;
 use super::estimate::{
     rank_step, CategoryBytes, ObjectivePhases, PeakEstimate, Phase, TrainerTape, TrainingStep,
 };
+use super::loss::{TRL_FUSED_TOKENS, TRL_FUSED_VOCAB};
 use super::mesh::Mesh;
 use super::peft::Peft;
 use super::recipe::{LossKind, PrecisionRecipe};
 use crate::AllocatorMode;
-
-/// TRL's `ChunkedLogProbFunction` tiles (`trl/kernels/chunked_logprob.py`).
-const FUSED_TOKENS: u64 = 4096;
-const FUSED_VOCAB: u64 = 32_768;
 
 /// What the step trains for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -277,7 +274,7 @@ pub fn estimate_objective(
         dropout: f.dropout && objective.kind != ObjectiveKind::Dpo,
         ..*f
     });
-    let ctx = Ctx::new(arch, step, without_dropout.as_ref(), mesh)?;
+    let ctx = Ctx::new(arch, step, without_dropout.as_ref(), mesh);
     match objective.kind {
         ObjectiveKind::Dpo => dpo(&ctx, objective, replay),
         _ => grpo(&ctx, objective, replay),
@@ -307,9 +304,9 @@ impl<'a> Ctx<'a> {
         step: &'a TrainingStep,
         peft: Option<&'a Peft>,
         mesh: &'a Mesh,
-    ) -> Res<Self> {
+    ) -> Self {
         let p: PrecisionRecipe = step.precision;
-        Ok(Self {
+        Self {
             arch,
             step,
             peft,
@@ -319,7 +316,7 @@ impl<'a> Ctx<'a> {
             resid: p.residual_bytes(),
             casts_weights: p.autocast() && p.weight_bytes() == 4,
             tp: mesh.tensor.max(1),
-        })
+        }
     }
 
     /// The training tape of `batch` rows of the objective's sequences, the loss scoring
@@ -414,8 +411,8 @@ impl<'a> Ctx<'a> {
     /// the mask's nonzero indices (and under autocast the tiles' 16-bit casts).
     fn head_working_set(&self, tokens: u64, scored: u64) -> u64 {
         let h = self.arch.spec.token_width();
-        let v = self.arch.vocab_size().min(FUSED_VOCAB);
-        let m = scored.min(FUSED_TOKENS);
+        let v = self.arch.vocab_size().min(TRL_FUSED_VOCAB);
+        let m = scored.min(TRL_FUSED_TOKENS);
         let compute = if self.act == 4 && !self.step.precision.autocast() {
             4
         } else {
