@@ -13,7 +13,7 @@ use crate::components::{
     notes_markup, rows_markup, sweep_table, total_markup, verdict_card, verdict_markup,
     BreakdownDetail, BreakdownPart, Explanations, FitAdvice, Notices,
 };
-use crate::effect::watch;
+use crate::effect::{memo, watch};
 use crate::form::input_form;
 use crate::markup::{when, Markup};
 
@@ -158,11 +158,11 @@ pub fn App() -> impl IntoView {
     let state = RwSignal::new(state);
     let notices = RwSignal::new(notices);
 
-    let unit = Memo::new(move |_| state.with(|s| s.byte_unit));
-    let mode = Memo::new(move |_| state.with(|s| s.mode));
+    let unit = memo(move |_| state.with(|s| s.byte_unit));
+    let mode = memo(move |_| state.with(|s| s.mode));
     // One parse per change: everything below reads the parsed page, never the text.
-    let page = Memo::new(move |_| state.with(parse_page));
-    let evaluation = Memo::new(move |_| {
+    let page = memo(move |_| state.with(parse_page));
+    let evaluation = memo(move |_| {
         page.with(|p| {
             p.scenario
                 .as_ref()
@@ -171,9 +171,9 @@ pub fn App() -> impl IntoView {
         })
     });
     // What the estimate of the chosen model leaves out or assumes (architecture mode).
-    let notes = Memo::new(move |_| page.with(|p| notes_markup(&p.notes)));
+    let notes = memo(move |_| page.with(|p| notes_markup(&p.notes)));
 
-    let per_gpu = Memo::new(move |_| evaluation.with(|e| e.as_ref().is_ok_and(|e| e.per_gpu)));
+    let per_gpu = memo(move |_| evaluation.with(|e| e.as_ref().is_ok_and(|e| e.per_gpu)));
     let total_label = move || match (mode.get(), per_gpu.get()) {
         (Mode::Simple, false) => "Total",
         (Mode::Simple, true) => "Total per GPU",
@@ -181,7 +181,7 @@ pub fn App() -> impl IntoView {
         (Mode::Architecture, true) => "Peak per GPU",
     };
     // The cards' markups, each from the evaluation.
-    let breakdown_total = Memo::new(move |_| {
+    let breakdown_total = memo(move |_| {
         evaluation.with(|e| {
             let problem = e.as_ref().err().map(ToString::to_string);
             total_markup(
@@ -196,7 +196,7 @@ pub fn App() -> impl IntoView {
             )
         })
     });
-    let breakdown_bar = Memo::new(move |_| {
+    let breakdown_bar = memo(move |_| {
         evaluation.with(|e| {
             e.as_ref().map_or_else(
                 |_| Vec::new(),
@@ -204,7 +204,7 @@ pub fn App() -> impl IntoView {
             )
         })
     });
-    let breakdown_rows = Memo::new(move |_| {
+    let breakdown_rows = memo(move |_| {
         evaluation.with(|e| {
             e.as_ref().map_or_else(
                 |_| Vec::new(),
@@ -212,12 +212,11 @@ pub fn App() -> impl IntoView {
             )
         })
     });
-    let verdict =
-        Memo::new(move |_| evaluation.with(|e| verdict_markup(e.as_ref().ok(), unit.get())));
+    let verdict = memo(move |_| evaluation.with(|e| verdict_markup(e.as_ref().ok(), unit.get())));
     let sweep_of = move |f: fn(&[SweepRow], ByteUnit) -> String| {
         move || evaluation.with(|e| f(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
     };
-    let chart = Memo::new(move |_| {
+    let chart = memo(move |_| {
         evaluation.with(|e| {
             let (rows, line) = e.as_ref().map_or((&[][..], None), |e| {
                 let line = e
@@ -248,7 +247,7 @@ pub fn App() -> impl IntoView {
     // once typing pauses for URL_SYNC_DELAY: Chromium's replaceState costs milliseconds a
     // call, and localStorage's setItem a tenth of a keystroke. The share link carries the
     // query at once.
-    let query = Memo::new(move |_| state.with(encode_query));
+    let query = memo(move |_| state.with(encode_query));
     // Leaving the page within the pause stores what the pause would have.
     let _ = window_event_listener_untyped("pagehide", move |_| {
         query.with_untracked(|q| browser::store(q));
@@ -273,11 +272,11 @@ pub fn App() -> impl IntoView {
         });
     });
 
-    let is_arch = Memo::new(move |_| state.with(|s| s.mode == Mode::Architecture));
-    let is_peft = Memo::new(move |_| {
+    let is_arch = memo(move |_| state.with(|s| s.mode == Mode::Architecture));
+    let is_peft = memo(move |_| {
         state.with(|s| s.training.method != Method::Full && s.step.optimizer.trains())
     });
-    let fits_now = Memo::new(move |_| {
+    let fits_now = memo(move |_| {
         evaluation.with(|e| {
             e.as_ref()
                 .is_ok_and(|e| e.verdict.as_ref().is_some_and(|v| v.fits()))
@@ -326,7 +325,7 @@ pub fn App() -> impl IntoView {
         }
     });
     // The parameter count, the peak's phase and the share link, above the breakdown.
-    let summary = Memo::new(move |_| {
+    let summary = memo(move |_| {
         let mut m = Markup::default();
         evaluation.with(|e| {
             let Ok(e) = e else { return };
@@ -423,9 +422,9 @@ pub fn App() -> impl IntoView {
         });
         m.finish()
     });
-    let has_figures = Memo::new(move |_| evaluation.with(Result::is_ok));
+    let has_figures = memo(move |_| evaluation.with(Result::is_ok));
     // The peak and the verdict, kept in view on a phone.
-    let sticky = Memo::new(move |_| {
+    let sticky = memo(move |_| {
         let mut m = Markup::default();
         evaluation.with(|e| match e {
             Ok(e) => {
@@ -486,8 +485,8 @@ pub fn App() -> impl IntoView {
                 <FitAdvice plans=advice fits_now=fits_now show=show_plans unit=unit />
                 {memory_chart(chart)}
                 {sweep_table(
-                    Memo::new(move |_| sweep_of(head_markup)()),
-                    Memo::new(move |_| {
+                    memo(move |_| sweep_of(head_markup)()),
+                    memo(move |_| {
                         evaluation.with(|e| body_markup(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
                     }),
                     Signal::derive(sweep_of(sweep_markdown)),

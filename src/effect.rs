@@ -12,3 +12,19 @@ pub fn watch(mut f: impl FnMut() + 'static) {
     let effect = RenderEffect::new(move |_| f());
     on_cleanup(move || drop(effect));
 }
+
+/// A memo of `f`: `Memo::new` with the closure boxed, so that the code that creates a memo
+/// (its arena slot, its owner) is compiled once per value type instead of once per memo.
+pub(crate) fn memo<T: PartialEq + Send + Sync + 'static>(
+    f: impl Fn(Option<&T>) -> T + Send + Sync + 'static,
+) -> Memo<T> {
+    boxed_memo(Box::new(f))
+}
+
+/// A memo's function, boxed.
+type MemoFn<T> = Box<dyn Fn(Option<&T>) -> T + Send + Sync>;
+
+#[inline(never)]
+fn boxed_memo<T: PartialEq + Send + Sync + 'static>(f: MemoFn<T>) -> Memo<T> {
+    Memo::new(f)
+}

@@ -1,5 +1,6 @@
 //! The breakdown card: where the memory of one step goes.
 
+use crate::effect::memo;
 use estimator_core::{format_bytes, group_thousands, ByteUnit};
 use leptos::prelude::*;
 
@@ -183,7 +184,7 @@ pub fn breakdown_card(
     bar: Memo<Vec<String>>,
     rows: Memo<Vec<String>>,
 ) -> impl IntoView {
-    let has_bar = Memo::new(move |_| bar.with(|b| !b.is_empty()));
+    let has_bar = memo(move |_| bar.with(|b| !b.is_empty()));
     view! {
         <section class="card breakdown" aria-labelledby="breakdown-title">
             <h2 id="breakdown-title">"Memory for one training step"</h2>
@@ -221,7 +222,7 @@ pub fn BreakdownCard(
     #[prop(into)]
     total_label: Signal<&'static str>,
 ) -> impl IntoView {
-    let figure = Memo::new(move |_| {
+    let figure = memo(move |_| {
         problem.with(|problem| {
             total_markup(
                 total.get(),
@@ -232,7 +233,7 @@ pub fn BreakdownCard(
             )
         })
     });
-    let bar = Memo::new(move |_| {
+    let bar = memo(move |_| {
         parts.with(|parts| {
             parts
                 .as_deref()
@@ -240,7 +241,7 @@ pub fn BreakdownCard(
                 .unwrap_or_default()
         })
     });
-    let rows = Memo::new(move |_| {
+    let rows = memo(move |_| {
         parts.with(|parts| {
             rows_markup(
                 parts.as_deref().unwrap_or_default(),

@@ -1,5 +1,6 @@
 //! "Batch Size vs. Memory" as a picture: stacked bars with the GPU's capacity as a line.
 
+use crate::effect::memo;
 use estimator_core::{format_bytes, format_in_unit, ByteUnit, SweepRow};
 use leptos::prelude::*;
 
@@ -276,7 +277,7 @@ pub fn MemoryChart(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    memory_chart(Memo::new(move |_| {
+    memory_chart(memo(move |_| {
         rows.with(|rows| chart_markup(rows, capacity_line.get(), unit.get()))
     }))
 }

@@ -1,5 +1,6 @@
 //! What to change so that it fits: the advisor's plans, each a link to the page with them.
 
+use crate::effect::memo;
 use estimator_core::{encode_query, format_bytes, ByteUnit, FitPlan, MaxBatch};
 use leptos::prelude::*;
 
@@ -22,9 +23,9 @@ pub fn FitAdvice(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    let no_plans = Memo::new(move |_| plans.with(Option::is_none));
-    let fits_not = Memo::new(move |_| !fits_now.get());
-    let list = Memo::new(move |_| {
+    let no_plans = memo(move |_| plans.with(Option::is_none));
+    let fits_not = memo(move |_| !fits_now.get());
+    let list = memo(move |_| {
         let unit = unit.get();
         let mut m = Markup::default();
         if fits_now.get() && !show.get() {

@@ -1,5 +1,6 @@
 //! What the estimate of the chosen model leaves out or assumes.
 
+use crate::effect::memo;
 use leptos::prelude::*;
 
 use crate::markup::Markup;
@@ -15,7 +16,7 @@ pub fn notes_markup(notes: &[&str]) -> String {
 
 /// The list around its items ([`notes_markup`]); nothing when there are none.
 pub fn model_notes(items: Memo<String>) -> impl IntoView {
-    let any = Memo::new(move |_| items.with(|i| !i.is_empty()));
+    let any = memo(move |_| items.with(|i| !i.is_empty()));
     move || {
         any.get().then(|| {
             view! {
@@ -34,5 +35,5 @@ pub fn ModelNotes(
     #[prop(into)]
     notes: Signal<Vec<&'static str>>,
 ) -> impl IntoView {
-    model_notes(Memo::new(move |_| notes.with(|n| notes_markup(n))))
+    model_notes(memo(move |_| notes.with(|n| notes_markup(n))))
 }

@@ -2,7 +2,7 @@
 
 use leptos::prelude::*;
 
-use crate::effect::watch;
+use crate::effect::{memo, watch};
 
 /// What was ignored from the link or the saved inputs, with a button to dismiss it.
 #[component]
@@ -26,7 +26,7 @@ pub fn Notices(
             }
         });
     });
-    let any = Memo::new(move |_| notices.with(|n| !n.is_empty()));
+    let any = memo(move |_| notices.with(|n| !n.is_empty()));
     move || {
         any.get().then(|| {
             view! {

@@ -1,5 +1,6 @@
 //! "Batch Size vs. Memory": the sweep table with its copy buttons.
 
+use crate::effect::memo;
 use estimator_core::{sweep_cells, sweep_header, sweep_markdown, sweep_tsv, ByteUnit, SweepRow};
 use leptos::prelude::*;
 
@@ -99,8 +100,8 @@ pub fn SweepTable(
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
     sweep_table(
-        Memo::new(move |_| rows.with(|r| head_markup(r, unit.get()))),
-        Memo::new(move |_| rows.with(|r| body_markup(r, unit.get()))),
+        memo(move |_| rows.with(|r| head_markup(r, unit.get()))),
+        memo(move |_| rows.with(|r| body_markup(r, unit.get()))),
         Signal::derive(move || rows.with(|r| sweep_markdown(r, unit.get()))),
         Signal::derive(move || rows.with(|r| sweep_tsv(r, unit.get()))),
     )

@@ -1,5 +1,6 @@
 //! Will it fit: the verdict, the largest batch and the accumulation plan.
 
+use crate::effect::memo;
 use estimator_core::{format_bytes, ByteUnit, Evaluation, MaxBatch};
 use leptos::prelude::*;
 
@@ -194,7 +195,7 @@ pub fn VerdictCard(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    verdict_card(Memo::new(move |_| {
+    verdict_card(memo(move |_| {
         evaluation.with(|e| verdict_markup(e.as_ref(), unit.get()))
     }))
 }
