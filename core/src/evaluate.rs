@@ -183,6 +183,20 @@ pub struct StepMemory {
     pub objective_phases: Option<PhasePeaks>,
 }
 
+impl StepMemory {
+    /// Of the peak, what the caching allocator's reserve does not grow with: colocated
+    /// vLLM's reservation and a paged optimizer's state ([`Overheads::outside_allocator_bytes`]).
+    ///
+    /// [`Overheads::outside_allocator_bytes`]: crate::Overheads::outside_allocator_bytes
+    #[must_use]
+    pub fn outside_allocator_bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .filter(|(k, _)| *k == PartKind::VllmReservation)
+            .fold(self.paged_bytes, |acc, (_, b)| acc.saturating_add(*b))
+    }
+}
+
 /// DPO's and GRPO's peaks per GPU by phase of the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PhasePeaks {
@@ -1101,6 +1115,7 @@ pub(crate) fn evaluate_parsed(
     let batch = batch_of(&model);
     let allocator = resolve_reserve(&mut plan, &model, batch);
     let fit = fit_at(&model, &plan, batch)?;
+    plan.overheads = fit.overheads;
     // a batch fits when it is no larger than the largest that fits (the same verdicts,
     // each batch's own allocator reserve among them)
     let sweep_rows = sweep(batch, MAX_BATCH, |b| {
@@ -1150,7 +1165,9 @@ impl Evaluation {
     #[must_use]
     pub fn reserved_bytes(&self) -> u64 {
         let reserve = crate::plan::ppm_of(
-            self.step.peak_bytes,
+            self.step
+                .peak_bytes
+                .saturating_sub(self.plan.overheads.outside_allocator_bytes),
             self.plan.overheads.allocator_reserve_ppm,
         );
         self.step.peak_bytes.saturating_add(reserve)
@@ -1262,6 +1279,8 @@ pub(crate) struct Fit {
     pub verdict: Option<FitVerdict>,
     /// The largest batch per GPU that fits (a device is chosen).
     pub max_batch: Option<MaxBatch>,
+    /// The overheads the verdicts used (the step's memory outside the allocator set).
+    pub overheads: crate::Overheads,
 }
 
 /// Replays kept for the steps asked again (more than a page asks for at once).
@@ -1289,10 +1308,15 @@ const MAX_REFINE_REPLAYS: u32 = 24;
 pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit, EvaluationError> {
     let step = step_at(model, plan, batch)?;
     let capacity = plan.capacity_bytes;
-    let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &plan.overheads));
+    // (the same at every batch: vLLM's share of the device, the optimizer's paged state)
+    let overheads = crate::Overheads {
+        outside_allocator_bytes: step.outside_allocator_bytes(),
+        ..plan.overheads
+    };
+    let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &overheads));
     let max_batch = match capacity {
         Some(c) => {
-            let guess = max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
+            let guess = max_batch_that_fits(MAX_BATCH, c, &overheads, |b| {
                 step_at(model, plan, b).map(|s| s.peak_bytes)
             })?;
             Some(
@@ -1304,7 +1328,7 @@ pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit
                             // a batch that does not fit without any reserve needs no replay
                             let bare = crate::Overheads {
                                 allocator_reserve_ppm: 0,
-                                ..plan.overheads
+                                ..overheads
                             };
                             let bare = fit_verdict(peak, c, &bare);
                             if !bare.fits() {
@@ -1313,7 +1337,11 @@ pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit
                         }
                         let mut own = plan.clone();
                         resolve_reserve(&mut own, model, b);
-                        Some(fit_verdict(peak, c, &own.overheads))
+                        let own = crate::Overheads {
+                            allocator_reserve_ppm: own.overheads.allocator_reserve_ppm,
+                            ..overheads
+                        };
+                        Some(fit_verdict(peak, c, &own))
                     })
                 } else {
                     guess
@@ -1326,6 +1354,7 @@ pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit
         step,
         verdict,
         max_batch,
+        overheads,
     })
 }
 
@@ -1588,6 +1617,18 @@ mod tests {
         let reserved = part(&vllm, PartKind::VllmReservation);
         let total = vllm.plan.capacity_bytes.expect("a device");
         assert_eq!(reserved, (total * 3).div_ceil(10), "ceil(total x 0.3)");
+        // the allocator's reserve grows with the training tensors, not with vLLM's pool
+        let verdict = vllm.verdict.expect("a device");
+        let ppm = vllm.plan.overheads.allocator_reserve_ppm;
+        assert_eq!(vllm.plan.overheads.outside_allocator_bytes, reserved);
+        assert_eq!(
+            verdict.allocator_reserve_bytes,
+            crate::plan::ppm_of(vllm.step.peak_bytes - reserved, ppm)
+        );
+        assert_eq!(
+            vllm.reserved_bytes(),
+            vllm.step.peak_bytes + verdict.allocator_reserve_bytes
+        );
         assert!(vllm.step.objective_phases.unwrap().scoring_bytes.is_some());
         // the objective's settings travel in the link
         let state = decode_query(

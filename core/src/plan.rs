@@ -298,6 +298,11 @@ pub struct Overheads {
     pub safety_margin_percent: u64,
     /// NCCL's buffers and communicators, outside PyTorch's allocator (0 on one GPU).
     pub communication_bytes: u64,
+    /// Of the peak, what the allocator's reserve leaves out: memory held whole for the
+    /// step, which the caching allocator neither rounds nor fragments (colocated vLLM's
+    /// reservation, sized up front; a paged optimizer's state in CUDA managed memory).
+    /// Set by `evaluate` from the step (the same at every batch).
+    pub outside_allocator_bytes: u64,
 }
 
 impl Default for Overheads {
@@ -307,6 +312,7 @@ impl Default for Overheads {
             allocator_reserve_ppm: DEFAULT_RESERVE_PPM,
             safety_margin_percent: 15,
             communication_bytes: 0,
+            outside_allocator_bytes: 0,
         }
     }
 }
@@ -485,16 +491,24 @@ fn percent_of(bytes: u64, percent: u64) -> u64 {
 pub fn largest_peak_that_fits(capacity_bytes: u64, overheads: &Overheads) -> u64 {
     let usable = fit_verdict(0, capacity_bytes, overheads)
         .usable_bytes
-        .saturating_sub(overheads.cuda_context_bytes);
-    let peak =
-        u128::from(usable) * 1_000_000 / (1_000_000 + u128::from(overheads.allocator_reserve_ppm));
-    u64::try_from(peak).unwrap_or(u64::MAX)
+        .saturating_sub(overheads.cuda_context_bytes)
+        .saturating_sub(overheads.communication_bytes);
+    // the reserve grows with the rest of the peak only
+    let outside = overheads.outside_allocator_bytes.min(usable);
+    let rest = u128::from(usable - outside) * 1_000_000
+        / (1_000_000 + u128::from(overheads.allocator_reserve_ppm));
+    u64::try_from(rest)
+        .unwrap_or(u64::MAX)
+        .saturating_add(outside)
 }
 
 /// Whether a step of `peak_bytes` fits on a GPU of `capacity_bytes` with `overheads`.
 #[must_use]
 pub fn fit_verdict(peak_bytes: u64, capacity_bytes: u64, overheads: &Overheads) -> FitVerdict {
-    let allocator_reserve_bytes = ppm_of(peak_bytes, overheads.allocator_reserve_ppm);
+    let allocator_reserve_bytes = ppm_of(
+        peak_bytes.saturating_sub(overheads.outside_allocator_bytes),
+        overheads.allocator_reserve_ppm,
+    );
     let needed_bytes = peak_bytes
         .saturating_add(allocator_reserve_bytes)
         .saturating_add(overheads.cuda_context_bytes)
@@ -868,13 +882,42 @@ mod tests {
 
     #[test]
     fn the_largest_peak_that_fits_fits() {
-        let o = Overheads::default();
-        for capacity_mib in [1_000, 24_576, 81_559, 196_288] {
-            let capacity = capacity_mib * BYTES_PER_MIB;
-            let peak = largest_peak_that_fits(capacity, &o);
-            assert!(fit_verdict(peak, capacity, &o).fits());
-            assert!(!fit_verdict(peak + 100, capacity, &o).fits());
+        let default = Overheads::default();
+        let nccl_and_vllm = Overheads {
+            communication_bytes: 1 << 30,
+            outside_allocator_bytes: 20_000 * BYTES_PER_MIB,
+            allocator_reserve_ppm: 120_000,
+            ..default
+        };
+        for o in [default, nccl_and_vllm] {
+            for capacity_mib in [1_000, 24_576, 81_559, 196_288] {
+                let capacity = capacity_mib * BYTES_PER_MIB;
+                if !fit_verdict(0, capacity, &o).fits() {
+                    // (the overheads alone fill the device: no peak fits)
+                    continue;
+                }
+                let peak = largest_peak_that_fits(capacity, &o);
+                assert!(
+                    fit_verdict(peak, capacity, &o).fits(),
+                    "{capacity_mib} {o:?}"
+                );
+                assert!(
+                    !fit_verdict(peak + 100, capacity, &o).fits(),
+                    "{capacity_mib} {o:?}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn the_reserve_leaves_out_what_the_allocator_does_not_hold() {
+        let o = Overheads {
+            outside_allocator_bytes: 24_000_000_000,
+            ..Overheads::default()
+        };
+        // 5% of the 10 GB the allocator holds, none of vLLM's 24 GB
+        let v = fit_verdict(34_000_000_000, 80_000 * BYTES_PER_MIB, &o);
+        assert_eq!(v.allocator_reserve_bytes, 500_000_000);
     }
 
     #[test]

@@ -1689,6 +1689,7 @@ impl PageState {
                     }),
                     safety_margin_percent: margin,
                     communication_bytes: 0,
+                    outside_allocator_bytes: 0,
                 },
                 num_gpus: gpus,
                 sharding: self.parallel.sharding,
