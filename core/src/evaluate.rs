@@ -1580,6 +1580,26 @@ mod tests {
     }
 
     /// The DPO and GRPO plans of the issue: each phase counted, the peak the largest.
+    /// DPO's `disable_dropout=True` turns GPT-2's dropouts off: its step is that of the
+    /// same model without dropout; supervised training keeps the masks.
+    #[test]
+    fn dpo_runs_without_the_models_dropout() {
+        let gpt2 = include_str!("arch/presets/gpt2.json");
+        let undropped = gpt2.replace("0.1", "0.0");
+        assert_ne!(gpt2, undropped);
+        let peak = |config: &str, objective: &str| {
+            let query = format!(
+                "m=arch&model={}&cfg={}&b=4&r=bf16&gc=none&{objective}&gpu=h100-80",
+                crate::CUSTOM_MODEL_KEY,
+                crate::query::percent_encode(config)
+            );
+            eval(&query).step.peak_bytes
+        };
+        let dpo = "obj=dpo&ref=separate&mp=256&mc=256";
+        assert_eq!(peak(gpt2, dpo), peak(&undropped, dpo));
+        assert!(peak(gpt2, "s=512") > peak(&undropped, "s=512"));
+    }
+
     #[test]
     fn dpo_and_grpo_steps_name_their_phases() {
         // DPO on an 8B model with LoRA (the adapters-off reference) on a 24 GB GPU

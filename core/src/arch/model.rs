@@ -797,6 +797,26 @@ fn distinct(values: impl Iterator<Item = Option<u64>>) -> u64 {
 }
 
 impl ModelSpec {
+    /// This model with every dropout at p = 0 (TRL's `disable_dropout_in_model`), or
+    /// `None` when none runs in training: a dropout of p = 0 returns its input (ATen
+    /// `_dropout`) and keeps no mask.
+    pub(crate) fn without_dropout(&self) -> Option<Self> {
+        let any = self.embedding.dropout
+            || self
+                .layers
+                .iter()
+                .any(|l| l.hidden_dropout || l.attention.probs_dropout);
+        any.then(|| {
+            let mut spec = self.clone();
+            spec.embedding.dropout = false;
+            for l in &mut spec.layers {
+                l.hidden_dropout = false;
+                l.attention.probs_dropout = false;
+            }
+            spec
+        })
+    }
+
     pub fn hidden(&self) -> u64 {
         self.embedding.hidden
     }

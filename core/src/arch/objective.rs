@@ -268,8 +268,20 @@ pub fn estimate_objective(
              adapters-off (LoRA, QLoRA), GRPO none (beta = 0), separate or adapters-off",
         ));
     }
-    // DPOConfig's `disable_dropout=True` sets every dropout's p to 0, LoRA's among them,
-    // and a dropout of p = 0 returns its input (ATen `_dropout`): nothing is kept
+    // DPOConfig's `disable_dropout=True` sets every dropout's p to 0, the model's and
+    // LoRA's, and a dropout of p = 0 returns its input (ATen `_dropout`): nothing is kept
+    // (GRPOConfig leaves them: `disable_dropout=False`)
+    let undropped;
+    let arch = match arch.spec.without_dropout() {
+        Some(spec) if objective.kind == ObjectiveKind::Dpo => {
+            undropped = Architecture {
+                spec: Box::new(spec),
+                ..arch.clone()
+            };
+            &undropped
+        }
+        _ => arch,
+    };
     let without_dropout = peft.map(|f| Peft {
         dropout: f.dropout && objective.kind != ObjectiveKind::Dpo,
         ..*f
