@@ -940,7 +940,9 @@ impl<'a> Search<'a> {
         };
         let mesh = crate::distributed::mesh_of(plan);
         let key = (estimate_key, mesh);
-        let at = match self.estimates.iter().position(|(k, _)| *k == key) {
+        // from the newest: the search asks for the same model under each sharding and GPU
+        // count in a row, and a hit near the end skips comparing hundreds of keys
+        let at = match self.estimates.iter().rposition(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
                 self.estimates.push((key, unsharded(&model, batch, &mesh)));
