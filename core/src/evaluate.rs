@@ -870,9 +870,14 @@ pub(crate) fn shard_step(
                 }
                 _ => None,
             };
+            // (borrowed without an engine: the advisor shards thousands of steps)
+            let engine_moments;
             let moments = match &engine {
-                Some(e) => e.moments(estimate),
-                None => estimate.phase_peaks.clone(),
+                Some(e) => {
+                    engine_moments = e.moments(estimate);
+                    &engine_moments
+                }
+                None => &estimate.phase_peaks,
             };
             // DDP's reducer allocates a flat bucket per ~25 MB of gradients at construction:
             // a second copy of every gradient, unless `gradient_as_bucket_view=True` (off by
@@ -916,7 +921,7 @@ pub(crate) fn shard_step(
             let mut phase_totals = [None::<u64>; 2];
             let mut training_best = (Phase::Forward, 0u64);
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
-            for (phase, c) in &moments {
+            for (phase, c) in moments {
                 let sharded = if engine.is_some() {
                     *c
                 } else {
