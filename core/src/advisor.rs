@@ -792,7 +792,9 @@ impl<'a> Search<'a> {
             training,
             global,
             options: o,
-            cache: FxHashMap::default(),
+            // (a search keeps a few thousand peaks: room for them from the start, rather
+            // than the table rebuilt at each doubling)
+            cache: FxHashMap::with_capacity_and_hasher(1 << 13, Default::default()),
             estimates: Vec::new(),
         }
     }
