@@ -1362,7 +1362,12 @@ impl<'a> Search<'a> {
         crate::evaluate::resolve_reserve(&mut plan, &self.parsed.model(&knobs), knobs.batch);
         // the figures its link's page shows (the largest batch held to each batch's own
         // allocator replay)
-        let fit = crate::evaluate::fit_at(&self.parsed.model(&knobs), &plan, knobs.batch)?;
+        // (each batch's step from the search's estimates, which the largest-batch search
+        // and its neighbours' replays otherwise estimate again)
+        let parsed = self.parsed;
+        let fit = crate::evaluate::fit_with(&parsed.model(&knobs), &plan, knobs.batch, &mut |b| {
+            self.step(l, knobs, &plan, b)
+        })?;
         let (step, verdict, max_batch) = (
             fit.step,
             fit.verdict.ok_or_else(no_device)?,

@@ -1292,19 +1292,30 @@ const MAX_REFINE_REPLAYS: u32 = 24;
 /// their own replays, so that the largest batch fits and the next does not, each by its
 /// own verdict.
 pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit, EvaluationError> {
-    let step = step_at(model, plan, batch)?;
+    fit_with(model, plan, batch, &mut |b| step_at(model, plan, b))
+}
+
+/// [`fit_at`] with the step at each batch from `step_of` (the advisor's, from its cache of
+/// estimates: only the peaks are read beyond `batch`'s step).
+pub(crate) fn fit_with(
+    model: &Model,
+    plan: &PlanInputs,
+    batch: u64,
+    step_of: &mut dyn FnMut(u64) -> Result<StepMemory, EvaluationError>,
+) -> Result<Fit, EvaluationError> {
+    let step = step_of(batch)?;
     let capacity = plan.capacity_bytes;
     let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &plan.overheads));
     let max_batch = match capacity {
         Some(c) => {
             let guess = max_batch_that_fits(MAX_BATCH, c, &plan.overheads, |b| {
-                step_at(model, plan, b).map(|s| s.peak_bytes)
+                step_of(b).map(|s| s.peak_bytes)
             })?;
             Some(
                 if plan.replay_reserve && matches!(model, Model::Architecture { .. }) {
                     refine_max_batch(guess, |b| {
                         // (the reserve changes the verdict, not the peak)
-                        let peak = step_at(model, plan, b).ok()?.peak_bytes;
+                        let peak = step_of(b).ok()?.peak_bytes;
                         if b > 1 {
                             // a batch that does not fit without any reserve needs no replay
                             let bare = crate::Overheads {
