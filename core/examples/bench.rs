@@ -121,6 +121,18 @@ fn main() {
     report("advisor: Llama-3-8B on a 24 GB GPU (5 plans)", 200, || {
         black_box(fit_advice(black_box(&advise), 5).ok());
     });
+    // What the browser benchmark measures: each run a sequence never seen, so that no
+    // allocator replay is cached from the run before.
+    let mut seq = 2000;
+    report(
+        "advisor: Llama-3-8B on an RTX 4090, cold replays (5 plans)",
+        50,
+        || {
+            seq += 1;
+            let q = format!("m=arch&model=llama3-8b&gpu=rtx4090&b=1&s={seq}");
+            black_box(fit_advice(black_box(&decode_query(&q).state), 5).ok());
+        },
+    );
     let advise_70b = decode_query("m=arch&model=llama3-70b&s=2048&b=1&gpu=rtx4090").state;
     report("advisor: Llama-3-70B on a 24 GB GPU (5 plans)", 100, || {
         black_box(fit_advice(black_box(&advise_70b), 5).ok());

@@ -570,10 +570,9 @@ struct Search<'a> {
     /// At batch 0 (no step has one): [`Self::fewest_gpus`] of each combination asked, which
     /// shares the map (one hash table's code less in the bundle).
     cache: FxHashMap<(Levels, u64), Option<u64>>,
-    /// The whole model's step by its settings (what sharding does not change).
-    /// (a list searched in order: a few hundred per search, and one hash table's code less
-    /// in the bundle)
-    estimates: Vec<((Knobs, crate::Mesh), Result<Unsharded, EvaluationError>)>,
+    /// The whole model's steps (what sharding does not change), found through `cache`: see
+    /// [`Self::step`].
+    estimates: Vec<Result<Unsharded, EvaluationError>>,
 }
 
 impl<'a> Search<'a> {
@@ -793,7 +792,9 @@ impl<'a> Search<'a> {
             training,
             global,
             options: o,
-            cache: FxHashMap::default(),
+            // (a search keeps a few thousand peaks: room for them from the start, rather
+            // than the table rebuilt at each doubling)
+            cache: FxHashMap::with_capacity_and_hasher(1 << 13, Default::default()),
             estimates: Vec::new(),
         }
     }
@@ -909,15 +910,16 @@ impl<'a> Search<'a> {
             return peak;
         }
         let (knobs, plan) = self.config(l);
-        let peak = self.step(knobs, &plan, batch).ok().map(|s| s.peak_bytes);
+        let peak = self.step(l, knobs, &plan, batch).ok().map(|s| s.peak_bytes);
         self.cache.insert((key, batch), peak);
         peak
     }
 
-    /// The step of `knobs` at `batch` sharded as `plan` says: [`step_at`], with the whole
-    /// model's estimate cached (sharding, GPUs and expert parallelism act after it).
+    /// The step of `l`'s `knobs` at `batch` sharded as `plan` says: [`step_at`], with the
+    /// whole model's estimate cached (sharding, GPUs and expert parallelism act after it).
     fn step(
         &mut self,
+        l: &Levels,
         knobs: Knobs,
         plan: &PlanInputs,
         batch: u64,
@@ -928,26 +930,31 @@ impl<'a> Search<'a> {
             // every stage's step, uncached
             return step_at(&model, plan, batch);
         }
-        // the KV dtype acts after the estimate; training ignores the weight format
-        let estimate_key = Knobs {
-            kv_dtype: KvDtype::Model,
-            weight_format: if self.training {
-                WeightFormat::Recipe
-            } else {
-                knobs.weight_format
-            },
-            ..knobs
-        };
         let mesh = crate::distributed::mesh_of(plan);
-        let key = (estimate_key, mesh);
-        let at = match self.estimates.iter().position(|(k, _)| *k == key) {
-            Some(at) => at,
-            None => {
-                self.estimates.push((key, unsharded(&model, batch, &mesh)));
-                self.estimates.len() - 1
+        // The estimate depends on the give-ups and the batch alone: the mesh does not
+        // change with the GPUs, sharding or expert parallelism, the KV dtype acts after the
+        // estimate, and training ignores the weight format. Its index is kept in `cache`
+        // under those levels, marked apart from the peaks (micro-batch level u8::MAX): a
+        // hash lookup instead of comparing the settings of hundreds of estimates.
+        let mut whole_key = *l;
+        whole_key[MICRO] = u8::MAX;
+        whole_key[SHARD] = 0;
+        whole_key[GPUS] = 0;
+        whole_key[EP] = 0;
+        whole_key[KV] = 0;
+        if self.training {
+            whole_key[FORMAT] = 0;
+        }
+        let at = match self.cache.get(&(whole_key, batch)) {
+            Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
+            _ => {
+                self.estimates.push(unsharded(&model, batch, &mesh));
+                let at = self.estimates.len() - 1;
+                self.cache.insert((whole_key, batch), Some(at as u64));
+                at
             }
         };
-        let Some((_, whole)) = self.estimates.get(at) else {
+        let Some(whole) = self.estimates.get(at) else {
             return Err(crate::evaluate::too_large());
         };
         match whole {
@@ -956,18 +963,19 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// The step of `knobs` at `batch`, its verdict and the largest batch that fits: what
-    /// `evaluate`'s `fit_at` computes, through the cache.
+    /// The step of `l`'s `knobs` at `batch`, its verdict and the largest batch that fits:
+    /// what `evaluate`'s `fit_at` computes, through the cache.
     fn fit(
         &mut self,
+        l: &Levels,
         knobs: Knobs,
         plan: &PlanInputs,
         batch: u64,
     ) -> Result<(StepMemory, FitVerdict, MaxBatch), EvaluationError> {
-        let step = self.step(knobs, plan, batch)?;
+        let step = self.step(l, knobs, plan, batch)?;
         let verdict = fit_verdict(step.peak_bytes, self.capacity, &plan.overheads);
         let max_batch = max_batch_that_fits(MAX_BATCH, self.capacity, &plan.overheads, |b| {
-            self.step(knobs, plan, b).map(|s| s.peak_bytes)
+            self.step(l, knobs, plan, b).map(|s| s.peak_bytes)
         })?;
         Ok((step, verdict, max_batch))
     }
@@ -1171,6 +1179,8 @@ impl<'a> Search<'a> {
             }
         }
         combos.sort_unstable();
+        // the same-math settings every combination tries (one list for the whole search)
+        let same_math = odometer(&[MICRO, SHARD, EP], &counts);
         let group_of = |rank: &RankKey| -> Group { (rank.more_gpus, rank.give_up) };
         // (the rest of the key depends on the same-math knobs: ordered within each group)
         let mut i = 0;
@@ -1194,7 +1204,6 @@ impl<'a> Search<'a> {
                 let Some(fewest) = self.fewest_gpus(&combo) else {
                     continue;
                 };
-                let same_math = odometer(&[MICRO, SHARD, EP], &counts);
                 for g in fewest.max(start)..end {
                     for m in &same_math {
                         let mut l = combo;
@@ -1250,7 +1259,7 @@ impl<'a> Search<'a> {
         let mut accumulation = None;
         let mut passes = None;
         if l[MICRO] > 0 {
-            let largest = match self.fit(knobs, &plan, 1)?.2 {
+            let largest = match self.fit(l, knobs, &plan, 1)?.2 {
                 MaxBatch::Fits(b) => b.min(per_gpu),
                 MaxBatch::NoneFits(_) => 1,
             };
@@ -1353,7 +1362,12 @@ impl<'a> Search<'a> {
         crate::evaluate::resolve_reserve(&mut plan, &self.parsed.model(&knobs), knobs.batch);
         // the figures its link's page shows (the largest batch held to each batch's own
         // allocator replay)
-        let fit = crate::evaluate::fit_at(&self.parsed.model(&knobs), &plan, knobs.batch)?;
+        // (each batch's step from the search's estimates, which the largest-batch search
+        // and its neighbours' replays otherwise estimate again)
+        let parsed = self.parsed;
+        let fit = crate::evaluate::fit_with(&parsed.model(&knobs), &plan, knobs.batch, &mut |b| {
+            self.step(l, knobs, &plan, b)
+        })?;
         let (step, verdict, max_batch) = (
             fit.step,
             fit.verdict.ok_or_else(no_device)?,

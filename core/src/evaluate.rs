@@ -884,9 +884,14 @@ pub(crate) fn shard_step(
                 }
                 _ => None,
             };
+            // (borrowed without an engine: the advisor shards thousands of steps)
+            let engine_moments;
             let moments = match &engine {
-                Some(e) => e.moments(estimate),
-                None => estimate.phase_peaks.clone(),
+                Some(e) => {
+                    engine_moments = e.moments(estimate);
+                    &engine_moments
+                }
+                None => &estimate.phase_peaks,
             };
             // DDP's reducer allocates a flat bucket per ~25 MB of gradients at construction:
             // a second copy of every gradient, unless `gradient_as_bucket_view=True` (off by
@@ -930,7 +935,7 @@ pub(crate) fn shard_step(
             let mut phase_totals = [None::<u64>; 2];
             let mut training_best = (Phase::Forward, 0u64);
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
-            for (phase, c) in &moments {
+            for (phase, c) in moments {
                 let sharded = if engine.is_some() {
                     *c
                 } else {
@@ -1306,7 +1311,18 @@ const MAX_REFINE_REPLAYS: u32 = 24;
 /// their own replays, so that the largest batch fits and the next does not, each by its
 /// own verdict.
 pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit, EvaluationError> {
-    let step = step_at(model, plan, batch)?;
+    fit_with(model, plan, batch, &mut |b| step_at(model, plan, b))
+}
+
+/// [`fit_at`] with the step at each batch from `step_of` (the advisor's, from its cache of
+/// estimates: only the peaks are read beyond `batch`'s step).
+pub(crate) fn fit_with(
+    model: &Model,
+    plan: &PlanInputs,
+    batch: u64,
+    step_of: &mut dyn FnMut(u64) -> Result<StepMemory, EvaluationError>,
+) -> Result<Fit, EvaluationError> {
+    let step = step_of(batch)?;
     let capacity = plan.capacity_bytes;
     // (the same at every batch: vLLM's share of the device, the optimizer's paged state)
     let overheads = crate::Overheads {
@@ -1317,13 +1333,13 @@ pub(crate) fn fit_at(model: &Model, plan: &PlanInputs, batch: u64) -> Result<Fit
     let max_batch = match capacity {
         Some(c) => {
             let guess = max_batch_that_fits(MAX_BATCH, c, &overheads, |b| {
-                step_at(model, plan, b).map(|s| s.peak_bytes)
+                step_of(b).map(|s| s.peak_bytes)
             })?;
             Some(
                 if plan.replay_reserve && matches!(model, Model::Architecture { .. }) {
                     refine_max_batch(guess, |b| {
                         // (the reserve changes the verdict, not the peak)
-                        let peak = step_at(model, plan, b).ok()?.peak_bytes;
+                        let peak = step_of(b).ok()?.peak_bytes;
                         if b > 1 {
                             // a batch that does not fit without any reserve needs no replay
                             let bare = crate::Overheads {
