@@ -576,9 +576,17 @@ struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    fn new(state: &PageState, parsed: &'a Parsed, knobs: Knobs, plan: PlanInputs) -> Self {
+    fn new(state: &PageState, parsed: &'a Parsed, knobs: Knobs, mut plan: PlanInputs) -> Self {
         let capacity = plan.capacity_bytes.unwrap_or(0);
         let training = knobs.optimizer.trains();
+        // Colocated vLLM's reservation is outside the allocator's reserve, the same for
+        // every plan (no change touches the generator or its share). A paged optimizer's
+        // state, outside it too, is left in the search's verdicts (a little more needed
+        // than the page's: a plan at the edge may be left out) and out of a listed plan's
+        // figures, made from its step.
+        if training {
+            plan.overheads.outside_allocator_bytes = knobs.objective.colocated_vllm_bytes(capacity);
+        }
         let n = plan.num_gpus.max(1);
         let global = plan
             .global_batch
@@ -973,8 +981,12 @@ impl<'a> Search<'a> {
         batch: u64,
     ) -> Result<(StepMemory, FitVerdict, MaxBatch), EvaluationError> {
         let step = self.step(l, knobs, plan, batch)?;
-        let verdict = fit_verdict(step.peak_bytes, self.capacity, &plan.overheads);
-        let max_batch = max_batch_that_fits(MAX_BATCH, self.capacity, &plan.overheads, |b| {
+        let overheads = crate::Overheads {
+            outside_allocator_bytes: step.outside_allocator_bytes(),
+            ..plan.overheads
+        };
+        let verdict = fit_verdict(step.peak_bytes, self.capacity, &overheads);
+        let max_batch = max_batch_that_fits(MAX_BATCH, self.capacity, &overheads, |b| {
             self.step(l, knobs, plan, b).map(|s| s.peak_bytes)
         })?;
         Ok((step, verdict, max_batch))
@@ -1908,6 +1920,20 @@ mod tests {
             // every plan's link gives the figures it promised
             let e = crate::evaluate(&p.state).expect("the plan's page");
             assert_eq!(e.step.peak_bytes, p.peak_bytes, "{:?}", p.changes);
+        }
+        // with colocated vLLM too: its reservation is outside the allocator's reserve in the
+        // plans' verdicts as on their pages
+        let colocated = plans(
+            "m=arch&model=qwen3-1.7b&r=bf16&b=4&obj=grpo&ref=none&ng=8&mp=256&mc=2048&gc=full\
+             &gtr=vllm-colocated&vllm=0.5&gpu=h100-80",
+        );
+        assert!(!colocated.is_empty());
+        for p in &colocated {
+            let e = crate::evaluate(&p.state).expect("the plan's page");
+            assert!(e.plan.overheads.outside_allocator_bytes > 40_000_000_000);
+            assert_eq!(e.step.peak_bytes, p.peak_bytes, "{:?}", p.changes);
+            assert_eq!(e.max_batch, Some(p.max_batch), "{:?}", p.changes);
+            assert_eq!(e.verdict, Some(p.verdict), "{:?}", p.changes);
         }
     }
 

@@ -927,8 +927,7 @@ pub(crate) fn shard_step(
             // colocated vLLM holds its share of the device's total memory whatever runs
             let vllm = match (objective.and_then(|o| o.vllm_permille), plan.capacity_bytes) {
                 (Some(permille), Some(capacity)) => {
-                    u64::try_from((u128::from(capacity) * u128::from(permille)).div_ceil(1000))
-                        .unwrap_or(u64::MAX)
+                    crate::arch::vllm_reservation_bytes(capacity, permille)
                 }
                 _ => 0,
             };

@@ -104,6 +104,7 @@ pub use estimate::{
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
 pub use mesh::{Mesh, PipelineSchedule, Stage, TpPlan};
+pub(crate) use objective::vllm_reservation_bytes;
 pub use objective::{estimate_objective, Generator, Objective, ObjectiveKind, Reference};
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};

@@ -611,6 +611,26 @@ fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<Peak
     finish(e, Some(generation), kv, scoring, reference, vllm)
 }
 
+/// What colocated vLLM reserves of a device of `capacity_bytes` at
+/// `gpu_memory_utilization` = `permille` / 1000: `ceil(total x utilization)` (vLLM 0.31.0
+/// `request_memory`), whatever the step runs.
+pub(crate) fn vllm_reservation_bytes(capacity_bytes: u64, permille: u32) -> u64 {
+    u64::try_from((u128::from(capacity_bytes) * u128::from(permille.min(1000))).div_ceil(1000))
+        .unwrap_or(u64::MAX)
+}
+
+impl Objective {
+    /// Colocated vLLM's reservation on a device of `capacity_bytes` (GRPO with a
+    /// colocated generator; 0 otherwise).
+    pub(crate) fn colocated_vllm_bytes(&self, capacity_bytes: u64) -> u64 {
+        if self.kind == ObjectiveKind::Grpo && self.generator == Generator::VllmColocated {
+            vllm_reservation_bytes(capacity_bytes, self.vllm_memory_permille)
+        } else {
+            0
+        }
+    }
+}
+
 /// `model.generate` of `sequences` rows under `no_grad` with transformers' `DynamicCache`:
 /// the largest of the prefill and the last token, as what is alive beyond the state
 /// (activations: the KV cache; temporaries: the rest), and the cache's bytes.
