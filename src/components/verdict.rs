@@ -59,10 +59,14 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
             false,
         ),
         (
-            if e.allocator.is_some() {
-                "Caching allocator's reserve beyond it (the step replayed)"
-            } else {
-                "Allocator reserve (the percentage set)"
+            match (
+                e.allocator.is_some(),
+                e.plan.overheads.outside_allocator_bytes > 0,
+            ) {
+                (true, false) => "Caching allocator's reserve beyond it (the step replayed)",
+                (true, true) => "Caching allocator's reserve beyond it (the step replayed; none on memory outside the allocator)",
+                (false, false) => "Allocator reserve (the percentage set)",
+                (false, true) => "Allocator reserve (the percentage set, of the memory in the allocator)",
             },
             "need-reserve",
             v.allocator_reserve_bytes,

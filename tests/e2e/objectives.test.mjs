@@ -107,6 +107,13 @@ test('GRPO on Qwen3 1.7B with 8 generations on one 80 GB GPU: generation, traini
   assert.ok(reserved > 25_000_000_000n && reserved < 26_000_000_000n, `${reserved}`);
   shown = await phases(page);
   assert.ok('scoring' in shown.out, JSON.stringify(Object.keys(shown.out)));
+  // the allocator's reserve grows with the tensors in the allocator, not with vLLM's pool:
+  // less than a tenth of what the allocator holds, and its line says so
+  const reserve = await bytesOf(page, 'need-reserve');
+  const held = (await bytesOf(page, 'need-peak')) - reserved;
+  assert.ok(reserve * 10n < held, `${reserve} of ${held}`);
+  const reserveRow = page.getByTestId('need-reserve').locator('xpath=..');
+  assert.match(await reserveRow.textContent(), /none on memory outside the allocator/);
   // a fraction that is not one is refused next to its field, the rest keeps working
   await typeInto(page, 'vllm-memory', '1.5');
   await page.waitForFunction(() => document.querySelector('[data-testid="vllm-memory-error"]')?.textContent !== '');
