@@ -23,12 +23,18 @@ use estimator_core::{
     read_config_body, ConfigBody, HubError, HubId, HUB_TIMEOUT_SECS, MAX_CONFIG_CHARS,
 };
 
-/// The config of a model on the Hub, and a line for stderr when it came from a cache.
+/// The model's config.
+const CONFIG: &str = "config.json";
+/// A vision-language model's image processor: its sizes decide the image tokens.
+const PREPROCESSOR: &str = "preprocessor_config.json";
+
+/// The config of a model on the Hub, and lines for stderr when it came from a cache.
 pub struct Loaded {
-    /// The text of its `config.json`.
+    /// The text of its `config.json` (a vision-language model's with its
+    /// `preprocessor_config.json` under `preprocessor_config`, as the readers take it).
     pub text: String,
     /// Where it came from, when not from the Hub just now.
-    pub notice: Option<String>,
+    pub notice: Vec<String>,
 }
 
 /// The caches, from the environment.
@@ -58,8 +64,8 @@ impl Caches {
         }
     }
 
-    /// Where memest keeps the config of `id`.
-    fn own_path(&self, id: &HubId) -> Option<PathBuf> {
+    /// Where memest keeps `file` of `id`.
+    fn own_path(&self, id: &HubId, file: &str) -> Option<PathBuf> {
         // the revision as one path segment (`refs/pr/1` as `refs%2Fpr%2F1`)
         Some(
             self.own
@@ -67,12 +73,12 @@ impl Caches {
                 .join(id.owner())
                 .join(id.name())
                 .join(id.revision_segment())
-                .join("config.json"),
+                .join(file),
         )
     }
 
-    /// The config of `id` in Hugging Face's cache, if it holds one.
-    fn hugging_face_path(&self, id: &HubId, revision_given: bool) -> Option<PathBuf> {
+    /// `file` of `id` in Hugging Face's cache, if it holds one.
+    fn hugging_face_path(&self, id: &HubId, revision_given: bool, file: &str) -> Option<PathBuf> {
         let repo =
             self.hugging_face
                 .as_ref()?
@@ -87,27 +93,27 @@ impl Caches {
                 .filter(|c| is_commit(c))
         };
         if let Some(commit) = commit {
-            let path = repo.join("snapshots").join(commit).join("config.json");
+            let path = repo.join("snapshots").join(commit).join(file);
             return path.is_file().then_some(path);
         }
         if revision_given {
             return None;
         }
-        // no ref recorded for `main`: the newest snapshot that holds a config
+        // no ref recorded for `main`: the newest snapshot that holds the file
         std::fs::read_dir(repo.join("snapshots"))
             .ok()?
             .filter_map(Result::ok)
-            .map(|e| e.path().join("config.json"))
+            .map(|e| e.path().join(file))
             .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
             .max()
             .map(|(_, p)| p)
     }
 
-    /// The first cached config of `id`: memest's, then Hugging Face's.
-    fn find(&self, id: &HubId, revision_given: bool) -> Option<PathBuf> {
-        self.own_path(id)
+    /// The first cached copy of `file` of `id`: memest's, then Hugging Face's.
+    fn find(&self, id: &HubId, revision_given: bool, file: &str) -> Option<PathBuf> {
+        self.own_path(id, file)
             .filter(|p| p.is_file())
-            .or_else(|| self.hugging_face_path(id, revision_given))
+            .or_else(|| self.hugging_face_path(id, revision_given, file))
     }
 
     /// The folders searched, for a message.
@@ -124,13 +130,13 @@ impl Caches {
         }
     }
 
-    /// Keeps `text` as the config of `id` (quietly not, where the cache cannot be written).
-    fn store(&self, id: &HubId, text: &str) {
-        let Some(path) = self.own_path(id) else {
+    /// Keeps `text` as `file` of `id` (quietly not, where the cache cannot be written).
+    fn store(&self, id: &HubId, file: &str, text: &str) {
+        let Some(path) = self.own_path(id, file) else {
             return;
         };
         let Some(dir) = path.parent() else { return };
-        let partial = dir.join(format!("config.json.{}.partial", std::process::id()));
+        let partial = dir.join(format!("{file}.{}.partial", std::process::id()));
         let stored = std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::write(&partial, text))
             .and_then(|()| std::fs::rename(&partial, &path));
@@ -162,6 +168,20 @@ fn read_cached(path: &Path) -> Result<String, String> {
         .map_err(|e| format!("the cached copy {} is unusable: {e}", path.display()))
 }
 
+/// A cached file that is no config, under the same size cap.
+fn read_cached_text(path: &Path) -> Option<String> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(MAX_CONFIG_CHARS as u64 * 4 + 1)
+                .read_to_end(&mut bytes)
+        })
+        .ok()?;
+    let mut body = ConfigBody::new(Some(bytes.len() as u64)).ok()?;
+    body.push(&bytes).ok()?;
+    body.finish_text().ok()
+}
+
 /// Whether `HF_HUB_OFFLINE` asks for no network (`1`, `true`, `yes`, `on`).
 fn offline() -> bool {
     std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
@@ -173,14 +193,92 @@ fn offline() -> bool {
 }
 
 /// The config of `id` (`revision_given`: the id named its revision), from the Hub, or from a
-/// cache when the Hub cannot be reached or `HF_HUB_OFFLINE` is set.
+/// cache when the Hub cannot be reached or `HF_HUB_OFFLINE` is set; for a vision-language
+/// model (a `vision_config`), its `preprocessor_config.json` too when the repository has
+/// one: the checkpoint's image sizes, which can differ from the processor class's defaults.
 ///
 /// # Errors
 /// A sentence saying what failed and what to do.
 pub fn load(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
+    let mut loaded = load_config(id, revision_given)?;
+    let Ok(serde_json::Value::Object(mut config)) =
+        serde_json::from_str::<serde_json::Value>(&loaded.text)
+    else {
+        return Ok(loaded);
+    };
+    if !config.contains_key("vision_config") || config.contains_key("preprocessor_config") {
+        return Ok(loaded);
+    }
+    let (preprocessor, notice) = load_preprocessor(id, revision_given);
+    loaded.notice.extend(notice);
+    if let Some(serde_json::Value::Object(p)) =
+        preprocessor.and_then(|text| serde_json::from_str(&text).ok())
+    {
+        config.insert(
+            "preprocessor_config".to_owned(),
+            serde_json::Value::Object(p),
+        );
+        let merged = serde_json::Value::Object(config).to_string();
+        if merged.chars().count() <= MAX_CONFIG_CHARS {
+            loaded.text = merged;
+        } else {
+            loaded.notice.push(format!(
+                "{id}: {PREPROCESSOR} left out (the config with it is longer than {MAX_CONFIG_CHARS} characters): the image processor's defaults are used"
+            ));
+        }
+    }
+    Ok(loaded)
+}
+
+/// The `preprocessor_config.json` of `id`: from the Hub, or a cached copy; `None` where the
+/// repository has none (the processor's class defaults apply), with a line for stderr when
+/// it could not be read.
+fn load_preprocessor(id: &HubId, revision_given: bool) -> (Option<String>, Option<String>) {
+    let caches = Caches::from_env();
+    let cached = || {
+        caches
+            .find(id, revision_given, PREPROCESSOR)
+            .and_then(|path| read_cached_text(&path))
+    };
+    if offline() || is_commit(id.revision()) {
+        if let Some(text) = cached() {
+            return (Some(text), None);
+        }
+        if offline() {
+            return (None, None);
+        }
+    }
+    match download_as(&id.file_url(PREPROCESSOR), ConfigBody::finish_text) {
+        Ok(text) => {
+            caches.store(id, PREPROCESSOR, &text);
+            (Some(text), None)
+        }
+        Err((HubError::NotFound, _)) => (None, None),
+        Err((why, _)) => match cached() {
+            Some(text) => (Some(text), None),
+            None => {
+                let why = match why {
+                    HubError::Gated(status) | HubError::Status(status) => format!("HTTP {status}"),
+                    HubError::Unreachable => "huggingface.co could not be reached".to_owned(),
+                    HubError::Timeout => format!("no answer within {HUB_TIMEOUT_SECS} s"),
+                    other => other.to_string(),
+                };
+                (
+                    None,
+                    Some(format!(
+                        "{id}: {PREPROCESSOR} could not be read ({why}): the image processor's defaults are used"
+                    )),
+                )
+            }
+        },
+    }
+}
+
+/// [`load`]'s `config.json`.
+fn load_config(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
     let caches = Caches::from_env();
     let from_cache = |why: &str| -> Result<Loaded, String> {
-        let path = caches.find(id, revision_given).ok_or_else(|| {
+        let path = caches.find(id, revision_given, CONFIG).ok_or_else(|| {
             format!(
                 "{id}: {why}, and no cached copy (looked in {}). Download its config.json and use --config PATH.",
                 caches.searched()
@@ -189,26 +287,29 @@ pub fn load(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
         let text = read_cached(&path).map_err(|e| format!("{id}: {e}"))?;
         Ok(Loaded {
             text,
-            notice: Some(format!(
+            notice: vec![format!(
                 "{id}: {why}; using the cached copy {}",
                 path.display()
-            )),
+            )],
         })
     };
     if offline() {
         return from_cache("offline (HF_HUB_OFFLINE is set)");
     }
     if is_commit(id.revision()) {
-        if let Some(path) = caches.find(id, revision_given) {
+        if let Some(path) = caches.find(id, revision_given, CONFIG) {
             return read_cached(&path)
-                .map(|text| Loaded { text, notice: None })
+                .map(|text| Loaded {
+                    text,
+                    notice: Vec::new(),
+                })
                 .map_err(|e| format!("{id}: {e}"));
         }
     }
     match download(&id.config_url()) {
         Ok(text) => {
-            caches.store(id, &text);
-            Ok(Loaded { text, notice: None })
+            caches.store(id, CONFIG, &text);
+            Ok(Loaded { text, notice: Vec::new() })
         }
         Err((HubError::Unreachable, detail)) => {
             from_cache(&format!("could not reach huggingface.co ({detail})"))
@@ -271,6 +372,14 @@ fn curl_args(url: &str) -> Vec<String> {
 /// # Errors
 /// The [`HubError`], with `curl`'s own words when it gave some.
 fn download(url: &str) -> Result<String, (HubError, String)> {
+    download_as(url, ConfigBody::finish)
+}
+
+/// [`download`], the body read by `finish` (a config's reader, or text as it is).
+fn download_as(
+    url: &str,
+    finish: fn(ConfigBody) -> Result<String, HubError>,
+) -> Result<String, (HubError, String)> {
     let mut child = Command::new("curl")
         .args(curl_args(url))
         .stdin(Stdio::null())
@@ -329,7 +438,7 @@ fn download(url: &str) -> Result<String, (HubError, String)> {
     match output.status.code() {
         Some(0) if status != 0 => match HubError::from_status(status) {
             Some(why) => Err((why, said)),
-            None => body.finish().map_err(|e| (e, said)),
+            None => finish(body).map_err(|e| (e, said)),
         },
         // curl's "operation timed out" and "maximum file size exceeded"
         Some(28) => Err((HubError::Timeout, said)),

@@ -20,8 +20,10 @@ usage: memest [--config PATH | --hub ID | --preset KEY | --query QUERY] [options
 model (one of):
   --config PATH         a Hugging Face config.json
   --hub ID              a model on the Hugging Face Hub, owner/name or owner/name@rev:
-                        its config.json fetched with curl (no token) and cached; offline
-                        (or with HF_HUB_OFFLINE=1), the cached copy: memest's, in
+                        its config.json (a vision-language model's
+                        preprocessor_config.json too) fetched with curl (no token)
+                        and cached; offline (or with HF_HUB_OFFLINE=1), the cached
+                        copy: memest's, in
                         $XDG_CACHE_HOME/memest/hub, else Hugging Face's ($HF_HUB_CACHE)
   --preset KEY          a published model (keys below)
   --query QUERY         the page's query string (a shared link's part after '?')

@@ -1281,3 +1281,104 @@ fn hub_errors_say_what_to_do() {
         );
     }
 }
+
+/// A stand-in for the Hub behind `curl` in `dir/bin`: it answers each URL with the file of
+/// `dir/bin/files` named like the URL's last segment (HTTP 200), or HTTP 404, and records
+/// the URLs in `dir/bin/urls`.
+#[cfg(unix)]
+fn fake_hub(dir: &std::path::Path, files: &[(&str, &str)]) {
+    use std::os::unix::fs::PermissionsExt;
+    let served = dir.join("bin/files");
+    let _ = std::fs::remove_dir_all(&served);
+    std::fs::create_dir_all(&served).unwrap();
+    for (name, text) in files {
+        std::fs::write(served.join(name), text).unwrap();
+    }
+    let _ = std::fs::remove_file(dir.join("bin/urls"));
+    let script = dir.join("bin/curl");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nhere=\"${0%/*}\"\nfor url; do :; done\nprintf '%s\\n' \"$url\" >> \"$here/urls\"\n\
+         name=\"${url##*/}\"\nif [ -f \"$here/files/$name\" ]; then /bin/cat \"$here/files/$name\"; printf 200 >&2; \
+         else printf 404 >&2; fi\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A vision-language model by its Hub id: its `preprocessor_config.json` comes with its
+/// config (the checkpoint's image sizes decide the tokens), is kept beside it, and is read
+/// from the copy offline; a repository without one keeps the processor's defaults.
+#[cfg(unix)]
+#[test]
+fn hub_reads_a_vision_language_model_s_preprocessor() {
+    let dir = scratch("hub-vlm");
+    let full: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(vlm_config("qwen2.5-vl-7b-4l")).unwrap())
+            .unwrap();
+    let mut config = full.clone();
+    config
+        .as_object_mut()
+        .unwrap()
+        .remove("preprocessor_config");
+    let config = config.to_string();
+    // the processor class's own max_pixels (28 x 28 x 1280), not the checkpoint's
+    let mut preprocessor = full["preprocessor_config"].clone();
+    preprocessor["max_pixels"] = 1_003_520.into();
+    let preprocessor = preprocessor.to_string();
+    let cache = dir.join("cache");
+    let cache_home = ("XDG_CACHE_HOME", cache.to_str().unwrap());
+    let images = [
+        "--images",
+        "1",
+        "--image-size",
+        "1344x896",
+        "--seq",
+        "256",
+        "--json",
+    ];
+    let tokens = |vars: &[(&str, &str)]| {
+        let mut args = vec!["--hub", "Qwen/Qwen2.5-VL-7B-Instruct"];
+        args.extend(images);
+        let (code, stdout, stderr) = memest_in(&dir, vars, &args);
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        (v["image_tokens"].as_u64().unwrap(), stderr)
+    };
+
+    fake_hub(
+        &dir,
+        &[
+            ("config.json", &config),
+            ("preprocessor_config.json", &preprocessor),
+        ],
+    );
+    let (with_preprocessor, stderr) = tokens(&[cache_home]);
+    assert_eq!(stderr, "");
+    let urls = std::fs::read_to_string(dir.join("bin/urls")).unwrap();
+    assert_eq!(
+        urls.lines().collect::<Vec<_>>(),
+        [
+            "https://huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/resolve/main/config.json",
+            "https://huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/resolve/main/preprocessor_config.json",
+        ]
+    );
+    // 1344 x 896 is past 1,003,520 pixels: smart_resize scales both sides by sqrt(1.2) down
+    // to multiples of 28, 1204 x 812, so 43 x 29 merged patches instead of 48 x 32
+    assert_eq!(with_preprocessor, 43 * 29);
+    assert!(cache
+        .join("memest/hub/Qwen/Qwen2.5-VL-7B-Instruct/main/preprocessor_config.json")
+        .is_file());
+
+    // offline: both from the copies
+    let (offline, stderr) = tokens(&[cache_home, ("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(offline, with_preprocessor);
+    assert!(stderr.contains("using the cached copy"), "{stderr}");
+
+    // a repository without one: the class defaults the reader holds (the checkpoint's)
+    std::fs::remove_dir_all(&cache).unwrap();
+    fake_hub(&dir, &[("config.json", &config)]);
+    let (without, stderr) = tokens(&[cache_home]);
+    assert_eq!(stderr, "");
+    assert_eq!(without, 48 * 32);
+}

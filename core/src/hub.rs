@@ -96,8 +96,15 @@ impl HubId {
     /// `https://huggingface.co/<owner>/<name>/resolve/<revision>/config.json`.
     #[must_use]
     pub fn config_url(&self) -> String {
+        self.file_url("config.json")
+    }
+
+    /// `https://huggingface.co/<owner>/<name>/resolve/<revision>/<file>` (`file` a name
+    /// of the repository's top folder, such as `preprocessor_config.json`).
+    #[must_use]
+    pub fn file_url(&self, file: &str) -> String {
         format!(
-            "{HUB_ORIGIN}/{}/{}/resolve/{}/config.json",
+            "{HUB_ORIGIN}/{}/{}/resolve/{}/{file}",
             self.owner,
             self.name,
             self.revision_segment()
@@ -266,14 +273,23 @@ impl ConfigBody {
     /// # Errors
     /// [`HubError::Config`]: not UTF-8, not JSON, or not a config [`parse_hf_config`] reads.
     pub fn finish(self) -> Result<String, HubError> {
-        let text = String::from_utf8(self.bytes)
-            .map_err(|_| HubError::Config(ConfigError::InvalidJson("not UTF-8 text".into())))?;
-        let text = match text.strip_prefix('\u{feff}') {
-            Some(rest) => rest.to_owned(),
-            None => text,
-        };
+        let text = self.finish_text()?;
         parse_hf_config(&text).map_err(HubError::Config)?;
         Ok(text)
+    }
+
+    /// The whole body as text, not read as a config (a byte-order mark dropped): another
+    /// file of the repository, such as a `preprocessor_config.json`.
+    ///
+    /// # Errors
+    /// [`HubError::Config`] when it is not UTF-8.
+    pub fn finish_text(self) -> Result<String, HubError> {
+        let text = String::from_utf8(self.bytes)
+            .map_err(|_| HubError::Config(ConfigError::InvalidJson("not UTF-8 text".into())))?;
+        Ok(match text.strip_prefix('\u{feff}') {
+            Some(rest) => rest.to_owned(),
+            None => text,
+        })
     }
 }
 
