@@ -1944,6 +1944,16 @@ mod tests {
             .map(|(_, b)| *b);
         assert_eq!(paged, Some(44_040_192));
         assert_eq!(e.step.paged_bytes, 44_040_192);
+        // in CUDA managed memory: outside the caching allocator's reserve
+        assert_eq!(e.plan.overheads.outside_allocator_bytes, 44_040_192);
+        let v = e.verdict.expect("a device");
+        assert_eq!(
+            v.allocator_reserve_bytes,
+            crate::plan::ppm_of(
+                e.step.peak_bytes - 44_040_192,
+                e.plan.overheads.allocator_reserve_ppm
+            )
+        );
         let listed: u64 = e.step.parts.iter().map(|(_, b)| b).sum();
         assert_eq!(listed, e.step.peak_bytes);
         // one past the largest batch does not fit
