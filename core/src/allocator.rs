@@ -167,8 +167,16 @@ struct BlockPool {
 /// layer to the first (each at a lower address than the one before) and the next step takes
 /// them back lowest address first, so both land at the end of the vector, where nothing
 /// moves (in ascending order every one moved the whole class).
-#[derive(Clone, Debug, Default)]
-struct SortedMap(Vec<Vec<(Key, usize)>>);
+///
+/// All 65 classes exist from the start, so finding one is an index, never a growth check.
+#[derive(Clone, Debug)]
+struct SortedMap([Vec<(Key, usize)>; 65]);
+
+impl Default for SortedMap {
+    fn default() -> Self {
+        SortedMap(std::array::from_fn(|_| Vec::new()))
+    }
+}
 
 /// The `BlockComparatorSize` order: size, then address (two integers rather than one
 /// 128-bit one, which WebAssembly has no instructions for).
@@ -187,14 +195,16 @@ impl SortedMap {
         64 - key.size.leading_zeros() as usize
     }
     fn bucket(&mut self, key: Key) -> &mut Vec<(Key, usize)> {
-        let class = Self::class(key);
-        if self.0.len() <= class {
-            self.0.resize_with(class + 1, Vec::new);
-        }
-        &mut self.0[class]
+        &mut self.0[Self::class(key)]
     }
     fn insert(&mut self, key: Key, value: usize) {
         let bucket = self.bucket(key);
+        // Below the class's smallest key is the usual place (see the type's documentation):
+        // a push, with no search.
+        if bucket.last().is_none_or(|&(last, _)| key < last) {
+            bucket.push((key, value));
+            return;
+        }
         match bucket.binary_search_by(|&(k, _)| key.cmp(&k)) {
             Ok(i) => bucket[i].1 = value,
             Err(i) => bucket.insert(i, (key, value)),
@@ -202,13 +212,22 @@ impl SortedMap {
     }
     fn remove(&mut self, key: Key) -> Option<usize> {
         let bucket = self.bucket(key);
+        if let Some(&(last, value)) = bucket.last() {
+            if last == key {
+                bucket.pop();
+                return Some(value);
+            }
+        }
         let i = bucket.binary_search_by(|&(k, _)| key.cmp(&k)).ok()?;
         Some(bucket.remove(i).1)
     }
     /// Removes the entry at `at` (from [`Self::first_from`]), without searching again.
     fn remove_at(&mut self, (class, i): Position) {
         if let Some(bucket) = self.0.get_mut(class) {
-            if i < bucket.len() {
+            // the smallest key of its class, often: then nothing moves
+            if i + 1 == bucket.len() {
+                bucket.pop();
+            } else if i < bucket.len() {
                 bucket.remove(i);
             }
         }
