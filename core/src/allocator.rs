@@ -309,7 +309,10 @@ pub struct CachingAllocator {
     /// `CUDAAllocatorConfig::max_split_size()`, at its default.
     max_split_size: u64,
     blocks: Vec<Block>,
-    free_slots: Vec<usize>,
+    /// The last slot a merge emptied, or `NIL`; each empty slot's `next` is the one emptied
+    /// before it (a list threaded through the slots, where a vector of them took a push and
+    /// its growth check per merge).
+    free_slot: usize,
     /// `small_blocks` and `large_blocks`, indexed by `PoolKind as usize`.
     pools: [BlockPool; 2],
     segments: Vec<ExpandableSegment>,
@@ -329,7 +332,7 @@ impl CachingAllocator {
             mode,
             max_split_size: MAX_SPLIT_SIZE,
             blocks: Vec::new(),
-            free_slots: Vec::new(),
+            free_slot: NIL,
             pools: [BlockPool::default(), BlockPool::default()],
             segments: Vec::new(),
             next_addr: 0,
@@ -346,7 +349,7 @@ impl CachingAllocator {
         self.mode = mode;
         self.max_split_size = MAX_SPLIT_SIZE;
         self.blocks.clear();
-        self.free_slots.clear();
+        self.free_slot = NIL;
         for pool in &mut self.pools {
             pool.blocks.clear();
             pool.unmapped.clear();
@@ -449,12 +452,12 @@ impl CachingAllocator {
     /// A slot for a new block, reusing one a merge emptied. The slot's generation carries
     /// over so ids of its earlier blocks stay stale.
     fn new_block(&mut self, block: Block) -> usize {
-        if let Some(slot) = self.free_slots.pop() {
-            let generation = self.blocks[slot].generation;
-            self.blocks[slot] = Block {
-                generation,
-                ..block
-            };
+        if let Some(b) = self.blocks.get_mut(self.free_slot) {
+            let slot = self.free_slot;
+            self.free_slot = b.next;
+            let generation = b.generation;
+            *b = block;
+            b.generation = generation;
             slot
         } else {
             self.blocks.push(block);
@@ -463,8 +466,10 @@ impl CachingAllocator {
     }
 
     fn delete_block(&mut self, slot: usize) {
-        self.blocks[slot].live = false;
-        self.free_slots.push(slot);
+        let b = &mut self.blocks[slot];
+        b.live = false;
+        b.next = self.free_slot;
+        self.free_slot = slot;
     }
 
     fn grow_reserved(&mut self, bytes: u64) {
@@ -565,28 +570,29 @@ impl CachingAllocator {
     fn alloc_found_block(&mut self, block: usize, size: u64, split: bool) -> BlockId {
         let mut handed = block;
         if split {
-            let rest = self.blocks[block];
+            let rest = &self.blocks[block];
+            let (addr, prev, pool) = (rest.addr, rest.prev, rest.pool);
             let front = self.new_block(Block {
-                addr: rest.addr,
+                addr,
                 size,
-                prev: rest.prev,
+                prev,
                 next: block,
                 segment: rest.segment,
-                pool: rest.pool,
+                pool,
                 allocated: false,
                 mapped: true,
                 generation: 0,
                 live: true,
             });
-            if let Some(prev) = self.blocks.get_mut(rest.prev) {
+            if let Some(prev) = self.blocks.get_mut(prev) {
                 prev.next = front;
             }
             let remaining = &mut self.blocks[block];
             remaining.prev = front;
-            remaining.addr = rest.addr.saturating_add(size);
-            remaining.size = rest.size.saturating_sub(size);
+            remaining.addr = addr.saturating_add(size);
+            remaining.size = remaining.size.saturating_sub(size);
             let key = size_key(remaining.size, remaining.addr);
-            self.pool_mut(rest.pool).blocks.insert(key, block);
+            self.pool_mut(pool).blocks.insert(key, block);
             handed = front;
         }
         let b = &mut self.blocks[handed];
@@ -606,45 +612,47 @@ impl CachingAllocator {
         let (prev, next) = (self.blocks[block].prev, self.blocks[block].next);
         self.try_merge_blocks(block, prev);
         self.try_merge_blocks(block, next);
-        let b = self.blocks[block];
-        self.pool_mut(b.pool)
-            .blocks
-            .insert(size_key(b.size, b.addr), block);
+        let b = &self.blocks[block];
+        let (key, pool) = (size_key(b.size, b.addr), b.pool);
+        self.pool_mut(pool).blocks.insert(key, block);
     }
 
     /// `try_merge_blocks`: absorbs `src` into its neighbour `dst` when `src` is free and
     /// equally mapped; returns the bytes absorbed (0 when it does not merge).
     fn try_merge_blocks(&mut self, dst: usize, src: usize) -> u64 {
-        let Some(&s) = self.blocks.get(src) else {
+        let Some(s) = self.blocks.get(src) else {
             return 0;
         };
-        let d = self.blocks[dst];
-        if !s.live || s.allocated || d.mapped != s.mapped {
+        // the fields read one by one: a copy of the whole block per neighbour was a memcpy
+        let (addr, size, prev, next, pool, mapped) =
+            (s.addr, s.size, s.prev, s.next, s.pool, s.mapped);
+        if !s.live || s.allocated || self.blocks[dst].mapped != mapped {
             return 0;
         }
+        let d = &mut self.blocks[dst];
+        d.size = d.size.saturating_add(size);
         if d.prev == src {
             // [src dst]
-            self.blocks[dst].addr = s.addr;
-            self.blocks[dst].prev = s.prev;
-            if let Some(p) = self.blocks.get_mut(s.prev) {
+            d.addr = addr;
+            d.prev = prev;
+            if let Some(p) = self.blocks.get_mut(prev) {
                 p.next = dst;
             }
         } else {
             // [dst src]
-            self.blocks[dst].next = s.next;
-            if let Some(n) = self.blocks.get_mut(s.next) {
+            d.next = next;
+            if let Some(n) = self.blocks.get_mut(next) {
                 n.prev = dst;
             }
         }
-        self.blocks[dst].size = d.size.saturating_add(s.size);
-        let pool = self.pool_mut(s.pool);
-        if s.mapped {
-            pool.blocks.remove(size_key(s.size, s.addr));
+        let pool = self.pool_mut(pool);
+        if mapped {
+            pool.blocks.remove(size_key(size, addr));
         } else {
-            pool.unmapped.remove(addr_key(s.addr));
+            pool.unmapped.remove(addr_key(addr));
         }
         self.delete_block(src);
-        s.size
+        size
     }
 
     /// `find_expandable_block`: the lowest-addressed run of free and unmapped blocks that
