@@ -306,8 +306,6 @@ struct ExpandableSegment {
 #[derive(Clone, Debug)]
 pub struct CachingAllocator {
     mode: AllocatorMode,
-    /// `CUDAAllocatorConfig::max_split_size()`, at its default.
-    max_split_size: u64,
     blocks: Vec<Block>,
     /// The last slot a merge emptied, or `NIL`; each empty slot's `next` is the one emptied
     /// before it (a list threaded through the slots, where a vector of them took a push and
@@ -330,7 +328,6 @@ impl CachingAllocator {
     pub fn new(mode: AllocatorMode) -> Self {
         CachingAllocator {
             mode,
-            max_split_size: MAX_SPLIT_SIZE,
             blocks: Vec::new(),
             free_slot: NIL,
             pools: [BlockPool::default(), BlockPool::default()],
@@ -347,7 +344,6 @@ impl CachingAllocator {
     /// vectors: a replay after another one then grows none of them again.
     pub(crate) fn reset(&mut self, mode: AllocatorMode) {
         self.mode = mode;
-        self.max_split_size = MAX_SPLIT_SIZE;
         self.blocks.clear();
         self.free_slot = NIL;
         for pool in &mut self.pools {
@@ -511,11 +507,11 @@ impl CachingAllocator {
         let found = blocks[slot].size;
         // "Do not return an oversized block for a large request": no block reaches the
         // default max_split_size (SIZE_MAX), so neither rule ever refuses one here.
-        if size < self.max_split_size && found >= self.max_split_size {
+        if size < MAX_SPLIT_SIZE && found >= MAX_SPLIT_SIZE {
             return None;
         }
         // "Allow oversized block size to be rounded up but within a limit".
-        if size >= self.max_split_size && found >= size.saturating_add(LARGE_BUFFER) {
+        if size >= MAX_SPLIT_SIZE && found >= size.saturating_add(LARGE_BUFFER) {
             return None;
         }
         let blocks = &mut self.pool_mut(pool).blocks;
@@ -561,7 +557,7 @@ impl CachingAllocator {
         if b.pool == PoolKind::Small || self.expandable() {
             remaining >= MIN_BLOCK_SIZE
         } else {
-            size < self.max_split_size && remaining > SMALL_SIZE
+            size < MAX_SPLIT_SIZE && remaining > SMALL_SIZE
         }
     }
 
