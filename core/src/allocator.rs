@@ -384,25 +384,24 @@ impl CachingAllocator {
             // Unreachable on an infinite device; kept so no input can panic.
             return BlockId::NULL;
         };
-        let split = self.should_split(block, size);
-        self.alloc_found_block(block, size, split)
+        self.alloc_found_block(block, size)
     }
 
     /// Frees a block [`malloc`](Self::malloc) handed out. Freeing it again, or an id this
     /// allocator never handed out, does nothing. (An id means something only to the
     /// allocator that handed it out.)
     pub fn free(&mut self, id: BlockId) {
-        let Some(block) = self.blocks.get(id.slot) else {
+        let Some(block) = self.blocks.get_mut(id.slot) else {
             return;
         };
         if !block.live || !block.allocated || block.generation != id.generation {
             return;
         }
         // `free`: the stats drop by the block's size, then `free_block` caches it.
-        let size = block.size;
-        self.blocks[id.slot].allocated = false;
+        block.allocated = false;
+        let (size, prev, next) = (block.size, block.prev, block.next);
         self.allocated = self.allocated.saturating_sub(size);
-        self.free_block(id.slot);
+        self.free_block(id.slot, prev, next);
     }
 
     /// Bytes in live blocks: `memory_allocated()`. Each block counts its rounded size, or in
@@ -481,7 +480,8 @@ impl CachingAllocator {
             .blocks
             .first_from(size_key(size, 0))?;
         let mut moved = false;
-        if blocks[slot].segment != NIL && self.mode == AllocatorMode::Expandable {
+        // (the mode first: in the default mode the block is not looked up for it)
+        if self.mode == AllocatorMode::Expandable && blocks[slot].segment != NIL {
             let mut candidates = self.pools[pool as usize].blocks.range(key);
             candidates.next();
             // "for the purposes of 'best fit' we consider its size to be the size it can
@@ -551,8 +551,7 @@ impl CachingAllocator {
     }
 
     /// `should_split`: whether the rest of `block` after `size` bytes goes back to the pool.
-    fn should_split(&self, block: usize, size: u64) -> bool {
-        let b = &self.blocks[block];
+    fn should_split(&self, b: &Block, size: u64) -> bool {
         let remaining = b.size.saturating_sub(size);
         if b.pool == PoolKind::Small || self.expandable() {
             remaining >= MIN_BLOCK_SIZE
@@ -561,12 +560,12 @@ impl CachingAllocator {
         }
     }
 
-    /// `alloc_found_block`: splits the first `size` bytes off `block` when `split`, the rest
-    /// going back to the pool, and hands the block out.
-    fn alloc_found_block(&mut self, block: usize, size: u64, split: bool) -> BlockId {
+    /// `alloc_found_block`: splits the first `size` bytes off `block` when it
+    /// [should](Self::should_split), the rest going back to the pool, and hands the block out.
+    fn alloc_found_block(&mut self, block: usize, size: u64) -> BlockId {
         let mut handed = block;
-        if split {
-            let rest = &self.blocks[block];
+        let rest = &self.blocks[block];
+        if self.should_split(rest, size) {
             let (addr, prev, pool) = (rest.addr, rest.prev, rest.pool);
             let front = self.new_block(Block {
                 addr,
@@ -603,9 +602,10 @@ impl CachingAllocator {
         id
     }
 
-    /// `free_block`: merges the freed block with free neighbours and caches it.
-    fn free_block(&mut self, block: usize) {
-        let (prev, next) = (self.blocks[block].prev, self.blocks[block].next);
+    /// `free_block`: merges the freed block with free neighbours and caches it. (`free`
+    /// passes the neighbours it has read already: each look-up of a block is a call at this
+    /// optimisation level.)
+    fn free_block(&mut self, block: usize, prev: usize, next: usize) {
         self.try_merge_blocks(block, prev);
         self.try_merge_blocks(block, next);
         let b = &self.blocks[block];
@@ -622,10 +622,13 @@ impl CachingAllocator {
         // the fields read one by one: a copy of the whole block per neighbour was a memcpy
         let (addr, size, prev, next, pool, mapped) =
             (s.addr, s.size, s.prev, s.next, s.pool, s.mapped);
-        if !s.live || s.allocated || self.blocks[dst].mapped != mapped {
+        if !s.live || s.allocated {
             return 0;
         }
         let d = &mut self.blocks[dst];
+        if d.mapped != mapped {
+            return 0;
+        }
         d.size = d.size.saturating_add(size);
         if d.prev == src {
             // [src dst]
