@@ -170,11 +170,21 @@ struct BlockPool {
 ///
 /// All 65 classes exist from the start, so finding one is an index, never a growth check.
 #[derive(Clone, Debug)]
-struct SortedMap([Vec<(Key, usize)>; 65]);
+struct SortedMap {
+    classes: [Vec<(Key, usize)>; 65],
+    /// Bit `c` set for every class `c` < 64 that holds an entry (and maybe for some emptied
+    /// since, which are skipped): a search that misses its own class finds the next one
+    /// with an entry from this word, where walking the empty classes in between was a
+    /// tenth of the instructions of every `malloc`.
+    occupied: u64,
+}
 
 impl Default for SortedMap {
     fn default() -> Self {
-        SortedMap(std::array::from_fn(|_| Vec::new()))
+        SortedMap {
+            classes: std::array::from_fn(|_| Vec::new()),
+            occupied: 0,
+        }
     }
 }
 
@@ -194,10 +204,22 @@ impl SortedMap {
     fn class(key: Key) -> usize {
         64 - key.size.leading_zeros() as usize
     }
+    /// `1 << class`, or 0 for class 64 (which no bit stands for).
+    fn bit(class: usize) -> u64 {
+        1u64.checked_shl(class as u32).unwrap_or(0)
+    }
     fn bucket(&mut self, key: Key) -> &mut Vec<(Key, usize)> {
-        &mut self.0[Self::class(key)]
+        &mut self.classes[Self::class(key)]
+    }
+    /// Clears the bit of `class` if its last entry is gone.
+    #[inline]
+    fn note_removal(&mut self, class: usize) {
+        if self.classes[class].is_empty() {
+            self.occupied &= !Self::bit(class);
+        }
     }
     fn insert(&mut self, key: Key, value: usize) {
+        self.occupied |= Self::bit(Self::class(key));
         let bucket = self.bucket(key);
         // Below the class's smallest key is the usual place (see the type's documentation):
         // a push, with no search.
@@ -212,64 +234,90 @@ impl SortedMap {
     }
     fn remove(&mut self, key: Key) -> Option<usize> {
         let bucket = self.bucket(key);
-        if let Some(&(last, value)) = bucket.last() {
-            if last == key {
+        let value = match bucket.last() {
+            Some(&(last, value)) if last == key => {
                 bucket.pop();
-                return Some(value);
+                value
             }
-        }
-        let i = bucket.binary_search_by(|&(k, _)| key.cmp(&k)).ok()?;
-        Some(bucket.remove(i).1)
+            _ => {
+                let i = bucket.binary_search_by(|&(k, _)| key.cmp(&k)).ok()?;
+                bucket.remove(i).1
+            }
+        };
+        self.note_removal(Self::class(key));
+        Some(value)
     }
     /// Removes the entry at `at` (from [`Self::first_from`]), without searching again.
     fn remove_at(&mut self, (class, i): Position) {
-        if let Some(bucket) = self.0.get_mut(class) {
+        if let Some(bucket) = self.classes.get_mut(class) {
             // the smallest key of its class, often: then nothing moves
             if i + 1 == bucket.len() {
                 bucket.pop();
             } else if i < bucket.len() {
                 bucket.remove(i);
             }
+            self.note_removal(class);
         }
     }
     /// Empties the map, keeping its vectors for the next replay.
     fn clear(&mut self) {
-        for bucket in &mut self.0 {
+        for bucket in &mut self.classes {
             bucket.clear();
         }
+        self.occupied = 0;
     }
     /// The entries from `from` on, in key order.
     fn range(&self, from: Key) -> impl Iterator<Item = (Key, usize)> + '_ {
         let class = Self::class(from);
         let first = self
-            .0
+            .classes
             .get(class)
             .map_or(&[][..], |b| &b[..b.partition_point(|&(k, _)| k >= from)]);
         first
             .iter()
             .rev()
-            .chain(self.0.iter().skip(class + 1).flat_map(|b| b.iter().rev()))
+            .chain(
+                self.classes
+                    .iter()
+                    .skip(class + 1)
+                    .flat_map(|b| b.iter().rev()),
+            )
             .copied()
     }
     /// The first entry from `from` on ([`Self::range`]'s first, without its iterator) and
     /// where it is.
     fn first_from(&self, from: Key) -> Option<((Key, usize), Position)> {
         let class = Self::class(from);
-        if let Some(b) = self.0.get(class) {
+        if let Some(b) = self.classes.get(class) {
             let i = b.partition_point(|&(k, _)| k >= from);
             if let Some(found) = i.checked_sub(1).and_then(|j| b.get(j)) {
                 return Some((*found, (class, i - 1)));
             }
         }
-        self.0
-            .iter()
-            .enumerate()
-            .skip(class + 1)
-            .find_map(|(c, b)| Some((*b.last()?, (c, b.len() - 1))))
+        // the classes above, lowest first: those whose bit is set, then class 64
+        // (from class 63 on no bit is above: `bit(64)` is 0, and so is the mask)
+        let mut above = self.occupied & !(Self::bit(class + 1).wrapping_sub(1));
+        while above != 0 {
+            let c = above.trailing_zeros() as usize;
+            if let Some(&found) = self.classes[c].last() {
+                return Some((found, (c, self.classes[c].len() - 1)));
+            }
+            above &= above - 1;
+        }
+        let last = self.classes.len() - 1;
+        if class < last {
+            if let Some(&found) = self.classes[last].last() {
+                return Some((found, (last, self.classes[last].len() - 1)));
+            }
+        }
+        None
     }
     /// The values in key order.
     fn values(&self) -> impl Iterator<Item = &usize> {
-        self.0.iter().flat_map(|b| b.iter().rev()).map(|(_, v)| v)
+        self.classes
+            .iter()
+            .flat_map(|b| b.iter().rev())
+            .map(|(_, v)| v)
     }
 }
 
