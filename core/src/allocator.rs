@@ -212,7 +212,7 @@ impl SortedMap {
         &mut self.classes[Self::class(key)]
     }
     /// Clears the bit of `class` if its last entry is gone.
-    #[inline]
+    #[inline(always)]
     fn note_removal(&mut self, class: usize) {
         if self.classes[class].is_empty() {
             self.occupied &= !Self::bit(class);
@@ -509,7 +509,7 @@ impl CachingAllocator {
     }
 
     fn delete_block(&mut self, slot: usize) {
-        let b = &mut self.blocks[slot];
+        let b = &mut self.blocks.as_mut_slice()[slot];
         b.live = false;
         b.next = self.free_slot;
         self.free_slot = slot;
@@ -523,7 +523,7 @@ impl CachingAllocator {
     /// `get_free_block`: the smallest cached block of at least `size` bytes (ties to the
     /// lower address), removed from the pool.
     fn get_free_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
-        let blocks = &self.blocks;
+        let blocks = self.blocks.as_slice();
         let ((mut key, mut slot), at) = self.pools[pool as usize]
             .blocks
             .first_from(size_key(size, 0))?;
@@ -612,7 +612,7 @@ impl CachingAllocator {
     /// [should](Self::should_split), the rest going back to the pool, and hands the block out.
     fn alloc_found_block(&mut self, block: usize, size: u64) -> BlockId {
         let mut handed = block;
-        let rest = &self.blocks[block];
+        let rest = &self.blocks.as_slice()[block];
         if self.should_split(rest, size) {
             let (addr, prev, pool) = (rest.addr, rest.prev, rest.pool);
             let front = self.new_block(Block {
@@ -630,7 +630,7 @@ impl CachingAllocator {
             if let Some(prev) = self.blocks.get_mut(prev) {
                 prev.next = front;
             }
-            let remaining = &mut self.blocks[block];
+            let remaining = &mut self.blocks.as_mut_slice()[block];
             remaining.prev = front;
             remaining.addr = addr.saturating_add(size);
             remaining.size = remaining.size.saturating_sub(size);
@@ -638,7 +638,7 @@ impl CachingAllocator {
             self.pool_mut(pool).blocks.insert(key, block);
             handed = front;
         }
-        let b = &mut self.blocks[handed];
+        let b = &mut self.blocks.as_mut_slice()[handed];
         b.allocated = true;
         b.generation = b.generation.wrapping_add(1);
         let id = BlockId {
@@ -656,7 +656,7 @@ impl CachingAllocator {
     fn free_block(&mut self, block: usize, prev: usize, next: usize) {
         self.try_merge_blocks(block, prev);
         self.try_merge_blocks(block, next);
-        let b = &self.blocks[block];
+        let b = &self.blocks.as_slice()[block];
         let (key, pool) = (size_key(b.size, b.addr), b.pool);
         self.pool_mut(pool).blocks.insert(key, block);
     }
@@ -673,7 +673,7 @@ impl CachingAllocator {
         if !s.live || s.allocated {
             return 0;
         }
-        let d = &mut self.blocks[dst];
+        let d = &mut self.blocks.as_mut_slice()[dst];
         if d.mapped != mapped {
             return 0;
         }
@@ -858,7 +858,10 @@ fn round_size(size: u64) -> u64 {
     if size < MIN_BLOCK_SIZE {
         MIN_BLOCK_SIZE
     } else {
-        times(size.div_ceil(MIN_BLOCK_SIZE), MIN_BLOCK_SIZE)
+        // `div_ceil` spelled out: by a power of two it is a shift and a mask, where
+        // `u64::div_ceil` stayed a call in WebAssembly, on every `malloc`
+        let whole = size / MIN_BLOCK_SIZE;
+        times(whole + u64::from(size % MIN_BLOCK_SIZE != 0), MIN_BLOCK_SIZE)
     }
 }
 
