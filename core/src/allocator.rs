@@ -494,16 +494,48 @@ impl CachingAllocator {
 
     /// A slot for a new block, reusing one a merge emptied. The slot's generation carries
     /// over so ids of its earlier blocks stay stale.
+    ///
+    /// The block is taken apart and written field by field: copied whole, it was a
+    /// `memory.copy` in WebAssembly, a call out of the module, on most `malloc`s.
     fn new_block(&mut self, block: Block) -> usize {
+        let Block {
+            addr,
+            size,
+            prev,
+            next,
+            segment,
+            pool,
+            allocated,
+            mapped,
+            generation,
+            live,
+        } = block;
         if let Some(b) = self.blocks.get_mut(self.free_slot) {
             let slot = self.free_slot;
             self.free_slot = b.next;
-            let generation = b.generation;
-            *b = block;
-            b.generation = generation;
+            b.addr = addr;
+            b.size = size;
+            b.prev = prev;
+            b.next = next;
+            b.segment = segment;
+            b.pool = pool;
+            b.allocated = allocated;
+            b.mapped = mapped;
+            b.live = live;
             slot
         } else {
-            self.blocks.push(block);
+            self.blocks.push(Block {
+                addr,
+                size,
+                prev,
+                next,
+                segment,
+                pool,
+                allocated,
+                mapped,
+                generation,
+                live,
+            });
             self.blocks.len() - 1
         }
     }
