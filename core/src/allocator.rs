@@ -892,8 +892,8 @@ fn round_size(size: u64) -> u64 {
     } else {
         // `div_ceil` spelled out: by a power of two it is a shift and a mask, where
         // `u64::div_ceil` stayed a call in WebAssembly, on every `malloc`
-        let whole = size / MIN_BLOCK_SIZE;
-        times(whole + u64::from(size % MIN_BLOCK_SIZE != 0), MIN_BLOCK_SIZE)
+        let up = u64::from(size % MIN_BLOCK_SIZE != 0);
+        times(size / MIN_BLOCK_SIZE + up, MIN_BLOCK_SIZE)
     }
 }
 
