@@ -554,6 +554,9 @@ impl CachingAllocator {
 
     /// `get_free_block`: the smallest cached block of at least `size` bytes (ties to the
     /// lower address), removed from the pool.
+    // The source's two oversize rules are kept as it writes them, though at the default
+    // max_split_size (the constant SIZE_MAX) the compiler folds them.
+    #[allow(clippy::absurd_extreme_comparisons)]
     fn get_free_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
         let blocks = self.blocks.as_slice();
         let ((mut key, mut slot), at) = self.pools[pool as usize]
@@ -892,7 +895,8 @@ fn round_size(size: u64) -> u64 {
     } else {
         // `div_ceil` spelled out: by a power of two it is a shift and a mask, where
         // `u64::div_ceil` stayed a call in WebAssembly, on every `malloc`
-        let up = u64::from(size % MIN_BLOCK_SIZE != 0);
+        // (a mask: `MIN_BLOCK_SIZE` is a power of two)
+        let up = u64::from(size & (MIN_BLOCK_SIZE - 1) != 0);
         times(size / MIN_BLOCK_SIZE + up, MIN_BLOCK_SIZE)
     }
 }
