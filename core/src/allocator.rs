@@ -174,8 +174,8 @@ struct SortedMap {
     classes: [Vec<(Key, usize)>; 65],
     /// Bit `c` set for every class `c` < 64 that holds an entry (and maybe for some emptied
     /// since, which are skipped): a search that misses its own class finds the next one
-    /// with an entry from this word, where walking the empty classes in between was a
-    /// tenth of the instructions of every `malloc`.
+    /// with an entry from this word, instead of walking the empty classes in between one
+    /// by one (0.6% of the advisor's instructions).
     occupied: u64,
 }
 
@@ -354,6 +354,8 @@ struct ExpandableSegment {
 #[derive(Clone, Debug)]
 pub struct CachingAllocator {
     mode: AllocatorMode,
+    /// The hot paths index it as a slice (`as_slice`, `as_mut_slice`): that is a bounds
+    /// check in place, where `Vec`'s `Index` stays a call at the page's opt-level "z".
     blocks: Vec<Block>,
     /// The last slot a merge emptied, or `NIL`; each empty slot's `next` is the one emptied
     /// before it (a list threaded through the slots, where a vector of them took a push and
