@@ -207,10 +207,9 @@ pub(crate) struct Tape {
     /// What the tensors saved now are for.
     pub part: SavedPart,
     pub parts: PartBytes,
-    saved: Vec<bool>,
-    /// Each tensor's storage bytes, in the order the tensors were made (the allocator replay
-    /// reads them: `estimate::replay`).
-    sizes: Vec<u64>,
+    /// Each tensor's storage bytes and whether backward keeps it, in the order the tensors
+    /// were made (the allocator replay reads them: `estimate::replay`).
+    made: Vec<(u64, bool)>,
     total: u64,
     /// LoRA / QLoRA: the base is frozen and some linears carry adapters.
     pub peft: Option<TapePeft>,
@@ -237,8 +236,9 @@ impl Tape {
             tokens,
             part: SavedPart::Embeddings,
             parts: PartBytes::default(),
-            saved: Vec::new(),
-            sizes: Vec::new(),
+            // a layer makes a few dozen tensors: room for them from the start spares the
+            // vector's growth, step by step, on every tape of every estimate
+            made: Vec::with_capacity(64),
             total: 0,
             peft: None,
             role: Role::Other,
@@ -254,10 +254,9 @@ impl Tape {
     }
     /// A new tensor of `elems` elements in all.
     pub fn raw(&mut self, elems: u64, bytes: u64) -> Res<T> {
-        self.saved.push(false);
-        self.sizes.push(storage(elems, bytes)?);
+        self.made.push((storage(elems, bytes)?, false));
         Ok(T {
-            id: self.saved.len() - 1,
+            id: self.made.len() - 1,
             elems,
             bytes,
             storage_elems: elems,
@@ -271,7 +270,7 @@ impl Tape {
         if let Some(&(_, addend)) = self.recomputed.iter().find(|(id, _)| *id == t.id) {
             return self.save(addend);
         }
-        if let Some(s) = self.saved.get_mut(t.id) {
+        if let Some((_, s)) = self.made.get_mut(t.id) {
             if !*s {
                 *s = true;
                 let bytes = storage(t.storage_elems, t.bytes)?;
@@ -316,11 +315,7 @@ impl Tape {
     }
     /// Every tensor made so far: its storage bytes and whether backward keeps it.
     pub fn log(&self) -> Vec<(u64, bool)> {
-        self.sizes
-            .iter()
-            .copied()
-            .zip(self.saved.iter().copied())
-            .collect()
+        self.made.clone()
     }
 }
 
