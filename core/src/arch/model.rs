@@ -512,7 +512,9 @@ impl Layer {
     }
     /// Element counts of every parameter tensor.
     pub fn params(&self) -> Vec<u64> {
-        let mut v = Vec::new();
+        // (room for a layer's tensors at once: grown from empty, the pushes reallocate
+        // several times on every estimate)
+        let mut v = Vec::with_capacity(32);
         self.attention.params(&mut v);
         self.mlp.params(&mut v);
         for _ in 0..self.norm_count() {
@@ -526,7 +528,7 @@ impl Layer {
     /// not among them: `grouped_mm` is on no autocast list and transformers casts the rows to
     /// the experts' dtype instead, so only the router and the shared expert are cast.
     pub fn linear_params(&self, with_biases: bool) -> Vec<u64> {
-        let mut v = Vec::new();
+        let mut v = Vec::with_capacity(32);
         if !with_biases {
             v.extend(self.attention.linears().iter().map(|l| l.n_in * l.n_out));
             self.mlp.weights(&mut v);
@@ -836,7 +838,7 @@ impl ModelSpec {
     /// and each layer's group (an index into them), found in one pass: comparing whole layers
     /// is a good part of an estimate.
     pub fn layer_groups(&self) -> (Vec<(&Layer, u64)>, Vec<usize>) {
-        let mut groups: Vec<(&Layer, u64)> = Vec::new();
+        let mut groups: Vec<(&Layer, u64)> = Vec::with_capacity(4);
         let mut group_of = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             match groups.iter_mut().position(|(l, _)| *l == layer) {
@@ -903,7 +905,7 @@ impl ModelSpec {
     fn outside_params(&self, with_embeddings: bool) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
         let e = &self.embedding;
-        let mut t = Vec::new();
+        let mut t = Vec::with_capacity(16);
         if with_embeddings && self.embeds {
             if let Some(vis) = self.vision {
                 let p = vis.patch;
