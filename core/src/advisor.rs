@@ -981,10 +981,7 @@ impl<'a> Search<'a> {
         batch: u64,
     ) -> Result<(StepMemory, FitVerdict, MaxBatch), EvaluationError> {
         let step = self.step(l, knobs, plan, batch)?;
-        let overheads = crate::Overheads {
-            outside_allocator_bytes: step.outside_allocator_bytes(),
-            ..plan.overheads
-        };
+        let overheads = step.overheads(&plan.overheads);
         let verdict = fit_verdict(step.peak_bytes, self.capacity, &overheads);
         let max_batch = max_batch_that_fits(MAX_BATCH, self.capacity, &overheads, |b| {
             self.step(l, knobs, plan, b).map(|s| s.peak_bytes)

@@ -509,7 +509,8 @@ impl CachingAllocator {
             pool,
             allocated,
             mapped,
-            generation,
+            // (a reused slot keeps its own generation)
+            generation: _,
             live,
         } = block;
         if let Some(b) = self.blocks.get_mut(self.free_slot) {
@@ -526,18 +527,8 @@ impl CachingAllocator {
             b.live = live;
             slot
         } else {
-            self.blocks.push(Block {
-                addr,
-                size,
-                prev,
-                next,
-                segment,
-                pool,
-                allocated,
-                mapped,
-                generation,
-                live,
-            });
+            // (a new slot: rare, the block as it is)
+            self.blocks.push(block);
             self.blocks.len() - 1
         }
     }

@@ -195,6 +195,16 @@ impl StepMemory {
             .filter(|(k, _)| *k == PartKind::VllmReservation)
             .fold(self.paged_bytes, |acc, (_, b)| acc.saturating_add(*b))
     }
+
+    /// The plan's `overheads` for this step's verdicts: its memory outside the allocator
+    /// set (the same at every batch: vLLM's share of the device, the optimizer's paged
+    /// state).
+    pub(crate) fn overheads(&self, overheads: &crate::Overheads) -> crate::Overheads {
+        crate::Overheads {
+            outside_allocator_bytes: self.outside_allocator_bytes(),
+            ..*overheads
+        }
+    }
 }
 
 /// DPO's and GRPO's peaks per GPU by phase of the step.
@@ -1323,11 +1333,7 @@ pub(crate) fn fit_with(
 ) -> Result<Fit, EvaluationError> {
     let step = step_of(batch)?;
     let capacity = plan.capacity_bytes;
-    // (the same at every batch: vLLM's share of the device, the optimizer's paged state)
-    let overheads = crate::Overheads {
-        outside_allocator_bytes: step.outside_allocator_bytes(),
-        ..plan.overheads
-    };
+    let overheads = step.overheads(&plan.overheads);
     let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &overheads));
     let max_batch = match capacity {
         Some(c) => {

@@ -606,9 +606,14 @@ fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<Peak
         ),
         ..at_start(log_probs)
     });
-    let vllm =
-        (o.generator == Generator::VllmColocated).then_some(o.vllm_memory_permille.min(1000));
-    finish(e, Some(generation), kv, scoring, reference, vllm)
+    finish(
+        e,
+        Some(generation),
+        kv,
+        scoring,
+        reference,
+        o.colocated_vllm_permille(),
+    )
 }
 
 /// What colocated vLLM reserves of a device of `capacity_bytes` at
@@ -620,14 +625,18 @@ pub(crate) fn vllm_reservation_bytes(capacity_bytes: u64, permille: u32) -> u64 
 }
 
 impl Objective {
-    /// Colocated vLLM's reservation on a device of `capacity_bytes` (GRPO with a
-    /// colocated generator; 0 otherwise).
+    /// Colocated vLLM's `gpu_memory_utilization` in per mille (GRPO with a colocated
+    /// generator; `None` otherwise).
+    fn colocated_vllm_permille(&self) -> Option<u32> {
+        (self.kind == ObjectiveKind::Grpo && self.generator == Generator::VllmColocated)
+            .then_some(self.vllm_memory_permille.min(1000))
+    }
+
+    /// Colocated vLLM's reservation on a device of `capacity_bytes` (0 without one).
     pub(crate) fn colocated_vllm_bytes(&self, capacity_bytes: u64) -> u64 {
-        if self.kind == ObjectiveKind::Grpo && self.generator == Generator::VllmColocated {
-            vllm_reservation_bytes(capacity_bytes, self.vllm_memory_permille)
-        } else {
-            0
-        }
+        self.colocated_vllm_permille().map_or(0, |permille| {
+            vllm_reservation_bytes(capacity_bytes, permille)
+        })
     }
 }
 
