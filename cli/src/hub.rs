@@ -34,7 +34,7 @@ pub struct Loaded {
     /// `preprocessor_config.json` under `preprocessor_config`, as the readers take it).
     pub text: String,
     /// Where it came from, when not from the Hub just now.
-    pub notice: Vec<String>,
+    pub notices: Vec<String>,
 }
 
 /// The caches, from the environment.
@@ -156,30 +156,29 @@ fn is_commit(revision: &str) -> bool {
 
 /// Reads a cached config with the same rules as the Hub's answer.
 fn read_cached(path: &Path) -> Result<String, String> {
+    read_config_body(&read_capped(path)?)
+        .map_err(|e| format!("the cached copy {} is unusable: {e}", path.display()))
+}
+
+/// Reads a cached file that is no config (a `preprocessor_config.json`), under the same
+/// size cap: its text as it is.
+fn read_cached_text(path: &Path) -> Option<String> {
+    let bytes = read_capped(path).ok()?;
+    let mut body = ConfigBody::new(Some(bytes.len() as u64)).ok()?;
+    body.push(&bytes).ok()?;
+    body.finish_text().ok()
+}
+
+/// The bytes of a cached file, one more than any body under the cap can take at most.
+fn read_capped(path: &Path) -> Result<Vec<u8>, String> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)
-        // one byte more than any config under the cap can take
         .and_then(|f| {
             f.take(MAX_CONFIG_CHARS as u64 * 4 + 1)
                 .read_to_end(&mut bytes)
         })
         .map_err(|e| format!("cannot read the cached copy {}: {e}", path.display()))?;
-    read_config_body(&bytes)
-        .map_err(|e| format!("the cached copy {} is unusable: {e}", path.display()))
-}
-
-/// A cached file that is no config, under the same size cap.
-fn read_cached_text(path: &Path) -> Option<String> {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            f.take(MAX_CONFIG_CHARS as u64 * 4 + 1)
-                .read_to_end(&mut bytes)
-        })
-        .ok()?;
-    let mut body = ConfigBody::new(Some(bytes.len() as u64)).ok()?;
-    body.push(&bytes).ok()?;
-    body.finish_text().ok()
+    Ok(bytes)
 }
 
 /// Whether `HF_HUB_OFFLINE` asks for no network (`1`, `true`, `yes`, `on`).
@@ -210,7 +209,7 @@ pub fn load(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
         return Ok(loaded);
     }
     let (preprocessor, notice) = load_preprocessor(id, revision_given);
-    loaded.notice.extend(notice);
+    loaded.notices.extend(notice);
     if let Some(serde_json::Value::Object(p)) =
         preprocessor.and_then(|text| serde_json::from_str(&text).ok())
     {
@@ -222,7 +221,7 @@ pub fn load(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
         if merged.chars().count() <= MAX_CONFIG_CHARS {
             loaded.text = merged;
         } else {
-            loaded.notice.push(format!(
+            loaded.notices.push(format!(
                 "{id}: {PREPROCESSOR} left out (the config with it is longer than {MAX_CONFIG_CHARS} characters): the image processor's defaults are used"
             ));
         }
@@ -240,11 +239,12 @@ fn load_preprocessor(id: &HubId, revision_given: bool) -> (Option<String>, Optio
             .find(id, revision_given, PREPROCESSOR)
             .and_then(|path| read_cached_text(&path))
     };
-    if offline() || is_commit(id.revision()) {
+    let offline = offline();
+    if offline || is_commit(id.revision()) {
         if let Some(text) = cached() {
             return (Some(text), None);
         }
-        if offline() {
+        if offline {
             return (None, None);
         }
     }
@@ -287,7 +287,7 @@ fn load_config(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
         let text = read_cached(&path).map_err(|e| format!("{id}: {e}"))?;
         Ok(Loaded {
             text,
-            notice: vec![format!(
+            notices: vec![format!(
                 "{id}: {why}; using the cached copy {}",
                 path.display()
             )],
@@ -301,7 +301,7 @@ fn load_config(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
             return read_cached(&path)
                 .map(|text| Loaded {
                     text,
-                    notice: Vec::new(),
+                    notices: Vec::new(),
                 })
                 .map_err(|e| format!("{id}: {e}"));
         }
@@ -309,7 +309,7 @@ fn load_config(id: &HubId, revision_given: bool) -> Result<Loaded, String> {
     match download(&id.config_url()) {
         Ok(text) => {
             caches.store(id, CONFIG, &text);
-            Ok(Loaded { text, notice: Vec::new() })
+            Ok(Loaded { text, notices: Vec::new() })
         }
         Err((HubError::Unreachable, detail)) => {
             from_cache(&format!("could not reach huggingface.co ({detail})"))

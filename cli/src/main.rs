@@ -846,7 +846,7 @@ fn main() -> ExitCode {
     if let Some((id, revision_given)) = &options.hub {
         match hub::load(id, *revision_given) {
             Ok(loaded) => {
-                options.notices.extend(loaded.notice);
+                options.notices.extend(loaded.notices);
                 options.state.model.config_json = loaded.text;
             }
             Err(why) => {
