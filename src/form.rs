@@ -13,10 +13,11 @@
 //! says what in them differs from the defaults, and which open when it does.
 
 use estimator_core::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field, Generator, Gpu, HubId,
-    KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload, Optimizer, OptimizerImpl,
-    Page, PageState, ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4,
-    Reference, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    group_thousands, AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field,
+    Generator, Gpu, HubId, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload,
+    Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision,
+    PrecisionRecipe, Preset, Quant4, Reference, Sharding, TpPlan, Trainer, WeightFormat,
+    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -715,6 +716,29 @@ fn build(state: &PageState) -> Builder<'_> {
         b.field(&MODEL, Some(preset_groups()));
         b.when(Shown::CustomModel, Builder::config);
         b.when(Shown::Sft, |b| b.field(&SEQ, None));
+        // a vision-language model's images: shown by the page's effect once the config says so
+        b.group(
+            "fieldset",
+            &[
+                ("class", "vision"),
+                ("id", "vision-settings"),
+                ("data-testid", "vision-settings"),
+                ("hidden", ""),
+            ],
+            |b| {
+                b.m.el("legend", &[], "Images (vision-language model)");
+                b.fields(VISION);
+                b.m.el(
+                    "p",
+                    &[
+                        ("class", "hint"),
+                        ("id", "image-tokens"),
+                        ("data-testid", "image-tokens"),
+                    ],
+                    "",
+                );
+            },
+        );
         b.fields(RECIPE);
         b.optimizer(Mode::Architecture);
         b.when(Shown::Training, |b| {
@@ -999,7 +1023,8 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
 
     // The messages, and the texts that follow the model.
     let messages = StoredValue::new(Vec::<(&'static str, String)>::new());
-    let model_texts = StoredValue::new(None::<(bool, bool)>);
+    let model_texts = StoredValue::new(None::<(bool, bool, bool)>);
+    let image_tokens = StoredValue::new(String::new());
     watch(move || {
         if form.get().is_none() {
             return;
@@ -1040,9 +1065,25 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                 }
                 *was = now;
             });
-            let texts = (p.is_vision, p.is_moe);
+            let tokens = p.image_tokens.map_or_else(String::new, |t| {
+                format!(
+                    "{} image tokens per sample; the language model's sequence: {} tokens.",
+                    group_thousands(t.image_tokens.saturating_add(t.markup_tokens)),
+                    group_thousands(t.sequence)
+                )
+            });
+            if image_tokens.with_value(|was| *was != tokens) {
+                if let Some(el) = by_id("image-tokens") {
+                    el.set_text_content(Some(&tokens));
+                }
+                image_tokens.set_value(tokens);
+            }
+            let texts = (p.is_vision, p.is_moe, p.is_vision_language);
             if model_texts.get_value() != Some(texts) {
                 model_texts.set_value(Some(texts));
+                if let Some(images) = by_id("vision-settings") {
+                    let _ = images.toggle_attribute_with_force("hidden", !p.is_vision_language);
+                }
                 if let Some(label) = form.get().and_then(|f| f.query_selector("label[for=seq]").ok().flatten()) {
                     label.set_text_content(Some(if p.is_vision {
                         "Image size (pixels per side)"
@@ -1323,6 +1364,37 @@ pub const VLLM: &[Spec] = &[typed(
     "vllm-memory",
     "",
 )];
+
+/// A vision-language model's images and what trains of its vision side.
+pub const VISION: &[Spec] = &[
+    typed(
+        Field::Images,
+        "Images per sample",
+        "images",
+        "0: the language model alone.",
+    ),
+    Spec {
+        field: Field::ImageSize,
+        label: "Image size (width x height, pixels)",
+        testid: "image-size",
+        kind: Kind::Typed {
+            hint: "Resized as the model's processor does.",
+            text: true,
+        },
+    },
+    choice(
+        Field::VisionTower,
+        "Vision tower",
+        "vision-tower",
+        &[("frozen", "Frozen"), ("trained", "Trained")],
+    ),
+    choice(
+        Field::Projector,
+        "Projector",
+        "projector",
+        &[("trained", "Trained"), ("frozen", "Frozen")],
+    ),
+];
 
 /// The training method (training only).
 pub const METHOD: &[Spec] = &[choice_of(

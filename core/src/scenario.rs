@@ -79,6 +79,9 @@ pub struct Page {
     /// text: the image fields are its inputs, the sequence its text tokens).
     #[cfg(feature = "vision")]
     pub is_vision_language: bool,
+    /// Architecture mode, a vision-language model with images: the tokens of one sample.
+    #[cfg(feature = "vision")]
+    pub image_tokens: Option<crate::ImageTokens>,
     /// Architecture mode, a mixture of experts: the parameters one token runs through.
     pub active_params: Option<u64>,
 }
@@ -105,8 +108,20 @@ pub fn parse_page(state: &PageState) -> Page {
     }
     // the image fields are a vision-language model's inputs only
     #[cfg(feature = "vision")]
-    if let Some(Err(errors)) = model.map(|a| state.parsed_vision(a)) {
-        field_errors.extend(errors.into_iter().map(|(f, e)| (f, e.to_string())));
+    let mut image_tokens = None;
+    #[cfg(feature = "vision")]
+    match model.map(|a| (a, state.parsed_vision(a))) {
+        Some((_, Err(errors))) => {
+            field_errors.extend(errors.into_iter().map(|(f, e)| (f, e.to_string())));
+        }
+        Some((a, Ok(Some(v)))) => {
+            // (the estimate says why an image does not fit the processor)
+            image_tokens = state
+                .parsed_seq_len()
+                .ok()
+                .and_then(|text| crate::image_tokens(a, text, &v).ok());
+        }
+        _ => {}
     }
     let config_error = match (&arch, state.model.preset) {
         (None, _) | (_, Some(_)) => None,
@@ -147,6 +162,8 @@ pub fn parse_page(state: &PageState) -> Page {
         is_vision: model.is_some_and(crate::Architecture::is_vision),
         #[cfg(feature = "vision")]
         is_vision_language: model.is_some_and(crate::Architecture::is_vision_language),
+        #[cfg(feature = "vision")]
+        image_tokens,
         active_params: model
             .filter(|a| a.is_moe())
             .map(crate::Architecture::active_parameter_count),
