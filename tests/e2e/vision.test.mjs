@@ -1,0 +1,150 @@
+// Vision-language models on the page: Qwen2.5-VL-7B opened by its Hub id (intercepted: the
+// Hub's config.json from the core's fixtures) or pasted, its images typed in, and a fine-tune
+// with 1280-pixel images planned onto one 80 GB GPU. Nothing here reaches the network.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { useServerAndBrowser, typeInto, choose, fixture, bytesOf, openPage, urlSettled } from './harness.mjs';
+
+const env = useServerAndBrowser({ before, after });
+
+const HUB = 'https://huggingface.co/';
+const QWEN_VL = 'qwen2.5-vl-7b';
+/** The language model alone (no images: the tower does not run). */
+const TEXT_PARAMS = '7615616512';
+/** With images: the vision tower and its merger too, as the Hub lists the checkpoint. */
+const ALL_PARAMS = '8292166656';
+
+const shown = (page, testid) => page.getByTestId(testid).getAttribute('data-value');
+const imageTokens = (page) => page.getByTestId('image-tokens').textContent();
+const visionHidden = (page) => page.getByTestId('vision-settings').evaluate((el) => el.hidden);
+
+/** Waits until the figure `testid` carries a `data-bytes` other than `was`. */
+async function changed(page, testid, was) {
+  await page.waitForFunction(
+    ([id, old]) => {
+      const v = document.querySelector(`[data-testid="${id}"]`)?.dataset.bytes;
+      return v !== undefined && v !== old;
+    },
+    [testid, String(was)],
+  );
+  return bytesOf(page, testid);
+}
+
+/** The page in the architecture mode on an H100 80 GB, its model the pasted config. */
+async function openCustom(query = '?m=arch&gpu=h100-80') {
+  const opened = await openPage(env.browser, env.server.origin + '/' + query);
+  await opened.page.getByTestId('total').waitFor();
+  await opened.page.getByTestId('model').selectOption('custom');
+  return opened;
+}
+
+test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-pixel image adds its 2,118 tokens and the vision tower', async () => {
+  const { page, errors, context } = await openCustom();
+  const hub = [];
+  await context.route(
+    (url) => !url.href.startsWith(env.server.origin + '/'),
+    async (route) => {
+      hub.push(route.request().url());
+      if (!route.request().url().startsWith(HUB)) return route.abort();
+      return route.fulfill({
+        status: 200,
+        contentType: 'text/plain; charset=utf-8',
+        headers: { 'access-control-allow-origin': '*' },
+        body: await readFile(fixture(QWEN_VL), 'utf8'),
+      });
+    },
+  );
+  assert.equal(await visionHidden(page), true, 'a text model has no image fields');
+  await typeInto(page, 'hub-id', 'Qwen/Qwen2.5-VL-7B-Instruct');
+  await page.getByTestId('hub-fetch').click();
+  await page.waitForFunction(
+    (n) => document.querySelector('[data-testid="n-params"]')?.dataset.value === n,
+    TEXT_PARAMS,
+  );
+  assert.deepEqual(hub, [`${HUB}Qwen/Qwen2.5-VL-7B-Instruct/resolve/main/config.json`]);
+  assert.equal(await visionHidden(page), false);
+  assert.equal(await imageTokens(page), '', 'no images yet');
+  const textOnly = await bytesOf(page, 'total');
+
+  await typeInto(page, 'images', '1');
+  await typeInto(page, 'image-size', '1280x1280');
+  // smart_resize keeps 1280 x 1280 (multiples of 28 nearest: 1288), 46 x 46 merged patches
+  // and the vision start and end markers: 2,118 tokens before the 2,048 of text
+  await page.waitForFunction(() =>
+    document.querySelector('[data-testid="image-tokens"]')?.textContent.startsWith('2,118 image tokens'),
+  );
+  assert.match(await imageTokens(page), /sequence: 4,166 tokens/);
+  assert.equal(await shown(page, 'n-params'), ALL_PARAMS);
+  const withImage = await changed(page, 'total', textOnly);
+  assert.ok(withImage > textOnly, `${withImage} <= ${textOnly}`);
+
+  // the tower trained as well holds its gradients and optimizer states too
+  await choose(page, 'vision-tower', 'trained');
+  const towerTrained = await changed(page, 'total', withImage);
+  assert.ok(towerTrained > withImage);
+
+  // a reload keeps the config and the images, and asks the Hub nothing
+  await urlSettled(page);
+  await page.reload();
+  await page.getByTestId('total').waitFor();
+  assert.equal(await page.getByTestId('images').inputValue(), '1');
+  assert.equal(await page.getByTestId('image-size').inputValue(), '1280x1280');
+  assert.equal(await page.getByTestId('vision-tower').inputValue(), 'trained');
+  assert.equal(await bytesOf(page, 'total'), towerTrained);
+  assert.equal(hub.length, 1);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test("a pasted Qwen2.5-VL-7B with 1280-pixel images is planned onto one 80 GB GPU: the first plan's link fits", async () => {
+  const { page, errors, context } = await openCustom();
+  await page.getByTestId('config-json').fill(await readFile(fixture(QWEN_VL), 'utf8'));
+  await page.getByTestId('vision-settings').waitFor();
+  await typeInto(page, 'images', '1');
+  await typeInto(page, 'image-size', '1280x1280');
+  await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
+  // a full fine-tune of 8.3 B parameters with AdamW does not fit in 80 GB
+  await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
+  const advice = page.getByTestId('fit-advice');
+  await advice.getByTestId('fit-plan').first().waitFor();
+  assert.equal(await advice.getByTestId('plan-group').first().textContent(), 'On your H100 80 GB');
+  const first = advice.getByTestId('fit-plan').first();
+  assert.equal(await first.getAttribute('data-gpus'), '1');
+  const promised = await first.getAttribute('data-peak-bytes');
+  await first.locator('a').click();
+  await page.locator('[data-testid="fit-verdict"][data-fits="true"]').waitFor();
+  // the plan keeps the images: the same tokens, the peak it promised
+  assert.equal(await page.getByTestId('images').inputValue(), '1');
+  assert.match(await imageTokens(page), /^2,118 image tokens/);
+  assert.equal(String(await bytesOf(page, 'total')), promised);
+  assert.ok(BigInt(promised) < 80_000_000_000n);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test('a bad image size gets its message next to the field until it is mended; a text model hides the image fields', async () => {
+  const { page, errors, context } = await openCustom();
+  await page.getByTestId('config-json').fill(await readFile(fixture(QWEN_VL), 'utf8'));
+  await page.getByTestId('vision-settings').waitFor();
+  await typeInto(page, 'images', '2');
+  await typeInto(page, 'image-size', '640x480');
+  await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
+  const before = await bytesOf(page, 'total');
+  await typeInto(page, 'image-size', '0x5');
+  await page.waitForFunction(() => document.querySelector('[data-testid="image-size-error"]')?.textContent !== '');
+  assert.match(await page.getByTestId('image-size-error').textContent(), /\S/);
+  assert.equal(await page.getByTestId('image-size').getAttribute('aria-invalid'), 'true');
+  assert.equal(await bytesOf(page, 'total'), null);
+  assert.match(await page.getByTestId('total').textContent(), /Fix the highlighted fields/);
+  await typeInto(page, 'image-size', '640x480');
+  await page.waitForFunction(() => document.querySelector('[data-testid="image-size-error"]')?.textContent === '');
+  assert.equal(await bytesOf(page, 'total'), before);
+
+  // back to a text model: the image fields go away, and so do their tokens
+  await page.getByTestId('config-json').fill(await readFile(fixture('qwen3-0.6b'), 'utf8'));
+  await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === true);
+  assert.equal(await imageTokens(page), '');
+  assert.deepEqual(errors, []);
+  await context.close();
+});
