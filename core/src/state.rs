@@ -1021,9 +1021,22 @@ text_fields! {
 
 /// The keys of `T`'s choices in the order of `T::ALL`, a table built at compile time: every
 /// choice field is then read by one search over its table, where a generic search was
-/// compiled once per type.
+/// compiled once per type. Without `by key` it also checks that `T::ALL` lists the variants
+/// in the order they are declared, so that a value's index among its keys is `value as
+/// usize` ([`PageState::choice_index`]); `by key` for the types whose values are written
+/// by their own `key()` instead.
 macro_rules! keys_of {
     ($t:ty) => {{
+        const _: () = {
+            let mut i = 0;
+            while i < <$t>::ALL.len() {
+                assert!(<$t>::ALL[i] as usize == i, "ALL out of declaration order");
+                i += 1;
+            }
+        };
+        keys_of!($t, by key)
+    }};
+    ($t:ty, by key) => {{
         const KEYS: [&str; <$t>::ALL.len()] = {
             let mut keys = [""; <$t>::ALL.len()];
             let mut i = 0;
@@ -1051,7 +1064,7 @@ impl Field {
             Field::Optimizer => keys_of!(Optimizer),
             Field::OptimizerImpl => keys_of!(OptimizerImpl),
             Field::Attention => keys_of!(AttentionKernel),
-            Field::Checkpointing => keys_of!(Checkpointing),
+            Field::Checkpointing => keys_of!(Checkpointing, by key),
             Field::Compile => keys_of!(Compile),
             Field::Loss => keys_of!(LossKind),
             Field::Packing
@@ -1076,9 +1089,9 @@ impl Field {
             Field::KvDtype => keys_of!(KvDtype),
             Field::Gpu => keys_of!(Gpu),
             Field::Allocator => keys_of!(AllocatorMode),
-            Field::Sharding => keys_of!(Sharding),
+            Field::Sharding => keys_of!(Sharding, by key),
             Field::TpPlan => keys_of!(TpPlan),
-            Field::PipelineSchedule => keys_of!(PipelineSchedule),
+            Field::PipelineSchedule => keys_of!(PipelineSchedule, by key),
             Field::Offload => keys_of!(Offload),
             _ => &[],
         }
@@ -1115,46 +1128,57 @@ impl PageState {
 
     /// The key of a choice field's value (`None` for typed text).
     fn choice_key(&self, field: Field) -> Option<&'static str> {
+        match (field, self.hardware.gpu) {
+            (Field::Model, _) => Some(self.model.preset.map_or(CUSTOM_MODEL_KEY, Preset::key)),
+            (Field::Gpu, None) => Some("none"),
+            (Field::Checkpointing, _) => Some(self.step.checkpointing.key()),
+            (Field::Sharding, _) => Some(self.parallel.sharding.key()),
+            (Field::PipelineSchedule, _) => Some(self.parallel.pipeline_schedule.key()),
+            _ => field.choice_keys().get(self.choice_index(field)?).copied(),
+        }
+    }
+
+    /// The index of a choice field's value among [`Field::choice_keys`] (`None` for typed
+    /// text): a value's variant index, as `keys_of!` checks.
+    fn choice_index(&self, field: Field) -> Option<usize> {
         let (st, tr, par) = (&self.step, &self.training, &self.parallel);
         Some(match field {
-            Field::Mode => self.mode.key(),
-            Field::ByteUnit => self.byte_unit.key(),
-            Field::ParamsUnit => self.simple.params_unit.key(),
-            Field::Precision => self.simple.precision.key(),
-            Field::Model => self.model.preset.map_or(CUSTOM_MODEL_KEY, Preset::key),
-            Field::Recipe => st.recipe.key(),
-            Field::Optimizer => st.optimizer.key(),
-            Field::OptimizerImpl => st.optimizer_impl.key(),
-            Field::Attention => st.attention.key(),
-            Field::Checkpointing => st.checkpointing.key(),
-            Field::Compile => st.compile.key(),
-            Field::Loss => st.loss.key(),
-            Field::Packing => on_off(st.packing),
-            Field::Padding => on_off(st.padding),
-            Field::OptimizerInBackward => on_off(st.optimizer_in_backward),
-            Field::ActivationOffload => on_off(st.activation_offload),
-            Field::Objective => st.objective.key(),
-            Field::Reference => st.reference.key(),
-            Field::Generator => st.generator.key(),
+            Field::Mode => self.mode as usize,
+            Field::ByteUnit => self.byte_unit as usize,
+            Field::ParamsUnit => self.simple.params_unit as usize,
+            Field::Precision => self.simple.precision as usize,
+            Field::Recipe => st.recipe as usize,
+            Field::Optimizer => st.optimizer as usize,
+            Field::OptimizerImpl => st.optimizer_impl as usize,
+            Field::Attention => st.attention as usize,
+            Field::Compile => st.compile as usize,
+            Field::Loss => st.loss as usize,
+            // the switches list `true` first
+            Field::Packing => usize::from(!st.packing),
+            Field::Padding => usize::from(!st.padding),
+            Field::OptimizerInBackward => usize::from(!st.optimizer_in_backward),
+            Field::ActivationOffload => usize::from(!st.activation_offload),
+            Field::Objective => st.objective as usize,
+            Field::Reference => st.reference as usize,
+            Field::Generator => st.generator as usize,
+            // the image switches list their default first: frozen, trained
             #[cfg(feature = "vision")]
-            Field::VisionTower => vision::trained_key(self.vision.tower_trained),
+            Field::VisionTower => usize::from(self.vision.tower_trained),
             #[cfg(feature = "vision")]
-            Field::Projector => vision::trained_key(self.vision.projector_trained),
-            Field::Method => tr.method.key(),
-            Field::LoraDtype => adapter_dtype_key(tr.lora_fp32),
-            Field::Quant => tr.quant.key(),
-            Field::DoubleQuant => on_off(tr.double_quant),
-            Field::KbitPrepare => on_off(tr.kbit_prepare),
-            Field::WeightFormat => self.inference.weight_format.key(),
-            Field::KvDtype => self.inference.kv_dtype.key(),
-            Field::Gpu => self.hardware.gpu.map_or("none", Gpu::key),
-            Field::Allocator => self.hardware.allocator.key(),
-            Field::Sharding => par.sharding.key(),
-            Field::SequenceParallel => on_off(par.sequence_parallel),
-            Field::LossParallel => on_off(par.loss_parallel),
-            Field::TpPlan => par.tp_plan.key(),
-            Field::PipelineSchedule => par.pipeline_schedule.key(),
-            Field::Offload => par.offload.key(),
+            Field::Projector => usize::from(!self.vision.projector_trained),
+            Field::Method => tr.method as usize,
+            Field::LoraDtype => usize::from(!tr.lora_fp32),
+            Field::Quant => tr.quant as usize,
+            Field::DoubleQuant => usize::from(!tr.double_quant),
+            Field::KbitPrepare => usize::from(!tr.kbit_prepare),
+            Field::WeightFormat => self.inference.weight_format as usize,
+            Field::KvDtype => self.inference.kv_dtype as usize,
+            Field::Gpu => self.hardware.gpu? as usize,
+            Field::Allocator => self.hardware.allocator as usize,
+            Field::SequenceParallel => usize::from(!par.sequence_parallel),
+            Field::LossParallel => usize::from(!par.loss_parallel),
+            Field::TpPlan => par.tp_plan as usize,
+            Field::Offload => par.offload as usize,
             _ => return None,
         })
     }
