@@ -90,7 +90,7 @@ impl Mode {
 /// The inputs of the page, in sections that own their URL keys. Text fields keep exactly what
 /// was typed, valid or not, so that a shared link shows the same page; they are parsed once
 /// per change ([`crate::parse_page`]).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Debug, PartialEq, Eq, Default)]
 pub struct PageState {
     /// Simple or architecture mode.
     pub mode: Mode,
@@ -113,6 +113,81 @@ pub struct PageState {
     pub hardware: HardwareSettings,
     /// Several GPUs: data parallelism, sharding, tensor and expert parallelism, the global batch.
     pub parallel: ParallelSettings,
+}
+
+/// Written out rather than derived: the typed fields are copied by one loop through
+/// [`PageState::text`], where a derived clone copies each string by code of its own. A new
+/// string field does not compile here until it is named (and then copied only once it is
+/// listed in `text_fields!`); every other field is copied as it is.
+impl Clone for PageState {
+    fn clone(&self) -> Self {
+        let text = String::new;
+        let mut copy = PageState {
+            simple: SimpleModel {
+                params: text(),
+                activation_mb: text(),
+                ..self.simple
+            },
+            model: ModelChoice {
+                config_json: text(),
+                ..self.model
+            },
+            step: StepSettings {
+                batch: text(),
+                seq_len: text(),
+                generations: text(),
+                max_prompt: text(),
+                max_completion: text(),
+                vllm_memory: text(),
+                ..self.step
+            },
+            #[cfg(feature = "vision")]
+            vision: VisionSettings {
+                images: text(),
+                image_size: text(),
+                ..self.vision
+            },
+            training: MethodSettings {
+                lora_rank: text(),
+                lora_alpha: text(),
+                lora_dropout: text(),
+                lora_targets: text(),
+                ..self.training
+            },
+            inference: InferenceSettings {
+                new_tokens: text(),
+                ..self.inference
+            },
+            hardware: HardwareSettings {
+                custom_capacity_mib: text(),
+                ram_gib: text(),
+                cuda_context_mib: text(),
+                allocator_reserve_percent: text(),
+                safety_margin_percent: text(),
+                ..self.hardware
+            },
+            parallel: ParallelSettings {
+                num_gpus: text(),
+                tensor_parallel: text(),
+                expert_parallel: text(),
+                context_parallel: text(),
+                pipeline_parallel: text(),
+                microbatches: text(),
+                nccl_mib: text(),
+                reduce_bucket: text(),
+                prefetch_bucket: text(),
+                global_batch: text(),
+                ..self.parallel
+            },
+            ..*self
+        };
+        for field in Field::ALL {
+            if let (Some(from), Some(to)) = (self.text(field), copy.text_mut(field)) {
+                to.clone_from(from);
+            }
+        }
+        copy
+    }
 }
 
 /// The sections' key tables: every field's URL key but the mode's and the unit's.
@@ -1798,6 +1873,22 @@ mod tests {
                 assert_eq!(state.choice_key(field), Some(*key), "{field:?}");
             }
         }
+    }
+
+    /// A clone carries every field: each typed one, and the others as they are.
+    #[test]
+    fn clones_carry_every_field() {
+        let mut state = PageState::default();
+        for (i, field) in Field::ALL.into_iter().enumerate() {
+            if let Some(text) = state.text_mut(field) {
+                *text = format!("text {i}");
+            }
+        }
+        state.set(Field::Model, CUSTOM_MODEL_KEY).unwrap();
+        state.set(Field::Gpu, "none").unwrap();
+        state.set(Field::Packing, "on").unwrap();
+        assert_eq!(state.clone(), state);
+        assert_eq!(PageState::default().clone(), PageState::default());
     }
 
     /// Each section reads back what it wrote, field by field, at the defaults.
