@@ -78,11 +78,7 @@ pub fn decode_query(query: &str) -> Decoded {
             }
         };
         if let Err(why) = decoded.state.set(field, &value) {
-            notices.push(format!(
-                "Ignored {} “{}”: {why} Using the default.",
-                field.label(),
-                shorten(&value)
-            ));
+            notices.push(ignored_value(field, &value, &why));
         }
     }
     // links from before the allocator was replayed carry its old flat default: replay it
@@ -121,11 +117,7 @@ pub fn decode_query(query: &str) -> Decoded {
     for (field, why) in decoded.state.invalid_text_fields() {
         if seen.contains(&field) {
             let typed = decoded.state.get(field).unwrap_or_default();
-            notices.push(format!(
-                "Ignored {} “{}”: {why} Using the default.",
-                field.label(),
-                shorten(&typed)
-            ));
+            notices.push(ignored_value(field, &typed, &why));
         }
         match why {
             // the GPUs must hold the groups: the fewest that do
@@ -155,6 +147,16 @@ pub fn decode_query(query: &str) -> Decoded {
     }
     decoded.notices = notices;
     decoded
+}
+
+/// The notice for a value of `field` that is not used (one copy for both places that drop
+/// one: a value `set` refuses, a text that does not parse).
+fn ignored_value(field: Field, value: &str, why: &dyn std::fmt::Display) -> String {
+    format!(
+        "Ignored {} “{}”: {why} Using the default.",
+        field.label(),
+        shorten(value)
+    )
 }
 
 /// The data-parallel count a legacy link gave, back from its total.
