@@ -203,6 +203,25 @@ const SECTION_KEYS: [&[(Field, &str)]; if cfg!(feature = "vision") { 8 } else { 
     ParallelSettings::KEYS,
 ];
 
+/// Every field's URL key by its variant index, gathered from the sections' tables at
+/// compile time (a search through them was compiled into the page).
+const FIELD_KEYS: [&str; Field::ALL.len()] = {
+    let mut keys = [""; Field::ALL.len()];
+    keys[Field::Mode as usize] = "m";
+    keys[Field::ByteUnit as usize] = "u";
+    let mut section = 0;
+    while section < SECTION_KEYS.len() {
+        let table = SECTION_KEYS[section];
+        let mut i = 0;
+        while i < table.len() {
+            keys[table[i].0 as usize] = table[i].1;
+            i += 1;
+        }
+        section += 1;
+    }
+    keys
+};
+
 /// A group of the page's inputs that owns their URL keys. Their text is read and written by
 /// [`PageState::get`] and [`PageState::set`] through one table per kind of field (typed text,
 /// choices), not by code per section: that code was compiled once per section and field.
@@ -584,6 +603,31 @@ impl Section for ParallelSettings {
     ];
 }
 
+/// The whole counts of the plan, in the order their errors are listed: the field, its
+/// largest value, its unit, whether 0 is accepted and whether it may be left empty (the
+/// allocator's reserve: the replay's; the micro-batches: one per stage; the global batch:
+/// none).
+const PLAN_COUNTS: [(Field, u64, &str, bool, bool); 12] = [
+    (Field::CudaContext, MAX_CONTEXT_MIB, "MiB", true, false),
+    (Field::AllocatorReserve, 1000, "percent", true, true),
+    (Field::SafetyMargin, 99, "percent", true, false),
+    (Field::NumGpus, MAX_GPUS, "GPUs", false, false),
+    (Field::TensorParallel, 1024, "GPUs", false, false),
+    (Field::ContextParallel, 1024, "GPUs", false, false),
+    (Field::PipelineParallel, 1024, "stages", false, false),
+    (Field::Microbatches, 4096, "micro-batches", false, true),
+    (Field::NcclMib, MAX_CONTEXT_MIB, "MiB", true, false),
+    (Field::ReduceBucket, 1 << 40, "elements", false, false),
+    (Field::PrefetchBucket, 1 << 40, "elements", true, false),
+    (
+        Field::GlobalBatch,
+        crate::MAX_BATCH * MAX_GPUS,
+        "samples",
+        false,
+        true,
+    ),
+];
+
 /// What the typed fields of the page parse to, or the error of each that does not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanInputs {
@@ -898,15 +942,7 @@ impl Field {
     /// The URL key (each section owns those of its fields).
     #[must_use]
     pub fn key(self) -> &'static str {
-        match self {
-            Field::Mode => "m",
-            Field::ByteUnit => "u",
-            other => SECTION_KEYS
-                .into_iter()
-                .flatten()
-                .find(|(f, _)| *f == other)
-                .map_or("", |(_, key)| key),
-        }
+        FIELD_KEYS[self as usize]
     }
 
     /// What the field is, for notices.
@@ -997,8 +1033,15 @@ impl Field {
 
 /// The error of a choice field: the keys it takes (not generic: one copy for every type).
 fn expected_one_of(keys: &mut dyn Iterator<Item = &'static str>) -> String {
-    let keys: Vec<&str> = keys.collect();
-    format!("expected one of {}.", keys.join(", "))
+    let mut message = "expected one of ".to_owned();
+    for (i, key) in keys.enumerate() {
+        if i > 0 {
+            message.push_str(", ");
+        }
+        message.push_str(key);
+    }
+    message.push('.');
+    message
 }
 
 /// A fraction below 1 (a probability, a share of the device) as typed, in thousandths.
@@ -1516,58 +1559,30 @@ impl PageState {
             Some(gpu) => gpu.capacity_mib(),
             None => Some(0),
         };
-        let context = check(
-            Field::CudaContext,
-            parse_count(
-                &self.hardware.cuda_context_mib,
-                MAX_CONTEXT_MIB,
-                "MiB",
-                true,
-            ),
-        );
-        // empty: the replay's reserve
-        let reserve = if self.hardware.allocator_reserve_percent.trim().is_empty() {
-            Some(None)
-        } else {
-            check(
-                Field::AllocatorReserve,
-                parse_count(
-                    &self.hardware.allocator_reserve_percent,
-                    1000,
-                    "percent",
-                    true,
-                ),
-            )
-            .map(Some)
-        };
-        let margin = check(
-            Field::SafetyMargin,
-            parse_count(&self.hardware.safety_margin_percent, 99, "percent", true),
-        );
-        let gpus = check(
-            Field::NumGpus,
-            parse_count(&self.parallel.num_gpus, MAX_GPUS, "GPUs", false),
-        );
-        let tp = check(
-            Field::TensorParallel,
-            parse_count(&self.parallel.tensor_parallel, 1024, "GPUs", false),
-        );
-        let cp = check(
-            Field::ContextParallel,
-            parse_count(&self.parallel.context_parallel, 1024, "GPUs", false),
-        );
-        let pp = check(
-            Field::PipelineParallel,
-            parse_count(&self.parallel.pipeline_parallel, 1024, "stages", false),
-        );
-        let microbatches = if self.parallel.microbatches.trim().is_empty() {
-            pp
-        } else {
-            check(
-                Field::Microbatches,
-                parse_count(&self.parallel.microbatches, 4096, "micro-batches", false),
-            )
-        };
+        // one loop over the table, in its order (that of the errors), where each count was
+        // parsed by code of its own
+        let [context, reserve, margin, gpus, tp, cp, pp, microbatches, nccl, reduce_bucket, prefetch_bucket, global] =
+            PLAN_COUNTS.map(|(field, max, what, zero_ok, optional)| {
+                let text = self.text(field).map_or("", String::as_str);
+                if optional && text.trim().is_empty() {
+                    return Some(None);
+                }
+                check(field, parse_count(text, max, what, zero_ok)).map(Some)
+            });
+        let [context, margin, gpus, tp, cp, pp, nccl, reduce_bucket, prefetch_bucket] = [
+            context,
+            margin,
+            gpus,
+            tp,
+            cp,
+            pp,
+            nccl,
+            reduce_bucket,
+            prefetch_bucket,
+        ]
+        .map(Option::flatten);
+        // empty: one micro-batch per stage
+        let microbatches = microbatches.and_then(|m| m.or(pp));
         let mut late = Vec::new();
         // the GPUs are the data-parallel groups times the tensor, context and pipeline
         // groups: the groups must divide them
@@ -1589,18 +1604,6 @@ impl PageState {
                 None
             }
         });
-        let nccl = check(
-            Field::NcclMib,
-            parse_count(&self.parallel.nccl_mib, MAX_CONTEXT_MIB, "MiB", true),
-        );
-        let reduce_bucket = check(
-            Field::ReduceBucket,
-            parse_count(&self.parallel.reduce_bucket, 1 << 40, "elements", false),
-        );
-        let prefetch_bucket = check(
-            Field::PrefetchBucket,
-            parse_count(&self.parallel.prefetch_bucket, 1 << 40, "elements", true),
-        );
         let ep = match parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false) {
             Ok(ep) => match gpus {
                 Some(n) if ep > 1 && n % ep != 0 => {
@@ -1619,20 +1622,6 @@ impl PageState {
                 late.push((Field::ExpertParallel, e));
                 None
             }
-        };
-        let global = if self.parallel.global_batch.trim().is_empty() {
-            Some(None)
-        } else {
-            check(
-                Field::GlobalBatch,
-                parse_count(
-                    &self.parallel.global_batch,
-                    crate::MAX_BATCH * MAX_GPUS,
-                    "samples",
-                    false,
-                ),
-            )
-            .map(Some)
         };
         if let (Reshard::To(r), Some(n)) = (self.parallel.reshard_after_forward, gpus) {
             let group = n.saturating_mul(cp.unwrap_or(1));
