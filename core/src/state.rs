@@ -1343,43 +1343,47 @@ impl PageState {
             }
             _ => {
                 let i = field.choice_keys().iter().position(|k| *k == value)?;
+                // `i` indexes the keys, which are `ALL`'s: `get` never fails, and compiles no
+                // panic path per type
                 let (st, tr, par) = (&mut self.step, &mut self.training, &mut self.parallel);
                 match field {
-                    Field::Mode => self.mode = Mode::ALL[i],
-                    Field::ByteUnit => self.byte_unit = ByteUnit::ALL[i],
-                    Field::Precision => self.simple.precision = Precision::ALL[i],
-                    Field::Recipe => st.recipe = PrecisionRecipe::ALL[i],
-                    Field::Optimizer => st.optimizer = Optimizer::ALL[i],
-                    Field::OptimizerImpl => st.optimizer_impl = OptimizerImpl::ALL[i],
-                    Field::Attention => st.attention = AttentionKernel::ALL[i],
-                    Field::Checkpointing => st.checkpointing = Checkpointing::ALL[i],
-                    Field::Compile => st.compile = Compile::ALL[i],
-                    Field::Loss => st.loss = LossKind::ALL[i],
+                    Field::Mode => self.mode = *Mode::ALL.get(i)?,
+                    Field::ByteUnit => self.byte_unit = *ByteUnit::ALL.get(i)?,
+                    Field::Precision => self.simple.precision = *Precision::ALL.get(i)?,
+                    Field::Recipe => st.recipe = *PrecisionRecipe::ALL.get(i)?,
+                    Field::Optimizer => st.optimizer = *Optimizer::ALL.get(i)?,
+                    Field::OptimizerImpl => st.optimizer_impl = *OptimizerImpl::ALL.get(i)?,
+                    Field::Attention => st.attention = *AttentionKernel::ALL.get(i)?,
+                    Field::Checkpointing => st.checkpointing = *Checkpointing::ALL.get(i)?,
+                    Field::Compile => st.compile = *Compile::ALL.get(i)?,
+                    Field::Loss => st.loss = *LossKind::ALL.get(i)?,
                     Field::Packing => st.packing = i == 0,
                     Field::Padding => st.padding = i == 0,
                     Field::OptimizerInBackward => st.optimizer_in_backward = i == 0,
                     Field::ActivationOffload => st.activation_offload = i == 0,
-                    Field::Objective => st.objective = ObjectiveKind::ALL[i],
-                    Field::Reference => st.reference = Reference::ALL[i],
-                    Field::Generator => st.generator = Generator::ALL[i],
+                    Field::Objective => st.objective = *ObjectiveKind::ALL.get(i)?,
+                    Field::Reference => st.reference = *Reference::ALL.get(i)?,
+                    Field::Generator => st.generator = *Generator::ALL.get(i)?,
                     // the image switches list their default first: frozen, trained
                     #[cfg(feature = "vision")]
                     Field::VisionTower => self.vision.tower_trained = i == 1,
                     #[cfg(feature = "vision")]
                     Field::Projector => self.vision.projector_trained = i == 0,
-                    Field::Method => tr.method = Method::ALL[i],
+                    Field::Method => tr.method = *Method::ALL.get(i)?,
                     Field::LoraDtype => tr.lora_fp32 = i == 0,
-                    Field::Quant => tr.quant = Quant4::ALL[i],
+                    Field::Quant => tr.quant = *Quant4::ALL.get(i)?,
                     Field::DoubleQuant => tr.double_quant = i == 0,
                     Field::KbitPrepare => tr.kbit_prepare = i == 0,
-                    Field::Gpu => self.hardware.gpu = Some(Gpu::ALL[i]),
-                    Field::Allocator => self.hardware.allocator = AllocatorMode::ALL[i],
-                    Field::Sharding => par.sharding = Sharding::ALL[i],
+                    Field::Gpu => self.hardware.gpu = Some(*Gpu::ALL.get(i)?),
+                    Field::Allocator => self.hardware.allocator = *AllocatorMode::ALL.get(i)?,
+                    Field::Sharding => par.sharding = *Sharding::ALL.get(i)?,
                     Field::SequenceParallel => par.sequence_parallel = i == 0,
                     Field::LossParallel => par.loss_parallel = i == 0,
-                    Field::TpPlan => par.tp_plan = TpPlan::ALL[i],
-                    Field::PipelineSchedule => par.pipeline_schedule = PipelineSchedule::ALL[i],
-                    Field::Offload => par.offload = Offload::ALL[i],
+                    Field::TpPlan => par.tp_plan = *TpPlan::ALL.get(i)?,
+                    Field::PipelineSchedule => {
+                        par.pipeline_schedule = *PipelineSchedule::ALL.get(i)?
+                    }
+                    Field::Offload => par.offload = *Offload::ALL.get(i)?,
                     _ => {}
                 }
             }
@@ -1731,26 +1735,23 @@ impl PageState {
     #[must_use]
     pub fn invalid_text_fields(&self) -> Vec<(Field, FieldError)> {
         let mut invalid = Vec::new();
-        if let Err(e) = parse_params(&self.simple.params, self.simple.params_unit) {
-            invalid.push((Field::Params, e));
-        }
-        if let Err(e) = parse_batch(&self.step.batch) {
-            invalid.push((Field::Batch, e));
-        }
-        if let Err(e) = parse_activation_mb(&self.simple.activation_mb) {
-            invalid.push((Field::ActivationMb, e));
-        }
-        if let Err(e) = self.parsed_seq_len() {
-            invalid.push((Field::SeqLen, e));
-        }
-        if let Err(e) = self.parsed_new_tokens() {
-            invalid.push((Field::NewTokens, e));
-        }
         let (rank, alpha, dropout) = self.lora_numbers();
+        // one loop, where a push per field was compiled once per field
         for (field, result) in [
-            (Field::LoraRank, rank.map(|_| ())),
+            (
+                Field::Params,
+                parse_params(&self.simple.params, self.simple.params_unit).map(drop),
+            ),
+            (Field::Batch, parse_batch(&self.step.batch).map(drop)),
+            (
+                Field::ActivationMb,
+                parse_activation_mb(&self.simple.activation_mb).map(drop),
+            ),
+            (Field::SeqLen, self.parsed_seq_len().map(drop)),
+            (Field::NewTokens, self.parsed_new_tokens().map(drop)),
+            (Field::LoraRank, rank.map(drop)),
             (Field::LoraAlpha, alpha),
-            (Field::LoraDropout, dropout.map(|_| ())),
+            (Field::LoraDropout, dropout.map(drop)),
         ] {
             if let Err(e) = result {
                 invalid.push((field, e));
