@@ -37,7 +37,8 @@ pub fn encode_query(state: &PageState) -> String {
 #[must_use]
 pub fn decode_query(query: &str) -> Decoded {
     let mut decoded = Decoded::default();
-    let mut seen: Vec<Field> = Vec::new();
+    // the fields the link gives, by variant index
+    let mut seen = [false; Field::ALL.len()];
     let mut notices = Vec::new();
     let mut legacy_data_parallel: Option<String> = None;
     let query = query.strip_prefix('?').unwrap_or(query);
@@ -59,14 +60,14 @@ pub fn decode_query(query: &str) -> Decoded {
             notices.push(format!("Ignored unknown setting “{}”.", shorten(&key)));
             continue;
         };
-        if seen.contains(&field) {
+        if seen[field as usize] {
             notices.push(format!(
                 "Ignored a repeated “{}”: the first one is used.",
                 field.key()
             ));
             continue;
         }
-        seen.push(field);
+        seen[field as usize] = true;
         let value = match percent_decode(raw_value) {
             Ok(value) => value,
             Err(why) => {
@@ -78,26 +79,21 @@ pub fn decode_query(query: &str) -> Decoded {
             }
         };
         if let Err(why) = decoded.state.set(field, &value) {
-            notices.push(format!(
-                "Ignored {} “{}”: {why} Using the default.",
-                field.label(),
-                shorten(&value)
-            ));
+            notices.push(ignored_value(field, &value, &why));
         }
     }
     // links from before the allocator was replayed carry its old flat default: replay it
-    if !seen.contains(&Field::Allocator) && decoded.state.hardware.allocator_reserve_percent == "5"
-    {
+    if !seen[Field::Allocator as usize] && decoded.state.hardware.allocator_reserve_percent == "5" {
         decoded.state.hardware.allocator_reserve_percent.clear();
     }
     // links from before the implementation could be chosen meant torch.optim's own default
-    if !seen.is_empty() && !seen.contains(&Field::OptimizerImpl) {
+    if seen.contains(&true) && !seen[Field::OptimizerImpl as usize] {
         decoded.state.step.optimizer_impl = crate::OptimizerImpl::Foreach;
     }
     let seen_legacy = legacy_data_parallel.is_some();
     // a link without either gave one data-parallel replica
     let legacy_data_parallel = legacy_data_parallel.or_else(|| Some("1".to_owned()));
-    if let Some(n) = legacy_data_parallel.filter(|_| !seen.contains(&Field::NumGpus)) {
+    if let Some(n) = legacy_data_parallel.filter(|_| !seen[Field::NumGpus as usize]) {
         let p = &decoded.state.parallel;
         let group = |text: &str| parse_u64(text.trim()).unwrap_or(1).max(1);
         let groups = group(&p.tensor_parallel)
@@ -115,17 +111,13 @@ pub fn decode_query(query: &str) -> Decoded {
             ));
         }
         if decoded.state.set(Field::NumGpus, &total).is_ok() && seen_legacy {
-            seen.push(Field::NumGpus);
+            seen[Field::NumGpus as usize] = true;
         }
     }
     for (field, why) in decoded.state.invalid_text_fields() {
-        if seen.contains(&field) {
+        if seen[field as usize] {
             let typed = decoded.state.get(field).unwrap_or_default();
-            notices.push(format!(
-                "Ignored {} “{}”: {why} Using the default.",
-                field.label(),
-                shorten(&typed)
-            ));
+            notices.push(ignored_value(field, &typed, &why));
         }
         match why {
             // the GPUs must hold the groups: the fewest that do
@@ -155,6 +147,16 @@ pub fn decode_query(query: &str) -> Decoded {
     }
     decoded.notices = notices;
     decoded
+}
+
+/// The notice for a value of `field` that is not used (one copy for both places that drop
+/// one: a value `set` refuses, a text that does not parse).
+fn ignored_value(field: Field, value: &str, why: &dyn std::fmt::Display) -> String {
+    format!(
+        "Ignored {} “{}”: {why} Using the default.",
+        field.label(),
+        shorten(value)
+    )
 }
 
 /// The data-parallel count a legacy link gave, back from its total.

@@ -90,7 +90,7 @@ impl Mode {
 /// The inputs of the page, in sections that own their URL keys. Text fields keep exactly what
 /// was typed, valid or not, so that a shared link shows the same page; they are parsed once
 /// per change ([`crate::parse_page`]).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Debug, PartialEq, Eq, Default)]
 pub struct PageState {
     /// Simple or architecture mode.
     pub mode: Mode,
@@ -115,6 +115,81 @@ pub struct PageState {
     pub parallel: ParallelSettings,
 }
 
+/// Written out rather than derived: the typed fields are copied by one loop through
+/// [`PageState::text`], where a derived clone copies each string by code of its own. A new
+/// string field does not compile here until it is named (and then copied only once it is
+/// listed in `text_fields!`); every other field is copied as it is.
+impl Clone for PageState {
+    fn clone(&self) -> Self {
+        let text = String::new;
+        let mut copy = PageState {
+            simple: SimpleModel {
+                params: text(),
+                activation_mb: text(),
+                ..self.simple
+            },
+            model: ModelChoice {
+                config_json: text(),
+                ..self.model
+            },
+            step: StepSettings {
+                batch: text(),
+                seq_len: text(),
+                generations: text(),
+                max_prompt: text(),
+                max_completion: text(),
+                vllm_memory: text(),
+                ..self.step
+            },
+            #[cfg(feature = "vision")]
+            vision: VisionSettings {
+                images: text(),
+                image_size: text(),
+                ..self.vision
+            },
+            training: MethodSettings {
+                lora_rank: text(),
+                lora_alpha: text(),
+                lora_dropout: text(),
+                lora_targets: text(),
+                ..self.training
+            },
+            inference: InferenceSettings {
+                new_tokens: text(),
+                ..self.inference
+            },
+            hardware: HardwareSettings {
+                custom_capacity_mib: text(),
+                ram_gib: text(),
+                cuda_context_mib: text(),
+                allocator_reserve_percent: text(),
+                safety_margin_percent: text(),
+                ..self.hardware
+            },
+            parallel: ParallelSettings {
+                num_gpus: text(),
+                tensor_parallel: text(),
+                expert_parallel: text(),
+                context_parallel: text(),
+                pipeline_parallel: text(),
+                microbatches: text(),
+                nccl_mib: text(),
+                reduce_bucket: text(),
+                prefetch_bucket: text(),
+                global_batch: text(),
+                ..self.parallel
+            },
+            ..*self
+        };
+        for field in Field::ALL {
+            if let (Some(from), Some(to)) = (self.text(field), copy.text_mut(field)) {
+                to.clone_from(from);
+            }
+        }
+        copy
+    }
+}
+
 /// The sections' key tables: every field's URL key but the mode's and the unit's.
 const SECTION_KEYS: [&[(Field, &str)]; if cfg!(feature = "vision") { 8 } else { 7 }] = [
     SimpleModel::KEYS,
@@ -128,18 +203,31 @@ const SECTION_KEYS: [&[(Field, &str)]; if cfg!(feature = "vision") { 8 } else { 
     ParallelSettings::KEYS,
 ];
 
-/// A group of the page's inputs that owns their URL keys and reads and writes their text.
+/// Every field's URL key by its variant index, gathered from the sections' tables at
+/// compile time (a search through them was compiled into the page).
+const FIELD_KEYS: [&str; Field::ALL.len()] = {
+    let mut keys = [""; Field::ALL.len()];
+    keys[Field::Mode as usize] = "m";
+    keys[Field::ByteUnit as usize] = "u";
+    let mut section = 0;
+    while section < SECTION_KEYS.len() {
+        let table = SECTION_KEYS[section];
+        let mut i = 0;
+        while i < table.len() {
+            keys[table[i].0 as usize] = table[i].1;
+            i += 1;
+        }
+        section += 1;
+    }
+    keys
+};
+
+/// A group of the page's inputs that owns their URL keys. Their text is read and written by
+/// [`PageState::get`] and [`PageState::set`] through one table per kind of field (typed text,
+/// choices), not by code per section: that code was compiled once per section and field.
 pub trait Section {
     /// Its fields with their URL keys, in the order the URL lists them.
     const KEYS: &'static [(Field, &'static str)];
-    /// The value of `field` (one of [`Self::KEYS`]) as its URL text, `None` for a field that
-    /// Does not travel (or is not its own).
-    fn get(&self, field: Field) -> Option<String>;
-    /// Sets `field` (one of [`Self::KEYS`]) from its URL text.
-    ///
-    /// # Errors
-    /// Why the text is not a value of that field; the field is left as it was.
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String>;
     /// Whether `field` is one of its own.
     fn owns(field: Field) -> bool {
         Self::KEYS.iter().any(|(f, _)| *f == field)
@@ -177,32 +265,6 @@ impl Section for SimpleModel {
         (Field::Precision, "pr"),
         (Field::ActivationMb, "a"),
     ];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::Params => self.params.clone(),
-            Field::ParamsUnit => self.params_unit.key().to_owned(),
-            Field::Precision => self.precision.key().to_owned(),
-            Field::ActivationMb => self.activation_mb.clone(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::Params => self.params = text(value)?,
-            Field::ParamsUnit => {
-                self.params_unit =
-                    choice_by(value, &ParamUnit::ALL, ParamUnit::key, ParamUnit::from_key)?;
-            }
-            Field::Precision => {
-                self.precision = choice(value, &Precision::ALL, Precision::key)?;
-            }
-            Field::ActivationMb => self.activation_mb = text(value)?,
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 /// Architecture mode: which model (a preset, or the pasted config).
@@ -226,42 +288,6 @@ impl Default for ModelChoice {
 impl Section for ModelChoice {
     const KEYS: &'static [(Field, &'static str)] =
         &[(Field::Model, "model"), (Field::Config, "cfg")];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::Model => self.preset.map_or(CUSTOM_MODEL_KEY, Preset::key).to_owned(),
-            // The config travels only when it is the model, in compact form when it parses.
-            Field::Config => {
-                if self.preset.is_some() || self.config_json.is_empty() {
-                    return None;
-                }
-                crate::parse_hf_config(&self.config_json)
-                    .map(|a| a.to_config_json())
-                    .unwrap_or_else(|_| self.config_json.clone())
-            }
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::Model => {
-                self.preset = if value == CUSTOM_MODEL_KEY {
-                    None
-                } else {
-                    Some(choice(value, &Preset::ALL, Preset::key)?)
-                };
-            }
-            Field::Config => {
-                if value.chars().count() > MAX_CONFIG_CHARS {
-                    return Err(format!("longer than {MAX_CONFIG_CHARS} characters."));
-                }
-                self.config_json = value.to_owned();
-            }
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 /// One step: batch, sequence, precision recipe, optimizer and the trainer's settings.
@@ -361,77 +387,6 @@ impl Section for StepSettings {
         (Field::Generator, "gtr"),
         (Field::VllmMemory, "vllm"),
     ];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::Batch => self.batch.clone(),
-            Field::SeqLen => self.seq_len.clone(),
-            Field::Recipe => self.recipe.key().to_owned(),
-            Field::Optimizer => self.optimizer.key().to_owned(),
-            Field::OptimizerImpl => self.optimizer_impl.key().to_owned(),
-            Field::Attention => self.attention.key().to_owned(),
-            Field::Checkpointing => self.checkpointing.key().to_owned(),
-            Field::Compile => self.compile.key().to_owned(),
-            Field::Loss => self.loss.key().to_owned(),
-            Field::Packing => on_off(self.packing).to_owned(),
-            Field::Padding => on_off(self.padding).to_owned(),
-            Field::OptimizerInBackward => on_off(self.optimizer_in_backward).to_owned(),
-            Field::ActivationOffload => on_off(self.activation_offload).to_owned(),
-            Field::Objective => self.objective.key().to_owned(),
-            Field::Reference => self.reference.key().to_owned(),
-            Field::Generations => self.generations.clone(),
-            Field::MaxPrompt => self.max_prompt.clone(),
-            Field::MaxCompletion => self.max_completion.clone(),
-            Field::Generator => self.generator.key().to_owned(),
-            Field::VllmMemory => self.vllm_memory.clone(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::Batch => self.batch = text(value)?,
-            Field::SeqLen => self.seq_len = text(value)?,
-            Field::Recipe => {
-                self.recipe = choice(value, &PrecisionRecipe::ALL, PrecisionRecipe::key)?;
-            }
-            Field::Optimizer => {
-                self.optimizer = choice(value, &Optimizer::ALL, Optimizer::key)?;
-            }
-            Field::OptimizerImpl => {
-                self.optimizer_impl = choice(value, &OptimizerImpl::ALL, OptimizerImpl::key)?;
-            }
-            Field::Attention => {
-                self.attention = choice(value, &AttentionKernel::ALL, AttentionKernel::key)?;
-            }
-            Field::Compile => {
-                self.compile = choice(value, &Compile::ALL, Compile::key)?;
-            }
-            Field::Checkpointing => {
-                self.checkpointing = choice(value, &Checkpointing::ALL, Checkpointing::key)?;
-            }
-            Field::Loss => self.loss = choice(value, &LossKind::ALL, LossKind::key)?,
-            Field::Packing => self.packing = choice(value, &[true, false], on_off)?,
-            Field::Padding => self.padding = choice(value, &[true, false], on_off)?,
-            Field::OptimizerInBackward => {
-                self.optimizer_in_backward = choice(value, &[true, false], on_off)?;
-            }
-            Field::ActivationOffload => {
-                self.activation_offload = choice(value, &[true, false], on_off)?;
-            }
-            Field::Objective => {
-                self.objective = choice(value, &ObjectiveKind::ALL, ObjectiveKind::key)?;
-            }
-            Field::Reference => self.reference = choice(value, &Reference::ALL, Reference::key)?,
-            Field::Generations => self.generations = text(value)?,
-            Field::MaxPrompt => self.max_prompt = text(value)?,
-            Field::MaxCompletion => self.max_completion = text(value)?,
-            Field::Generator => self.generator = choice(value, &Generator::ALL, Generator::key)?,
-            Field::VllmMemory => self.vllm_memory = text(value)?,
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 /// The training method: full fine-tuning, LoRA or QLoRA and their settings.
@@ -485,43 +440,6 @@ impl Section for MethodSettings {
         (Field::DoubleQuant, "dq"),
         (Field::KbitPrepare, "kbit"),
     ];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::Method => self.method.key().to_owned(),
-            Field::LoraRank => self.lora_rank.clone(),
-            Field::LoraAlpha => self.lora_alpha.clone(),
-            Field::LoraDropout => self.lora_dropout.clone(),
-            Field::LoraTargets => self.lora_targets.clone(),
-            Field::LoraDtype => adapter_dtype_key(self.lora_fp32).to_owned(),
-            Field::Quant => self.quant.key().to_owned(),
-            Field::DoubleQuant => on_off(self.double_quant).to_owned(),
-            Field::KbitPrepare => on_off(self.kbit_prepare).to_owned(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::Method => {
-                self.method = choice(value, &Method::ALL, Method::key)?;
-            }
-            Field::LoraRank => self.lora_rank = text(value)?,
-            Field::LoraAlpha => self.lora_alpha = text(value)?,
-            Field::LoraDropout => self.lora_dropout = text(value)?,
-            Field::LoraTargets => self.lora_targets = text(value)?,
-            Field::LoraDtype => {
-                self.lora_fp32 = choice(value, &[true, false], adapter_dtype_key)?;
-            }
-            Field::Quant => {
-                self.quant = choice(value, &Quant4::ALL, Quant4::key)?;
-            }
-            Field::DoubleQuant => self.double_quant = choice(value, &[true, false], on_off)?,
-            Field::KbitPrepare => self.kbit_prepare = choice(value, &[true, false], on_off)?,
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 /// Inference: generated tokens, the weights' format and the KV cache's dtype.
@@ -551,34 +469,6 @@ impl Section for InferenceSettings {
         (Field::WeightFormat, "wf"),
         (Field::KvDtype, "kvd"),
     ];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::NewTokens => self.new_tokens.clone(),
-            Field::WeightFormat => self.weight_format.key().to_owned(),
-            Field::KvDtype => self.kv_dtype.key().to_owned(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::NewTokens => self.new_tokens = text(value)?,
-            Field::WeightFormat => {
-                self.weight_format = choice_by(
-                    value,
-                    &WeightFormat::ALL,
-                    WeightFormat::key,
-                    WeightFormat::from_key,
-                )?;
-            }
-            Field::KvDtype => {
-                self.kv_dtype = choice_by(value, &KvDtype::ALL, KvDtype::key, KvDtype::from_key)?;
-            }
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 /// The device and the overheads on it.
@@ -625,41 +515,6 @@ impl Section for HardwareSettings {
         (Field::Allocator, "alloc"),
         (Field::SafetyMargin, "margin"),
     ];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::Gpu => self.gpu.map_or("none", Gpu::key).to_owned(),
-            Field::CustomCapacity => self.custom_capacity_mib.clone(),
-            Field::RamCapacity => self.ram_gib.clone(),
-            Field::CudaContext => self.cuda_context_mib.clone(),
-            Field::AllocatorReserve => self.allocator_reserve_percent.clone(),
-            Field::Allocator => self.allocator.key().to_owned(),
-            Field::SafetyMargin => self.safety_margin_percent.clone(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::Gpu => {
-                self.gpu = if value == "none" {
-                    None
-                } else {
-                    Some(choice(value, &Gpu::ALL, Gpu::key)?)
-                };
-            }
-            Field::CustomCapacity => self.custom_capacity_mib = text(value)?,
-            Field::RamCapacity => self.ram_gib = text(value)?,
-            Field::CudaContext => self.cuda_context_mib = text(value)?,
-            Field::AllocatorReserve => self.allocator_reserve_percent = text(value)?,
-            Field::Allocator => {
-                self.allocator = choice(value, &AllocatorMode::ALL, AllocatorMode::key)?;
-            }
-            Field::SafetyMargin => self.safety_margin_percent = text(value)?,
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 /// Several GPUs: data parallelism, sharding, tensor and expert parallelism, the global batch.
@@ -746,64 +601,32 @@ impl Section for ParallelSettings {
         (Field::PrefetchBucket, "pf"),
         (Field::GlobalBatch, "gb"),
     ];
-
-    fn get(&self, field: Field) -> Option<String> {
-        Some(match field {
-            Field::NumGpus => self.num_gpus.clone(),
-            Field::Sharding => self.sharding.key().to_owned(),
-            Field::TensorParallel => self.tensor_parallel.clone(),
-            Field::ExpertParallel => self.expert_parallel.clone(),
-            Field::SequenceParallel => on_off(self.sequence_parallel).to_owned(),
-            Field::LossParallel => on_off(self.loss_parallel).to_owned(),
-            Field::TpPlan => self.tp_plan.key().to_owned(),
-            Field::ContextParallel => self.context_parallel.clone(),
-            Field::ReshardAfterForward => self.reshard_after_forward.key(),
-            Field::PipelineParallel => self.pipeline_parallel.clone(),
-            Field::PipelineSchedule => self.pipeline_schedule.key().to_owned(),
-            Field::Microbatches => self.microbatches.clone(),
-            Field::Offload => self.offload.key().to_owned(),
-            Field::NcclMib => self.nccl_mib.clone(),
-            Field::ReduceBucket => self.reduce_bucket.clone(),
-            Field::PrefetchBucket => self.prefetch_bucket.clone(),
-            Field::GlobalBatch => self.global_batch.clone(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::NumGpus => self.num_gpus = text(value)?,
-            Field::Sharding => {
-                self.sharding = choice(value, &Sharding::ALL, Sharding::key)?;
-            }
-            Field::TensorParallel => self.tensor_parallel = text(value)?,
-            Field::ExpertParallel => self.expert_parallel = text(value)?,
-            Field::SequenceParallel => {
-                self.sequence_parallel = choice(value, &[true, false], on_off)?;
-            }
-            Field::LossParallel => self.loss_parallel = choice(value, &[true, false], on_off)?,
-            Field::TpPlan => self.tp_plan = choice(value, &TpPlan::ALL, TpPlan::key)?,
-            Field::ContextParallel => self.context_parallel = text(value)?,
-            Field::ReshardAfterForward => {
-                self.reshard_after_forward = Reshard::from_key(value)
-                    .ok_or_else(|| "Enter on, off or a number of GPUs.".to_owned())?;
-            }
-            Field::PipelineParallel => self.pipeline_parallel = text(value)?,
-            Field::PipelineSchedule => {
-                self.pipeline_schedule =
-                    choice(value, &PipelineSchedule::ALL, PipelineSchedule::key)?;
-            }
-            Field::Microbatches => self.microbatches = text(value)?,
-            Field::Offload => self.offload = choice(value, &Offload::ALL, Offload::key)?,
-            Field::NcclMib => self.nccl_mib = text(value)?,
-            Field::ReduceBucket => self.reduce_bucket = text(value)?,
-            Field::PrefetchBucket => self.prefetch_bucket = text(value)?,
-            Field::GlobalBatch => self.global_batch = text(value)?,
-            _ => {}
-        }
-        Ok(())
-    }
 }
+
+/// The whole counts of the plan, in the order their errors are listed: the field, its
+/// largest value, its unit, whether 0 is accepted and whether it may be left empty (the
+/// allocator's reserve: the replay's; the micro-batches: one per stage; the global batch:
+/// none).
+const PLAN_COUNTS: [(Field, u64, &str, bool, bool); 12] = [
+    (Field::CudaContext, MAX_CONTEXT_MIB, "MiB", true, false),
+    (Field::AllocatorReserve, 1000, "percent", true, true),
+    (Field::SafetyMargin, 99, "percent", true, false),
+    (Field::NumGpus, MAX_GPUS, "GPUs", false, false),
+    (Field::TensorParallel, 1024, "GPUs", false, false),
+    (Field::ContextParallel, 1024, "GPUs", false, false),
+    (Field::PipelineParallel, 1024, "stages", false, false),
+    (Field::Microbatches, 4096, "micro-batches", false, true),
+    (Field::NcclMib, MAX_CONTEXT_MIB, "MiB", true, false),
+    (Field::ReduceBucket, 1 << 40, "elements", false, false),
+    (Field::PrefetchBucket, 1 << 40, "elements", true, false),
+    (
+        Field::GlobalBatch,
+        crate::MAX_BATCH * MAX_GPUS,
+        "samples",
+        false,
+        true,
+    ),
+];
 
 /// What the typed fields of the page parse to, or the error of each that does not.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1119,15 +942,7 @@ impl Field {
     /// The URL key (each section owns those of its fields).
     #[must_use]
     pub fn key(self) -> &'static str {
-        match self {
-            Field::Mode => "m",
-            Field::ByteUnit => "u",
-            other => SECTION_KEYS
-                .into_iter()
-                .flatten()
-                .find(|(f, _)| *f == other)
-                .map_or("", |(_, key)| key),
-        }
+        FIELD_KEYS[self as usize]
     }
 
     /// What the field is, for notices.
@@ -1216,41 +1031,17 @@ impl Field {
     }
 }
 
-/// The choice of `all` whose key is `value` (the message lists the keys otherwise).
-#[inline(never)]
-fn choice<T: Copy>(value: &str, all: &[T], key: fn(T) -> &'static str) -> Result<T, String> {
-    choice_index(value, all.len(), &|i| all.get(i).copied().map_or("", key))
-        .and_then(|i| all.get(i).copied().ok_or_else(String::new))
-}
-
-/// The index of the key `value` among `len` keys (not generic: one copy for every type of
-/// choice, where a generic search would be compiled once per type).
-fn choice_index(
-    value: &str,
-    len: usize,
-    key: &dyn Fn(usize) -> &'static str,
-) -> Result<usize, String> {
-    (0..len)
-        .find(|&i| key(i) == value)
-        .ok_or_else(|| expected_one_of(&mut (0..len).map(key)))
-}
-
-/// [`choice`] for types that read their keys their own way (case-insensitive GGUF names).
-fn choice_by<T: Copy>(
-    value: &str,
-    all: &[T],
-    key: fn(T) -> &'static str,
-    from_key: fn(&str) -> Option<T>,
-) -> Result<T, String> {
-    from_key(value).ok_or_else(|| {
-        expected_one_of(&mut (0..all.len()).map(|i| all.get(i).copied().map_or("", key)))
-    })
-}
-
-/// The error of [`choice_by`], written once for every type (not generic).
+/// The error of a choice field: the keys it takes (not generic: one copy for every type).
 fn expected_one_of(keys: &mut dyn Iterator<Item = &'static str>) -> String {
-    let keys: Vec<&str> = keys.collect();
-    format!("expected one of {}.", keys.join(", "))
+    let mut message = "expected one of ".to_owned();
+    for (i, key) in keys.enumerate() {
+        if i > 0 {
+            message.push_str(", ");
+        }
+        message.push_str(key);
+    }
+    message.push('.');
+    message
 }
 
 /// A fraction below 1 (a probability, a share of the device) as typed, in thousandths.
@@ -1263,7 +1054,7 @@ fn fraction_permille(text: &str) -> Result<u64, FieldError> {
     })
 }
 
-fn on_off(value: bool) -> &'static str {
+const fn on_off(value: bool) -> &'static str {
     if value {
         "on"
     } else {
@@ -1272,7 +1063,7 @@ fn on_off(value: bool) -> &'static str {
 }
 
 /// Adapters in fp32, or in the base model's dtype.
-fn adapter_dtype_key(fp32: bool) -> &'static str {
+const fn adapter_dtype_key(fp32: bool) -> &'static str {
     if fp32 {
         "fp32"
     } else {
@@ -1280,32 +1071,234 @@ fn adapter_dtype_key(fp32: bool) -> &'static str {
     }
 }
 
-#[inline(never)]
-fn text(value: &str) -> Result<String, String> {
-    if value.chars().count() > MAX_TEXT_FIELD_CHARS {
-        return Err(format!("longer than {MAX_TEXT_FIELD_CHARS} characters."));
+/// The keys of an on/off switch: `true` first.
+const ON_OFF: [&str; 2] = [on_off(true), on_off(false)];
+/// The keys of the adapters' dtype: fp32 (`true`) first.
+const ADAPTER_DTYPES: [&str; 2] = [adapter_dtype_key(true), adapter_dtype_key(false)];
+
+/// The typed fields and where each keeps its text: one list from which both accessors are
+/// written, so that [`PageState::get`] and [`PageState::set`] read and write every typed
+/// field by one path instead of one per field.
+macro_rules! text_fields {
+    ($($(#[$cfg:meta])* $field:ident => $section:ident . $name:ident,)*) => {
+        impl PageState {
+            /// The text of a typed field as typed (`None` for a choice).
+            fn text(&self, field: Field) -> Option<&String> {
+                Some(match field {
+                    $($(#[$cfg])* Field::$field => &self.$section.$name,)*
+                    _ => return None,
+                })
+            }
+
+            /// [`Self::text`], to write.
+            fn text_mut(&mut self, field: Field) -> Option<&mut String> {
+                Some(match field {
+                    $($(#[$cfg])* Field::$field => &mut self.$section.$name,)*
+                    _ => return None,
+                })
+            }
+        }
+    };
+}
+
+text_fields! {
+    Params => simple.params,
+    ActivationMb => simple.activation_mb,
+    Config => model.config_json,
+    Batch => step.batch,
+    SeqLen => step.seq_len,
+    Generations => step.generations,
+    MaxPrompt => step.max_prompt,
+    MaxCompletion => step.max_completion,
+    VllmMemory => step.vllm_memory,
+    #[cfg(feature = "vision")]
+    Images => vision.images,
+    #[cfg(feature = "vision")]
+    ImageSize => vision.image_size,
+    LoraRank => training.lora_rank,
+    LoraAlpha => training.lora_alpha,
+    LoraDropout => training.lora_dropout,
+    LoraTargets => training.lora_targets,
+    NewTokens => inference.new_tokens,
+    CustomCapacity => hardware.custom_capacity_mib,
+    RamCapacity => hardware.ram_gib,
+    CudaContext => hardware.cuda_context_mib,
+    AllocatorReserve => hardware.allocator_reserve_percent,
+    SafetyMargin => hardware.safety_margin_percent,
+    NumGpus => parallel.num_gpus,
+    TensorParallel => parallel.tensor_parallel,
+    ExpertParallel => parallel.expert_parallel,
+    ContextParallel => parallel.context_parallel,
+    PipelineParallel => parallel.pipeline_parallel,
+    Microbatches => parallel.microbatches,
+    NcclMib => parallel.nccl_mib,
+    ReduceBucket => parallel.reduce_bucket,
+    PrefetchBucket => parallel.prefetch_bucket,
+    GlobalBatch => parallel.global_batch,
+}
+
+/// The keys of `T`'s choices in the order of `T::ALL`, a table built at compile time: every
+/// choice field is then read by one search over its table, where a generic search was
+/// compiled once per type. Without `by key` it also checks that `T::ALL` lists the variants
+/// in the order they are declared, so that a value's index among its keys is `value as
+/// usize` ([`PageState::choice_index`]); `by key` for the types whose values are written
+/// by their own `key()` instead.
+macro_rules! keys_of {
+    ($t:ty) => {{
+        const _: () = {
+            let mut i = 0;
+            while i < <$t>::ALL.len() {
+                assert!(<$t>::ALL[i] as usize == i, "ALL out of declaration order");
+                i += 1;
+            }
+        };
+        keys_of!($t, by key)
+    }};
+    ($t:ty, by key) => {{
+        const KEYS: [&str; <$t>::ALL.len()] = {
+            let mut keys = [""; <$t>::ALL.len()];
+            let mut i = 0;
+            while i < keys.len() {
+                keys[i] = <$t>::ALL[i].key();
+                i += 1;
+            }
+            keys
+        };
+        &KEYS
+    }};
+}
+
+impl Field {
+    /// The keys of a choice field, in the order its message lists them (index `i` is
+    /// `T::ALL[i]`, or `true` first for most switches). Empty for typed text, and for the
+    /// model and the resharding, which read their keys their own way.
+    fn choice_keys(self) -> &'static [&'static str] {
+        match self {
+            Field::Mode => keys_of!(Mode),
+            Field::ByteUnit => keys_of!(ByteUnit),
+            Field::ParamsUnit => keys_of!(ParamUnit),
+            Field::Precision => keys_of!(Precision),
+            Field::Recipe => keys_of!(PrecisionRecipe),
+            Field::Optimizer => keys_of!(Optimizer),
+            Field::OptimizerImpl => keys_of!(OptimizerImpl),
+            Field::Attention => keys_of!(AttentionKernel),
+            Field::Checkpointing => keys_of!(Checkpointing, by key),
+            Field::Compile => keys_of!(Compile),
+            Field::Loss => keys_of!(LossKind),
+            Field::Packing
+            | Field::Padding
+            | Field::OptimizerInBackward
+            | Field::ActivationOffload
+            | Field::DoubleQuant
+            | Field::KbitPrepare
+            | Field::SequenceParallel
+            | Field::LossParallel => &ON_OFF,
+            Field::Objective => keys_of!(ObjectiveKind),
+            Field::Reference => keys_of!(Reference),
+            Field::Generator => keys_of!(Generator),
+            #[cfg(feature = "vision")]
+            Field::VisionTower => &vision::TOWER_KEYS,
+            #[cfg(feature = "vision")]
+            Field::Projector => &vision::PROJECTOR_KEYS,
+            Field::Method => keys_of!(Method),
+            Field::LoraDtype => &ADAPTER_DTYPES,
+            Field::Quant => keys_of!(Quant4),
+            Field::WeightFormat => keys_of!(WeightFormat),
+            Field::KvDtype => keys_of!(KvDtype),
+            Field::Gpu => keys_of!(Gpu),
+            Field::Allocator => keys_of!(AllocatorMode),
+            Field::Sharding => keys_of!(Sharding, by key),
+            Field::TpPlan => keys_of!(TpPlan),
+            Field::PipelineSchedule => keys_of!(PipelineSchedule, by key),
+            Field::Offload => keys_of!(Offload),
+            _ => &[],
+        }
     }
-    Ok(value.to_owned())
 }
 
 impl PageState {
-    /// The value of `field` as its URL text.
+    /// The value of `field` as its URL text, `None` for a field that does not travel.
     #[must_use]
     pub fn get(&self, field: Field) -> Option<String> {
         match field {
-            Field::Mode => Some(self.mode.key().to_owned()),
-            Field::ByteUnit => Some(self.byte_unit.key().to_owned()),
-            f if SimpleModel::owns(f) => self.simple.get(f),
-            f if ModelChoice::owns(f) => self.model.get(f),
-            f if StepSettings::owns(f) => self.step.get(f),
-            #[cfg(feature = "vision")]
-            f if VisionSettings::owns(f) => self.vision.get(f),
-            f if MethodSettings::owns(f) => self.training.get(f),
-            f if InferenceSettings::owns(f) => self.inference.get(f),
-            f if HardwareSettings::owns(f) => self.hardware.get(f),
-            f if ParallelSettings::owns(f) => self.parallel.get(f),
-            _ => None,
+            // The config travels only when it is the model, in compact form when it parses.
+            Field::Config => {
+                let json = &self.model.config_json;
+                if self.model.preset.is_some() || json.is_empty() {
+                    return None;
+                }
+                Some(
+                    crate::parse_hf_config(json)
+                        .map_or_else(|_| json.clone(), |a| a.to_config_json()),
+                )
+            }
+            Field::ReshardAfterForward => Some(self.parallel.reshard_after_forward.key()),
+            _ => {
+                #[cfg(feature = "vision")]
+                if !self.vision.travels(field) {
+                    return None;
+                }
+                let text = self.text(field).map(String::as_str);
+                text.or_else(|| self.choice_key(field)).map(str::to_owned)
+            }
         }
+    }
+
+    /// The key of a choice field's value (`None` for typed text).
+    fn choice_key(&self, field: Field) -> Option<&'static str> {
+        match (field, self.hardware.gpu) {
+            (Field::Model, _) => Some(self.model.preset.map_or(CUSTOM_MODEL_KEY, Preset::key)),
+            (Field::Gpu, None) => Some("none"),
+            (Field::Checkpointing, _) => Some(self.step.checkpointing.key()),
+            (Field::Sharding, _) => Some(self.parallel.sharding.key()),
+            (Field::PipelineSchedule, _) => Some(self.parallel.pipeline_schedule.key()),
+            _ => field.choice_keys().get(self.choice_index(field)?).copied(),
+        }
+    }
+
+    /// The index of a choice field's value among [`Field::choice_keys`] (`None` for typed
+    /// text): a value's variant index, as `keys_of!` checks.
+    fn choice_index(&self, field: Field) -> Option<usize> {
+        let (st, tr, par) = (&self.step, &self.training, &self.parallel);
+        Some(match field {
+            Field::Mode => self.mode as usize,
+            Field::ByteUnit => self.byte_unit as usize,
+            Field::ParamsUnit => self.simple.params_unit as usize,
+            Field::Precision => self.simple.precision as usize,
+            Field::Recipe => st.recipe as usize,
+            Field::Optimizer => st.optimizer as usize,
+            Field::OptimizerImpl => st.optimizer_impl as usize,
+            Field::Attention => st.attention as usize,
+            Field::Compile => st.compile as usize,
+            Field::Loss => st.loss as usize,
+            // the switches list `true` first
+            Field::Packing => usize::from(!st.packing),
+            Field::Padding => usize::from(!st.padding),
+            Field::OptimizerInBackward => usize::from(!st.optimizer_in_backward),
+            Field::ActivationOffload => usize::from(!st.activation_offload),
+            Field::Objective => st.objective as usize,
+            Field::Reference => st.reference as usize,
+            Field::Generator => st.generator as usize,
+            // the image switches list their default first: frozen, trained
+            #[cfg(feature = "vision")]
+            Field::VisionTower => usize::from(self.vision.tower_trained),
+            #[cfg(feature = "vision")]
+            Field::Projector => usize::from(!self.vision.projector_trained),
+            Field::Method => tr.method as usize,
+            Field::LoraDtype => usize::from(!tr.lora_fp32),
+            Field::Quant => tr.quant as usize,
+            Field::DoubleQuant => usize::from(!tr.double_quant),
+            Field::KbitPrepare => usize::from(!tr.kbit_prepare),
+            Field::WeightFormat => self.inference.weight_format as usize,
+            Field::KvDtype => self.inference.kv_dtype as usize,
+            Field::Gpu => self.hardware.gpu? as usize,
+            Field::Allocator => self.hardware.allocator as usize,
+            Field::SequenceParallel => usize::from(!par.sequence_parallel),
+            Field::LossParallel => usize::from(!par.loss_parallel),
+            Field::TpPlan => par.tp_plan as usize,
+            Field::Offload => par.offload as usize,
+            _ => return None,
+        })
     }
 
     /// Sets `field` from its URL text.
@@ -1313,21 +1306,89 @@ impl PageState {
     /// # Errors
     /// Why the text is not a value of that field; the field is left as it was.
     pub fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
-        match field {
-            Field::Mode => self.mode = choice(value, &Mode::ALL, Mode::key)?,
-            Field::ByteUnit => self.byte_unit = choice(value, &ByteUnit::ALL, ByteUnit::key)?,
-            f if SimpleModel::owns(f) => self.simple.set(f, value)?,
-            f if ModelChoice::owns(f) => self.model.set(f, value)?,
-            f if StepSettings::owns(f) => self.step.set(f, value)?,
-            #[cfg(feature = "vision")]
-            f if VisionSettings::owns(f) => self.vision.set(f, value)?,
-            f if MethodSettings::owns(f) => self.training.set(f, value)?,
-            f if InferenceSettings::owns(f) => self.inference.set(f, value)?,
-            f if HardwareSettings::owns(f) => self.hardware.set(f, value)?,
-            f if ParallelSettings::owns(f) => self.parallel.set(f, value)?,
-            _ => {}
+        if let Some(text) = self.text_mut(field) {
+            // typed numbers are short; a pasted config.json may be long
+            let max = if field == Field::Config {
+                MAX_CONFIG_CHARS
+            } else {
+                MAX_TEXT_FIELD_CHARS
+            };
+            if value.chars().count() > max {
+                return Err(format!("longer than {max} characters."));
+            }
+            value.clone_into(text);
+            return Ok(());
         }
-        Ok(())
+        self.set_choice(field, value).ok_or_else(|| match field {
+            Field::ReshardAfterForward => "Enter on, off or a number of GPUs.".to_owned(),
+            Field::Model => expected_one_of(&mut Preset::ALL.into_iter().map(Preset::key)),
+            _ => expected_one_of(&mut field.choice_keys().iter().copied()),
+        })
+    }
+
+    /// Sets a choice field from its key: `None`, and the field left as it was, when the
+    /// key is none of its choices.
+    fn set_choice(&mut self, field: Field, value: &str) -> Option<()> {
+        match field {
+            // read their own way: other spellings, case-insensitive names, values beside
+            // the choices
+            Field::ParamsUnit => self.simple.params_unit = ParamUnit::from_key(value)?,
+            Field::WeightFormat => self.inference.weight_format = WeightFormat::from_key(value)?,
+            Field::KvDtype => self.inference.kv_dtype = KvDtype::from_key(value)?,
+            Field::Model if value == CUSTOM_MODEL_KEY => self.model.preset = None,
+            Field::Model => self.model.preset = Some(Preset::from_key(value)?),
+            Field::Gpu if value == "none" => self.hardware.gpu = None,
+            Field::ReshardAfterForward => {
+                self.parallel.reshard_after_forward = Reshard::from_key(value)?;
+            }
+            _ => {
+                let i = field.choice_keys().iter().position(|k| *k == value)?;
+                // `i` indexes the keys, which are `ALL`'s: `get` never fails, and compiles no
+                // panic path per type
+                let (st, tr, par) = (&mut self.step, &mut self.training, &mut self.parallel);
+                match field {
+                    Field::Mode => self.mode = *Mode::ALL.get(i)?,
+                    Field::ByteUnit => self.byte_unit = *ByteUnit::ALL.get(i)?,
+                    Field::Precision => self.simple.precision = *Precision::ALL.get(i)?,
+                    Field::Recipe => st.recipe = *PrecisionRecipe::ALL.get(i)?,
+                    Field::Optimizer => st.optimizer = *Optimizer::ALL.get(i)?,
+                    Field::OptimizerImpl => st.optimizer_impl = *OptimizerImpl::ALL.get(i)?,
+                    Field::Attention => st.attention = *AttentionKernel::ALL.get(i)?,
+                    Field::Checkpointing => st.checkpointing = *Checkpointing::ALL.get(i)?,
+                    Field::Compile => st.compile = *Compile::ALL.get(i)?,
+                    Field::Loss => st.loss = *LossKind::ALL.get(i)?,
+                    Field::Packing => st.packing = i == 0,
+                    Field::Padding => st.padding = i == 0,
+                    Field::OptimizerInBackward => st.optimizer_in_backward = i == 0,
+                    Field::ActivationOffload => st.activation_offload = i == 0,
+                    Field::Objective => st.objective = *ObjectiveKind::ALL.get(i)?,
+                    Field::Reference => st.reference = *Reference::ALL.get(i)?,
+                    Field::Generator => st.generator = *Generator::ALL.get(i)?,
+                    // the image switches list their default first: frozen, trained
+                    #[cfg(feature = "vision")]
+                    Field::VisionTower => self.vision.tower_trained = i == 1,
+                    #[cfg(feature = "vision")]
+                    Field::Projector => self.vision.projector_trained = i == 0,
+                    Field::Method => tr.method = *Method::ALL.get(i)?,
+                    Field::LoraDtype => tr.lora_fp32 = i == 0,
+                    Field::Quant => tr.quant = *Quant4::ALL.get(i)?,
+                    Field::DoubleQuant => tr.double_quant = i == 0,
+                    Field::KbitPrepare => tr.kbit_prepare = i == 0,
+                    Field::Gpu => self.hardware.gpu = Some(*Gpu::ALL.get(i)?),
+                    Field::Allocator => self.hardware.allocator = *AllocatorMode::ALL.get(i)?,
+                    Field::Sharding => par.sharding = *Sharding::ALL.get(i)?,
+                    Field::SequenceParallel => par.sequence_parallel = i == 0,
+                    Field::LossParallel => par.loss_parallel = i == 0,
+                    Field::TpPlan => par.tp_plan = *TpPlan::ALL.get(i)?,
+                    Field::PipelineSchedule => {
+                        par.pipeline_schedule = *PipelineSchedule::ALL.get(i)?
+                    }
+                    Field::Offload => par.offload = *Offload::ALL.get(i)?,
+                    _ => {}
+                }
+            }
+        }
+        Some(())
     }
 
     /// The parsed sequence length (image side for vision models).
@@ -1502,58 +1563,30 @@ impl PageState {
             Some(gpu) => gpu.capacity_mib(),
             None => Some(0),
         };
-        let context = check(
-            Field::CudaContext,
-            parse_count(
-                &self.hardware.cuda_context_mib,
-                MAX_CONTEXT_MIB,
-                "MiB",
-                true,
-            ),
-        );
-        // empty: the replay's reserve
-        let reserve = if self.hardware.allocator_reserve_percent.trim().is_empty() {
-            Some(None)
-        } else {
-            check(
-                Field::AllocatorReserve,
-                parse_count(
-                    &self.hardware.allocator_reserve_percent,
-                    1000,
-                    "percent",
-                    true,
-                ),
-            )
-            .map(Some)
-        };
-        let margin = check(
-            Field::SafetyMargin,
-            parse_count(&self.hardware.safety_margin_percent, 99, "percent", true),
-        );
-        let gpus = check(
-            Field::NumGpus,
-            parse_count(&self.parallel.num_gpus, MAX_GPUS, "GPUs", false),
-        );
-        let tp = check(
-            Field::TensorParallel,
-            parse_count(&self.parallel.tensor_parallel, 1024, "GPUs", false),
-        );
-        let cp = check(
-            Field::ContextParallel,
-            parse_count(&self.parallel.context_parallel, 1024, "GPUs", false),
-        );
-        let pp = check(
-            Field::PipelineParallel,
-            parse_count(&self.parallel.pipeline_parallel, 1024, "stages", false),
-        );
-        let microbatches = if self.parallel.microbatches.trim().is_empty() {
-            pp
-        } else {
-            check(
-                Field::Microbatches,
-                parse_count(&self.parallel.microbatches, 4096, "micro-batches", false),
-            )
-        };
+        // one loop over the table, in its order (that of the errors), where each count was
+        // parsed by code of its own
+        let [context, reserve, margin, gpus, tp, cp, pp, microbatches, nccl, reduce_bucket, prefetch_bucket, global] =
+            PLAN_COUNTS.map(|(field, max, what, zero_ok, optional)| {
+                let text = self.text(field).map_or("", String::as_str);
+                if optional && text.trim().is_empty() {
+                    return Some(None);
+                }
+                check(field, parse_count(text, max, what, zero_ok)).map(Some)
+            });
+        let [context, margin, gpus, tp, cp, pp, nccl, reduce_bucket, prefetch_bucket] = [
+            context,
+            margin,
+            gpus,
+            tp,
+            cp,
+            pp,
+            nccl,
+            reduce_bucket,
+            prefetch_bucket,
+        ]
+        .map(Option::flatten);
+        // empty: one micro-batch per stage
+        let microbatches = microbatches.and_then(|m| m.or(pp));
         let mut late = Vec::new();
         // the GPUs are the data-parallel groups times the tensor, context and pipeline
         // groups: the groups must divide them
@@ -1575,18 +1608,6 @@ impl PageState {
                 None
             }
         });
-        let nccl = check(
-            Field::NcclMib,
-            parse_count(&self.parallel.nccl_mib, MAX_CONTEXT_MIB, "MiB", true),
-        );
-        let reduce_bucket = check(
-            Field::ReduceBucket,
-            parse_count(&self.parallel.reduce_bucket, 1 << 40, "elements", false),
-        );
-        let prefetch_bucket = check(
-            Field::PrefetchBucket,
-            parse_count(&self.parallel.prefetch_bucket, 1 << 40, "elements", true),
-        );
         let ep = match parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false) {
             Ok(ep) => match gpus {
                 Some(n) if ep > 1 && n % ep != 0 => {
@@ -1605,20 +1626,6 @@ impl PageState {
                 late.push((Field::ExpertParallel, e));
                 None
             }
-        };
-        let global = if self.parallel.global_batch.trim().is_empty() {
-            Some(None)
-        } else {
-            check(
-                Field::GlobalBatch,
-                parse_count(
-                    &self.parallel.global_batch,
-                    crate::MAX_BATCH * MAX_GPUS,
-                    "samples",
-                    false,
-                ),
-            )
-            .map(Some)
         };
         if let (Reshard::To(r), Some(n)) = (self.parallel.reshard_after_forward, gpus) {
             let group = n.saturating_mul(cp.unwrap_or(1));
@@ -1728,26 +1735,23 @@ impl PageState {
     #[must_use]
     pub fn invalid_text_fields(&self) -> Vec<(Field, FieldError)> {
         let mut invalid = Vec::new();
-        if let Err(e) = parse_params(&self.simple.params, self.simple.params_unit) {
-            invalid.push((Field::Params, e));
-        }
-        if let Err(e) = parse_batch(&self.step.batch) {
-            invalid.push((Field::Batch, e));
-        }
-        if let Err(e) = parse_activation_mb(&self.simple.activation_mb) {
-            invalid.push((Field::ActivationMb, e));
-        }
-        if let Err(e) = self.parsed_seq_len() {
-            invalid.push((Field::SeqLen, e));
-        }
-        if let Err(e) = self.parsed_new_tokens() {
-            invalid.push((Field::NewTokens, e));
-        }
         let (rank, alpha, dropout) = self.lora_numbers();
+        // one loop, where a push per field was compiled once per field
         for (field, result) in [
-            (Field::LoraRank, rank.map(|_| ())),
+            (
+                Field::Params,
+                parse_params(&self.simple.params, self.simple.params_unit).map(drop),
+            ),
+            (Field::Batch, parse_batch(&self.step.batch).map(drop)),
+            (
+                Field::ActivationMb,
+                parse_activation_mb(&self.simple.activation_mb).map(drop),
+            ),
+            (Field::SeqLen, self.parsed_seq_len().map(drop)),
+            (Field::NewTokens, self.parsed_new_tokens().map(drop)),
+            (Field::LoraRank, rank.map(drop)),
             (Field::LoraAlpha, alpha),
-            (Field::LoraDropout, dropout.map(|_| ())),
+            (Field::LoraDropout, dropout.map(drop)),
         ] {
             if let Err(e) = result {
                 invalid.push((field, e));
@@ -1835,6 +1839,46 @@ mod tests {
         }
         let listed: usize = tables.iter().map(|t| t.len()).sum();
         assert_eq!(listed + 2, Field::ALL.len());
+    }
+
+    /// Every field is typed text or a choice with its keys (but the model and the resharding,
+    /// which read theirs their own way), so that `set` writes every one.
+    #[test]
+    fn every_field_is_text_or_a_choice() {
+        let state = PageState::default();
+        for field in Field::ALL {
+            let choice = !field.choice_keys().is_empty()
+                || matches!(field, Field::Model | Field::ReshardAfterForward);
+            assert!(state.text(field).is_some() != choice, "{field:?}");
+        }
+    }
+
+    /// Every key of every choice field sets that choice, which reads back as that key.
+    #[test]
+    fn every_choice_reads_back_its_key() {
+        for field in Field::ALL {
+            for key in field.choice_keys() {
+                let mut state = PageState::default();
+                state.set(field, key).unwrap();
+                assert_eq!(state.choice_key(field), Some(*key), "{field:?}");
+            }
+        }
+    }
+
+    /// A clone carries every field: each typed one, and the others as they are.
+    #[test]
+    fn clones_carry_every_field() {
+        let mut state = PageState::default();
+        for (i, field) in Field::ALL.into_iter().enumerate() {
+            if let Some(text) = state.text_mut(field) {
+                *text = format!("text {i}");
+            }
+        }
+        state.set(Field::Model, CUSTOM_MODEL_KEY).unwrap();
+        state.set(Field::Gpu, "none").unwrap();
+        state.set(Field::Packing, "on").unwrap();
+        assert_eq!(state.clone(), state);
+        assert_eq!(PageState::default().clone(), PageState::default());
     }
 
     /// Each section reads back what it wrote, field by field, at the defaults.

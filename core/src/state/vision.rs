@@ -1,7 +1,7 @@
 //! A vision-language model's image fields (the `vision` feature): images per sample, their
 //! size, what trains of the vision side; their URL keys `img`, `isz`, `vt`, `vp`.
 
-use super::{choice, parse_count, text, Field, PageState, Section};
+use super::{parse_count, Field, PageState, Section};
 use crate::number::{parse_whole_count, FieldError};
 
 /// Images per sample on a first visit (vision-language models): none, so that a
@@ -43,40 +43,35 @@ impl Section for VisionSettings {
         (Field::VisionTower, "vt"),
         (Field::Projector, "vp"),
     ];
+}
 
-    fn get(&self, field: Field) -> Option<String> {
-        // the image fields travel only when changed, so that every other link stays as it was
-        Some(match field {
-            Field::Images if self.images != DEFAULT_IMAGES => self.images.clone(),
-            Field::ImageSize if self.image_size != DEFAULT_IMAGE_SIZE => self.image_size.clone(),
-            Field::VisionTower if self.tower_trained => trained_key(true).to_owned(),
-            Field::Projector if !self.projector_trained => trained_key(false).to_owned(),
-            _ => return None,
-        })
-    }
-
-    fn set(&mut self, field: Field, value: &str) -> Result<(), String> {
+impl VisionSettings {
+    /// Whether `field` travels in links: the image fields only when changed, so that every
+    /// other link stays as it was (every other field travels).
+    pub(super) fn travels(&self, field: Field) -> bool {
         match field {
-            Field::Images => self.images = text(value)?,
-            Field::ImageSize => self.image_size = text(value)?,
-            Field::VisionTower => self.tower_trained = choice(value, &[false, true], trained_key)?,
-            Field::Projector => {
-                self.projector_trained = choice(value, &[true, false], trained_key)?;
-            }
-            _ => {}
+            Field::Images => self.images != DEFAULT_IMAGES,
+            Field::ImageSize => self.image_size != DEFAULT_IMAGE_SIZE,
+            Field::VisionTower => self.tower_trained,
+            Field::Projector => !self.projector_trained,
+            _ => true,
         }
-        Ok(())
     }
 }
 
 /// A trained or frozen part of a vision-language model.
-fn trained_key(trained: bool) -> &'static str {
+pub(super) const fn trained_key(trained: bool) -> &'static str {
     if trained {
         "trained"
     } else {
         "frozen"
     }
 }
+
+/// The keys of the vision tower's switch, its default (frozen) first.
+pub(super) const TOWER_KEYS: [&str; 2] = [trained_key(false), trained_key(true)];
+/// The keys of the projector's switch, its default (trained) first.
+pub(super) const PROJECTOR_KEYS: [&str; 2] = [trained_key(true), trained_key(false)];
 
 /// Parses an image size, `WIDTHxHEIGHT` in pixels (`x`, `X`, `*` or the multiplication
 /// sign between them; one number is a square).
