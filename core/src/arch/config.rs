@@ -334,9 +334,21 @@ pub(crate) const MAX_DIM: u64 = 1 << 20;
 pub(crate) const MAX_VOCAB: u64 = 1 << 24;
 
 /// Reads fields of one config object and records the ones it used (the compact form).
+///
+/// A read that fails does not return an error: it keeps the first one (the one a reader
+/// stopping at the first bad field would report) and returns a stand-in within the field's
+/// range, so that a family reader reads plain values and checks [`finish`](Self::finish)
+/// once. The code that follows a failed read only ever sees in-range values, as for a valid
+/// config. (Each `?` on a `Result<u64, ConfigError>` copied and dropped the error in place:
+/// a third of the readers' WebAssembly.) A check of the reader's own (several fields
+/// together) returns [`first`](Self::first) of the error it found, so that an earlier
+/// field's error still comes first; one with nothing after it depending on it records its
+/// error with [`fail`](Self::fail) and reads on.
 pub(crate) struct Reader<'a> {
     m: &'a Map,
     pub used: Map,
+    /// The first error met, reported by `finish` or `first`.
+    err: Option<ConfigError>,
 }
 
 impl<'a> Reader<'a> {
@@ -344,6 +356,7 @@ impl<'a> Reader<'a> {
         Reader {
             m,
             used: Map::new(),
+            err: None,
         }
     }
     fn get(&mut self, name: &str) -> Option<&'a Value> {
@@ -355,100 +368,140 @@ impl<'a> Reader<'a> {
             }
         }
     }
-    /// The first of `names` present, as a non-negative integer.
-    pub fn u64(&mut self, names: &[&str]) -> Result<Option<u64>, ConfigError> {
+    /// Keeps `e` unless an error came before it.
+    #[cold]
+    #[inline(never)]
+    pub fn fail(&mut self, e: ConfigError) {
+        if self.err.is_none() {
+            self.err = Some(e);
+        }
+    }
+    /// Keeps `InvalidField { field, reason }` unless an error came before it (one call site
+    /// per message instead of the enum built at each).
+    #[cold]
+    #[inline(never)]
+    pub fn invalid(&mut self, field: &str, reason: String) {
+        self.fail(ConfigError::InvalidField {
+            field: field.to_string(),
+            reason,
+        });
+    }
+    /// The error to report where a check fails: an earlier one, or `e`.
+    #[cold]
+    #[inline(never)]
+    pub fn first(&mut self, e: ConfigError) -> ConfigError {
+        self.err.take().unwrap_or(e)
+    }
+    /// The first error met, if any (the reader's verdict, checked once per reader).
+    #[inline(never)]
+    pub fn finish(&mut self) -> Result<(), ConfigError> {
+        match self.err.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+    /// The first of `names` present, as a non-negative integer (`None`, the error kept, if
+    /// it is not one).
+    #[inline(never)]
+    pub fn u64(&mut self, names: &[&str]) -> Option<u64> {
         for name in names {
             if let Some(v) = self.get(name) {
-                return v
-                    .as_u64()
-                    .map(Some)
-                    .ok_or_else(|| ConfigError::InvalidField {
-                        field: (*name).to_string(),
-                        reason: format!("expected a non-negative integer, got {v}"),
-                    });
+                let n = v.as_u64();
+                if n.is_none() {
+                    self.invalid(name, format!("expected a non-negative integer, got {v}"));
+                }
+                return n;
             }
         }
-        Ok(None)
+        None
     }
-    /// A required integer in `lo..=hi`.
-    pub fn req(&mut self, names: &[&str], lo: u64, hi: u64) -> Result<u64, ConfigError> {
+    /// A required integer in `lo..=hi` (`lo`, the error kept, if absent or invalid).
+    #[inline(never)]
+    pub fn req(&mut self, names: &[&str], lo: u64, hi: u64) -> u64 {
         let name = names.first().copied().unwrap_or("?");
-        let v = self
-            .u64(names)?
-            .ok_or_else(|| ConfigError::MissingField(name.to_string()))?;
-        check_range(name, v, lo, hi)
+        match self.u64(names) {
+            Some(v) => self.range(name, v, lo, hi),
+            None => {
+                self.fail(ConfigError::MissingField(name.to_string()));
+                lo
+            }
+        }
     }
-    /// An optional integer in `lo..=hi`, or `default`.
-    pub fn opt(
-        &mut self,
-        names: &[&str],
-        default: u64,
-        lo: u64,
-        hi: u64,
-    ) -> Result<u64, ConfigError> {
+    /// An optional integer in `lo..=hi`, or `default` (`lo`, the error kept, if invalid).
+    #[inline(never)]
+    pub fn opt(&mut self, names: &[&str], default: u64, lo: u64, hi: u64) -> u64 {
         let name = names.first().copied().unwrap_or("?");
-        check_range(name, self.u64(names)?.unwrap_or(default), lo, hi)
+        let v = self.u64(names).unwrap_or(default);
+        self.range(name, v, lo, hi)
     }
-    pub fn bool(&mut self, name: &str, default: bool) -> Result<bool, ConfigError> {
+    /// `v` if in `lo..=hi`, else `lo` with the error kept under `field`.
+    #[inline(never)]
+    pub fn range(&mut self, field: &str, v: u64, lo: u64, hi: u64) -> u64 {
+        if v < lo || v > hi {
+            self.invalid(field, format!("{v} is outside {lo}..={hi}"));
+            lo
+        } else {
+            v
+        }
+    }
+    /// A boolean, or `default` (also where invalid, the error kept).
+    #[inline(never)]
+    pub fn bool(&mut self, name: &str, default: bool) -> bool {
         match self.get(name) {
-            None => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected true or false, got {v}"),
-            }),
+            None => default,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                self.invalid(name, format!("expected true or false, got {v}"));
+                default
+            }
         }
     }
     /// Whether a dropout probability (the first of `names` present) is above 0.
-    pub fn prob(&mut self, names: &[&str], default: f64) -> Result<bool, ConfigError> {
+    #[inline(never)]
+    pub fn prob(&mut self, names: &[&str], default: f64) -> bool {
         for name in names {
             if let Some(v) = self.get(name) {
-                let p = v
-                    .as_f64()
-                    .filter(|p| (0.0..1.0).contains(p))
-                    .ok_or_else(|| ConfigError::InvalidField {
-                        field: (*name).to_string(),
-                        reason: format!("expected a probability in [0, 1), got {v}"),
-                    })?;
-                return Ok(p > 0.0);
+                match v.as_f64().filter(|p| (0.0..1.0).contains(p)) {
+                    Some(p) => return p > 0.0,
+                    None => {
+                        self.invalid(name, format!("expected a probability in [0, 1), got {v}"));
+                        return false;
+                    }
+                }
             }
         }
-        Ok(default > 0.0)
+        default > 0.0
     }
-    /// A positive number, if present.
-    pub fn positive(&mut self, name: &str) -> Result<Option<f64>, ConfigError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .map(Some)
-                .ok_or_else(|| ConfigError::InvalidField {
-                    field: name.to_string(),
-                    reason: format!("expected a positive number, got {v}"),
-                }),
+    /// A positive number, if present (`None`, the error kept, if invalid).
+    #[inline(never)]
+    pub fn positive(&mut self, name: &str) -> Option<f64> {
+        let v = self.get(name)?;
+        let x = v.as_f64().filter(|x| x.is_finite() && *x > 0.0);
+        if x.is_none() {
+            self.invalid(name, format!("expected a positive number, got {v}"));
+        }
+        x
+    }
+    /// A string, if present (`None`, the error kept, if not a string).
+    #[inline(never)]
+    pub fn string(&mut self, name: &str) -> Option<&'a str> {
+        match self.get(name)? {
+            Value::String(s) => Some(s.as_str()),
+            v => {
+                self.invalid(name, format!("expected a string, got {v}"));
+                None
+            }
         }
     }
-    /// A string, if present.
-    pub fn string(&mut self, name: &str) -> Result<Option<&'a str>, ConfigError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected a string, got {v}"),
-            }),
-        }
-    }
-    /// An array, if present.
-    pub fn array(&mut self, name: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Array(a)) => Ok(Some(a)),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected a list, got {v}"),
-            }),
+    /// An array, if present (`None`, the error kept, if not a list).
+    #[inline(never)]
+    pub fn array(&mut self, name: &str) -> Option<&'a Vec<Value>> {
+        match self.get(name)? {
+            Value::Array(a) => Some(a),
+            v => {
+                self.invalid(name, format!("expected a list, got {v}"));
+                None
+            }
         }
     }
     /// A field's value as it is, if present (recorded).
@@ -456,31 +509,29 @@ impl<'a> Reader<'a> {
     pub fn raw(&mut self, name: &str) -> Option<&'a Value> {
         self.get(name)
     }
-    /// An object, if present (not recorded: the caller records what it reads from it).
-    pub fn object(&self, name: &str) -> Result<Option<&'a Map>, ConfigError> {
+    /// An object, if present (not recorded: the caller records what it reads from it;
+    /// `None`, the error kept, if not an object).
+    #[inline(never)]
+    pub fn object(&mut self, name: &str) -> Option<&'a Map> {
         match self.m.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(o)),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected an object, got {v}"),
-            }),
+            None | Some(Value::Null) => None,
+            Some(Value::Object(o)) => Some(o),
+            Some(v) => {
+                self.invalid(name, format!("expected an object, got {v}"));
+                None
+            }
+        }
+    }
+    /// A required object: the error before it, its own, or that it is missing.
+    pub fn required_object(&mut self, name: &str) -> Result<&'a Map, ConfigError> {
+        match self.object(name) {
+            Some(o) => Ok(o),
+            None => Err(self.first(ConfigError::MissingField(name.to_string()))),
         }
     }
     /// Records a value the reader derived (a nested object's used fields).
     pub fn record(&mut self, name: &str, v: Value) {
         self.used.insert(name.to_string(), v);
-    }
-}
-
-pub(crate) fn check_range(field: &str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
-    if v < lo || v > hi {
-        Err(ConfigError::InvalidField {
-            field: field.to_string(),
-            reason: format!("{v} is outside {lo}..={hi}"),
-        })
-    } else {
-        Ok(v)
     }
 }
 

@@ -3,7 +3,7 @@
 //! text readers above, their vision side into `vision.rs`'s data (the `vision` feature).
 
 use super::super::vision::{Processor, Tower, VisionLm, VlmKind, MAX_IMAGE_SIDE};
-use super::{check_range, decoder, Architecture, ConfigError, Map, ModelFamily, Reader, Value};
+use super::{decoder, Architecture, ConfigError, Map, ModelFamily, Reader, Value};
 use super::{MAX_DIM, MAX_LAYERS};
 
 /// Shown for every vision-language config.
@@ -35,7 +35,9 @@ pub(super) fn vision_language_model(
 ) -> Result<Architecture, ConfigError> {
     let mut outer = Reader::new(m);
     outer.record("model_type", model_type.into());
-    let text = match outer.object("text_config")? {
+    let text = outer.object("text_config");
+    outer.finish()?;
+    let text = match text {
         Some(t) => t.clone(),
         None if kind == VlmKind::Qwen25Vl => {
             let mut t = m.clone();
@@ -161,37 +163,34 @@ fn encoder_layer(v: &mut Vec<u64>, c: u64, i: u64, bias: bool) {
     linear(v, i, c, true);
 }
 
-fn req(r: &mut Reader, name: &str, default: Option<u64>, hi: u64) -> Result<u64, ConfigError> {
+fn req(r: &mut Reader, name: &str, default: Option<u64>, hi: u64) -> u64 {
     match default {
         Some(d) => r.opt(&[name], d, 1, hi),
         None => r.req(&[name], 1, hi),
     }
 }
 
-/// `vision_config`'s tower fields, with the config class's defaults where given.
-fn tower(
-    r: &mut Reader,
-    names: (&str, &str, &str, &str),
-    defaults: [Option<u64>; 5],
-) -> Result<Tower, ConfigError> {
-    let hidden = req(r, "hidden_size", defaults[0], MAX_DIM)?;
-    let inner = req(r, names.0, defaults[1], MAX_DIM)?;
-    let heads = req(r, names.1, defaults[2], MAX_DIM)?;
-    let layers = req(r, names.2, defaults[3], MAX_LAYERS)?;
-    let patch = req(r, names.3, defaults[4], 4096)?;
+/// `vision_config`'s tower fields, with the config class's defaults where given (errors
+/// kept in `r`).
+fn tower(r: &mut Reader, names: (&str, &str, &str, &str), defaults: [Option<u64>; 5]) -> Tower {
+    let hidden = req(r, "hidden_size", defaults[0], MAX_DIM);
+    let inner = req(r, names.0, defaults[1], MAX_DIM);
+    let heads = req(r, names.1, defaults[2], MAX_DIM);
+    let layers = req(r, names.2, defaults[3], MAX_LAYERS);
+    let patch = req(r, names.3, defaults[4], 4096);
     if !hidden.is_multiple_of(heads) {
-        return Err(ConfigError::InvalidField {
-            field: "vision_config.hidden_size".into(),
-            reason: format!("{hidden} is not divisible by {heads} heads"),
-        });
+        r.invalid(
+            "vision_config.hidden_size",
+            format!("{hidden} is not divisible by {heads} heads"),
+        );
     }
-    Ok(Tower {
+    Tower {
         hidden,
         inner,
         heads,
         layers,
         patch,
-    })
+    }
 }
 
 /// A `{"longest_edge": n}`-style size, or a plain number, from the preprocessor block.
@@ -200,13 +199,6 @@ fn edge(o: Option<&Value>, key: &str) -> Option<u64> {
         Some(Value::Object(m)) => m.get(key).and_then(Value::as_u64),
         Some(v) => v.as_u64(),
         None => None,
-    }
-}
-
-fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::InvalidField {
-        field: field.into(),
-        reason: reason.into(),
     }
 }
 
@@ -221,10 +213,10 @@ fn read_vision(
     lm_vocab: u64,
     cross_layers: u64,
 ) -> Result<VisionLm, ConfigError> {
-    let vc = outer
-        .object("vision_config")?
-        .ok_or_else(|| ConfigError::MissingField("vision_config".into()))?;
-    let pre = outer.object("preprocessor_config")?;
+    // each reader keeps its first error: each is checked before the next one reads
+    let vc = outer.required_object("vision_config")?;
+    let pre = outer.object("preprocessor_config");
+    outer.finish()?;
     let empty = Map::new();
     let pre_map = pre.unwrap_or(&empty);
     let mut r = Reader::new(vc);
@@ -275,16 +267,16 @@ fn read_vision(
                 } else {
                     [Some(1280), Some(3420), Some(16), Some(32), Some(14)]
                 },
-            )?;
-            let temporal = r.opt(&["temporal_patch_size"], 2, 1, 16)?;
-            let merge = r.opt(&["spatial_merge_size"], 2, 1, 16)?;
-            let out_hidden = r.opt(&["out_hidden_size"], lm_hidden, 1, MAX_DIM)?;
+            );
+            let temporal = r.opt(&["temporal_patch_size"], 2, 1, 16);
+            let merge = r.opt(&["spatial_merge_size"], 2, 1, 16);
+            let out_hidden = r.opt(&["out_hidden_size"], lm_hidden, 1, MAX_DIM);
             let (c, i) = (t.hidden, t.inner);
             let kernel = 3 * temporal * t.patch * t.patch;
             let mc = c.saturating_mul(merge * merge);
             if q3 {
                 linear(&mut tower_params, kernel, c, true);
-                let positions = r.opt(&["num_position_embeddings"], 2304, 1, 1 << 24)?;
+                let positions = r.opt(&["num_position_embeddings"], 2304, 1, 1 << 24);
                 tower_params.push(positions.saturating_mul(c));
                 for _ in 0..t.layers {
                     layer_norm(&mut tower_params, c);
@@ -294,16 +286,13 @@ fn read_vision(
                     linear(&mut tower_params, c, i, true);
                     linear(&mut tower_params, i, c, true);
                 }
-                let deep = match r.array("deepstack_visual_indexes")? {
+                let deep = match r.array("deepstack_visual_indexes") {
                     Some(a) => {
-                        for v in a {
-                            let ok = v.as_u64().is_some_and(|x| x < t.layers);
-                            if !ok {
-                                return Err(invalid(
-                                    "vision_config.deepstack_visual_indexes",
-                                    "expected block indexes below the depth",
-                                ));
-                            }
+                        if !a.iter().all(|v| v.as_u64().is_some_and(|x| x < t.layers)) {
+                            r.invalid(
+                                "vision_config.deepstack_visual_indexes",
+                                "expected block indexes below the depth".into(),
+                            );
                         }
                         a.len() as u64
                     }
@@ -331,7 +320,7 @@ fn read_vision(
                 projector_params.push(c);
                 linear(&mut projector_params, mc, mc, true);
                 linear(&mut projector_params, mc, out_hidden, true);
-                let full = match r.array("fullatt_block_indexes")? {
+                let full = match r.array("fullatt_block_indexes") {
                     Some(a) => a
                         .iter()
                         .filter(|v| v.as_u64().is_some_and(|x| x < t.layers))
@@ -339,9 +328,10 @@ fn read_vision(
                     None => t.layers,
                 };
                 out.full_blocks = full;
-                let window = r.opt(&["window_size"], 112, 1, 1 << 16)?;
+                let window = r.opt(&["window_size"], 112, 1, 1 << 16);
                 out.window_units = (window / merge / t.patch).max(1);
             }
+            r.finish()?;
             // the checkpoint's preprocessor (the class defaults differ: VLM.md)
             let (min_default, max_default) = if q3 {
                 (65_536, 16_777_216)
@@ -355,16 +345,16 @@ fn read_vision(
             let max_pixels = edge(pre_map.get("max_pixels"), "")
                 .or_else(|| edge(size, "longest_edge"))
                 .unwrap_or(max_default);
-            let min_pixels = check_range("preprocessor_config.min_pixels", min_pixels, 1, 1 << 40)?;
-            let max_pixels = check_range(
+            let min_pixels = pr.range("preprocessor_config.min_pixels", min_pixels, 1, 1 << 40);
+            let max_pixels = pr.range(
                 "preprocessor_config.max_pixels",
                 max_pixels,
                 min_pixels,
                 1 << 40,
-            )?;
-            let patch = pr.opt(&["patch_size"], t.patch, 1, 4096)?;
-            let merge_p = pr.opt(&["merge_size"], merge, 1, 16)?;
-            let temporal_p = pr.opt(&["temporal_patch_size"], temporal, 1, 16)?;
+            );
+            let patch = pr.opt(&["patch_size"], t.patch, 1, 4096);
+            let merge_p = pr.opt(&["merge_size"], merge, 1, 16);
+            let temporal_p = pr.opt(&["temporal_patch_size"], temporal, 1, 16);
             pr.record("min_pixels", Value::from(min_pixels));
             pr.record("max_pixels", Value::from(max_pixels));
             out.processor = Processor::Qwen {
@@ -379,7 +369,7 @@ fn read_vision(
         }
         VlmKind::Gemma3 | VlmKind::Idefics3 | VlmKind::LlavaNext => {
             let clip = kind == VlmKind::LlavaNext
-                && r.string("model_type")?.unwrap_or("clip_vision_model") == "clip_vision_model";
+                && r.string("model_type").unwrap_or("clip_vision_model") == "clip_vision_model";
             let t = tower(
                 &mut r,
                 (
@@ -399,7 +389,7 @@ fn read_vision(
                         Some(if clip { 32 } else { 16 }),
                     ],
                 },
-            )?;
+            );
             let image = r.opt(
                 &["image_size"],
                 match kind {
@@ -409,13 +399,15 @@ fn read_vision(
                 },
                 1,
                 MAX_IMAGE_SIDE,
-            )?;
+            );
             if image < t.patch {
-                return Err(invalid(
+                r.invalid(
                     "vision_config.image_size",
-                    "smaller than the patch size",
-                ));
+                    "smaller than the patch size".into(),
+                );
             }
+            // the vision_config's fields all read: the wrapper's follow
+            r.finish()?;
             let (c, i) = (t.hidden, t.inner);
             let grid = image / t.patch;
             let positions = grid * grid + u64::from(clip);
@@ -436,10 +428,10 @@ fn read_vision(
                     // mm_input_projection_weight, mm_soft_emb_norm
                     projector_params.push(c.saturating_mul(lm_hidden));
                     projector_params.push(c);
-                    let tokens = outer.opt(&["mm_tokens_per_image"], 256, 1, 1 << 20)?;
+                    let tokens = outer.opt(&["mm_tokens_per_image"], 256, 1, 1 << 20);
                     let side = edge(pre_map.get("size"), "height").unwrap_or(image);
                     let side =
-                        check_range("preprocessor_config.size", side, t.patch, MAX_IMAGE_SIDE)?;
+                        outer.range("preprocessor_config.size", side, t.patch, MAX_IMAGE_SIDE);
                     out.processor = Processor::Fixed {
                         side,
                         patch: t.patch,
@@ -450,7 +442,7 @@ fn read_vision(
                     };
                 }
                 VlmKind::Idefics3 => {
-                    let scale = outer.opt(&["scale_factor"], 2, 1, 64)?;
+                    let scale = outer.opt(&["scale_factor"], 2, 1, 64);
                     linear(
                         &mut projector_params,
                         c.saturating_mul(scale * scale),
@@ -460,16 +452,16 @@ fn read_vision(
                     let tile = edge(pre_map.get("max_image_size"), "longest_edge")
                         .or_else(|| edge(vc.get("max_image_size"), "longest_edge"))
                         .unwrap_or(image);
-                    let tile = check_range(
+                    let tile = outer.range(
                         "preprocessor_config.max_image_size",
                         tile,
                         t.patch,
                         MAX_IMAGE_SIDE,
-                    )?;
+                    );
                     let longest = edge(pre_map.get("size"), "longest_edge")
                         .or_else(|| edge(vc.get("size"), "longest_edge"))
                         .unwrap_or(4 * 364);
-                    let longest = check_range("preprocessor_config.size", longest, 1, 1 << 16)?;
+                    let longest = outer.range("preprocessor_config.size", longest, 1, 1 << 16);
                     let per_tile = (tile / t.patch) * (tile / t.patch);
                     let tile_tokens = (per_tile / (scale * scale)).max(1);
                     out.processor = Processor::Split {
@@ -483,7 +475,7 @@ fn read_vision(
                 _ => {
                     // hidden_states[vision_feature_layer]: the layers after it and the
                     // post-LayerNorm feed nothing
-                    let unused = match outer_i64(outer, "vision_feature_layer")? {
+                    let unused = match outer_i64(outer, "vision_feature_layer") {
                         Some(k) if k < 0 => (k.unsigned_abs() - 1).min(t.layers),
                         Some(k) => t.layers.saturating_sub(k.unsigned_abs()),
                         None => 1,
@@ -493,14 +485,15 @@ fn read_vision(
                     linear(&mut projector_params, c, lm_hidden, true);
                     linear(&mut projector_params, lm_hidden, lm_hidden, true);
                     // "default" drops the class token's feature, "full" keeps it
-                    let full = match outer.string("vision_feature_select_strategy")? {
+                    let full = match outer.string("vision_feature_select_strategy") {
                         None | Some("default") => false,
                         Some("full") => true,
                         Some(_) => {
-                            return Err(invalid(
+                            outer.invalid(
                                 "vision_feature_select_strategy",
-                                "expected \"default\" or \"full\"",
-                            ))
+                                "expected \"default\" or \"full\"".into(),
+                            );
+                            false
                         }
                     };
                     out.class_feature = full;
@@ -510,6 +503,7 @@ fn read_vision(
                     let next =
                         outer.used.get("model_type").and_then(Value::as_str) != Some("llava");
                     if !next {
+                        outer.finish()?;
                         out.processor = Processor::Fixed {
                             side: image,
                             patch: t.patch,
@@ -538,20 +532,21 @@ fn read_vision(
                         },
                         _ => None,
                     };
-                    let pins = match outer.array("image_grid_pinpoints")? {
-                        Some(a) => a.iter().map(pair).collect::<Option<Vec<_>>>().ok_or_else(|| {
-                            invalid(
+                    let pins = match outer.array("image_grid_pinpoints") {
+                        Some(a) => a.iter().map(pair).collect::<Option<Vec<_>>>().unwrap_or_else(|| {
+                            outer.invalid(
                                 "image_grid_pinpoints",
-                                "expected [height, width] pairs of multiples of the tower's image size",
-                            )
-                        })?,
+                                "expected [height, width] pairs of multiples of the tower's image size".into(),
+                            );
+                            Vec::new()
+                        }),
                         None => vec![(image, 2 * image), (2 * image, image), (2 * image, 2 * image)],
                     };
                     if pins.is_empty() || pins.len() > 64 {
-                        return Err(invalid(
+                        outer.invalid(
                             "image_grid_pinpoints",
-                            "expected 1 to 64 resolutions",
-                        ));
+                            "expected 1 to 64 resolutions".into(),
+                        );
                     }
                     out.processor = Processor::AnyRes {
                         crop: image,
@@ -573,15 +568,16 @@ fn read_vision(
                     "patch_size",
                 ),
                 [Some(1280), Some(5120), Some(16), Some(32), Some(14)],
-            )?;
-            let global = r.opt(&["num_global_layers"], 8, 0, MAX_LAYERS)?;
-            let image = r.opt(&["image_size"], 560, t.patch, MAX_IMAGE_SIDE)?;
-            let max_tiles = r.opt(&["max_num_tiles"], 4, 1, 16)?;
-            let ratios = match r.array("supported_aspect_ratios")? {
+            );
+            let global = r.opt(&["num_global_layers"], 8, 0, MAX_LAYERS);
+            let image = r.opt(&["image_size"], 560, t.patch, MAX_IMAGE_SIDE);
+            let max_tiles = r.opt(&["max_num_tiles"], 4, 1, 16);
+            let ratios = match r.array("supported_aspect_ratios") {
                 Some(a) => a.len() as u64,
                 None => 8,
             };
-            let vision_output = r.opt(&["vision_output_dim"], 7680, 1, MAX_DIM)?;
+            let vision_output = r.opt(&["vision_output_dim"], 7680, 1, MAX_DIM);
+            r.finish()?;
             let (c, i) = (t.hidden, t.inner);
             let per_tile = (image / t.patch) * (image / t.patch) + 1;
             linear(&mut tower_params, 3 * t.patch * t.patch, c, false);
@@ -614,8 +610,8 @@ fn read_vision(
             }
             lm_extra_params.push(lm_hidden.saturating_mul(8));
             let tile = edge(pre_map.get("size"), "height").unwrap_or(image);
-            let tile = check_range("preprocessor_config.size", tile, t.patch, MAX_IMAGE_SIDE)?;
-            let tiles = pr.opt(&["max_image_tiles"], max_tiles, 1, 16)?;
+            let tile = pr.range("preprocessor_config.size", tile, t.patch, MAX_IMAGE_SIDE);
+            let tiles = pr.opt(&["max_image_tiles"], max_tiles, 1, 16);
             out.processor = Processor::Tiles {
                 tile,
                 patch: t.patch,
@@ -627,6 +623,10 @@ fn read_vision(
             let _ = lm_vocab;
         }
     }
+    // (the vision_config's reader is checked in each branch; at most one of these holds an
+    // error)
+    outer.finish()?;
+    pr.finish()?;
     out.tower_params = tower_params;
     out.projector_params = projector_params;
     out.lm_extra_params = lm_extra_params;
@@ -652,13 +652,16 @@ fn read_vision(
 }
 
 /// A signed integer field of the wrapper config (`vision_feature_layer`); a list of layers
-/// counts as none unused.
-fn outer_i64(outer: &mut Reader, name: &str) -> Result<Option<i64>, ConfigError> {
+/// counts as none unused (`None`, the error kept, if invalid).
+fn outer_i64(outer: &mut Reader, name: &str) -> Option<i64> {
     match outer.raw(name) {
-        None | Some(Value::Array(_)) => Ok(None),
+        None | Some(Value::Array(_)) => None,
         Some(v) => match v.as_f64() {
-            Some(x) if x.fract() == 0.0 && x.abs() < 1e6 => Ok(Some(x as i64)),
-            _ => Err(invalid(name, "expected a layer index")),
+            Some(x) if x.fract() == 0.0 && x.abs() < 1e6 => Some(x as i64),
+            _ => {
+                outer.invalid(name, "expected a layer index".into());
+                None
+            }
         },
     }
 }
