@@ -392,6 +392,14 @@ impl<'a> Reader<'a> {
     pub fn first(&mut self, e: ConfigError) -> ConfigError {
         self.err.take().unwrap_or(e)
     }
+    /// Takes `before`'s error as this reader's unless this one holds an error already: for a
+    /// reader that reads on where `before` (a nested object's) stopped, whose own error came
+    /// before `before` read anything.
+    pub fn adopt(&mut self, before: &mut Reader) {
+        if self.err.is_none() {
+            self.err = before.err.take();
+        }
+    }
     /// The first error met, if any (the reader's verdict, checked once per reader).
     #[inline(never)]
     pub fn finish(&mut self) -> Result<(), ConfigError> {
