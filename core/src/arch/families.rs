@@ -223,38 +223,37 @@ fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>>
             })
             .collect();
     }
-    match family {
-        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![window(r, 0); n],
+    // the family's rule, as one loop: layer i slides from layer `from` on, except every
+    // `every`-th (each rule a loop of its own cost its code)
+    let (w, from, every) = match family {
+        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => (window(r, 0), 0, 0),
         ModelFamily::Qwen2
         | ModelFamily::Qwen3
         | ModelFamily::SmolLm3
         | ModelFamily::Qwen2Moe
-        | ModelFamily::Qwen3Moe => {
-            if r.bool("use_sliding_window", false) {
-                let w = window(r, 0);
-                let from = r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS);
-                (0..layers)
-                    .map(|i| if i >= from { w } else { None })
-                    .collect()
-            } else {
-                vec![None; n]
-            }
+        | ModelFamily::Qwen3Moe
+            if r.bool("use_sliding_window", false) =>
+        {
+            let w = window(r, 0);
+            (w, r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS), 0)
         }
-        ModelFamily::Gemma2 => {
-            let w = window(r, 4096);
-            (0..layers)
-                .map(|i| if (i + 1) % 2 == 1 { w } else { None })
-                .collect()
-        }
+        // every odd layer (1-based)
+        ModelFamily::Gemma2 => (window(r, 4096), 0, 2),
         ModelFamily::Gemma3 => {
             let w = window(r, 4096);
-            let pattern = r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS);
-            (0..layers)
-                .map(|i| if (i + 1) % pattern != 0 { w } else { None })
-                .collect()
+            (w, 0, r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS))
         }
-        _ => vec![None; n],
-    }
+        _ => (None, 0, 0),
+    };
+    (0..layers)
+        .map(|i| {
+            if i >= from && (every == 0 || !(i + 1).is_multiple_of(every)) {
+                w
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// Decoder-only families with rotary embeddings: Llama and its descendants.
@@ -370,11 +369,13 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
                 .collect(),
             None => {
                 let every = r.opt(&["no_rope_layer_interval"], 4, 1, MAX_LAYERS);
-                (0..layers).map(|i| (i + 1) % every != 0).collect()
+                (0..layers)
+                    .map(|i| !(i + 1).is_multiple_of(every))
+                    .collect()
             }
         }
     } else {
-        (0..layers).map(|_| true).collect()
+        vec![true; layers as usize]
     };
     let windows = windows(family, r, layers);
     let (attn_softcap, final_softcap) = if matches!(family, F::Gemma2 | F::Gemma3) {
