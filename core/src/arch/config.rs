@@ -395,6 +395,7 @@ impl<'a> Reader<'a> {
     /// Takes `before`'s error as this reader's unless this one holds an error already: for a
     /// reader that reads on where `before` (a nested object's) stopped, whose own error came
     /// before `before` read anything.
+    #[cfg(feature = "vision")]
     pub fn adopt(&mut self, before: &mut Reader) {
         if self.err.is_none() {
             self.err = before.err.take();
