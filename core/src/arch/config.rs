@@ -334,9 +334,21 @@ pub(crate) const MAX_DIM: u64 = 1 << 20;
 pub(crate) const MAX_VOCAB: u64 = 1 << 24;
 
 /// Reads fields of one config object and records the ones it used (the compact form).
+///
+/// A read that fails does not return an error: it keeps the first one (the one a reader
+/// stopping at the first bad field would report) and returns a stand-in within the field's
+/// range, so that a family reader reads plain values and checks [`finish`](Self::finish)
+/// once. The code that follows a failed read only ever sees in-range values, as for a valid
+/// config. (Each `?` on a `Result<u64, ConfigError>` copied and dropped the error in place:
+/// a third of the readers' WebAssembly.) A check of the reader's own (several fields
+/// together) returns [`first`](Self::first) of the error it found, so that an earlier
+/// field's error still comes first; one with nothing after it depending on it records its
+/// error with [`fail`](Self::fail) and reads on.
 pub(crate) struct Reader<'a> {
     m: &'a Map,
     pub used: Map,
+    /// The first error met, reported by `finish` or `first`.
+    err: Option<ConfigError>,
 }
 
 impl<'a> Reader<'a> {
@@ -344,6 +356,7 @@ impl<'a> Reader<'a> {
         Reader {
             m,
             used: Map::new(),
+            err: None,
         }
     }
     fn get(&mut self, name: &str) -> Option<&'a Value> {
@@ -355,100 +368,149 @@ impl<'a> Reader<'a> {
             }
         }
     }
-    /// The first of `names` present, as a non-negative integer.
-    pub fn u64(&mut self, names: &[&str]) -> Result<Option<u64>, ConfigError> {
+    /// Keeps `e` unless an error came before it.
+    #[cold]
+    #[inline(never)]
+    pub fn fail(&mut self, e: ConfigError) {
+        if self.err.is_none() {
+            self.err = Some(e);
+        }
+    }
+    /// Keeps `InvalidField { field, reason }` unless an error came before it (one call site
+    /// per message instead of the enum built at each).
+    #[cold]
+    #[inline(never)]
+    pub fn invalid(&mut self, field: &str, reason: String) {
+        self.fail(ConfigError::InvalidField {
+            field: field.to_string(),
+            reason,
+        });
+    }
+    /// The error to report where a check fails: an earlier one, or `e`.
+    #[cold]
+    #[inline(never)]
+    pub fn first(&mut self, e: ConfigError) -> ConfigError {
+        self.err.take().unwrap_or(e)
+    }
+    /// Takes `before`'s error as this reader's unless this one holds an error already: for a
+    /// reader that reads on where `before` (a nested object's) stopped, whose own error came
+    /// before `before` read anything.
+    #[cfg(feature = "vision")]
+    pub fn adopt(&mut self, before: &mut Reader) {
+        if self.err.is_none() {
+            self.err = before.err.take();
+        }
+    }
+    /// The first error met, if any (the reader's verdict, checked once per reader).
+    #[inline(never)]
+    pub fn finish(&mut self) -> Result<(), ConfigError> {
+        match self.err.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+    /// The first of `names` present, as a non-negative integer (`None`, the error kept, if
+    /// it is not one).
+    #[inline(never)]
+    pub fn u64(&mut self, names: &[&str]) -> Option<u64> {
         for name in names {
             if let Some(v) = self.get(name) {
-                return v
-                    .as_u64()
-                    .map(Some)
-                    .ok_or_else(|| ConfigError::InvalidField {
-                        field: (*name).to_string(),
-                        reason: format!("expected a non-negative integer, got {v}"),
-                    });
+                let n = v.as_u64();
+                if n.is_none() {
+                    self.invalid(name, format!("expected a non-negative integer, got {v}"));
+                }
+                return n;
             }
         }
-        Ok(None)
+        None
     }
-    /// A required integer in `lo..=hi`.
-    pub fn req(&mut self, names: &[&str], lo: u64, hi: u64) -> Result<u64, ConfigError> {
+    /// A required integer in `lo..=hi` (`lo`, the error kept, if absent or invalid).
+    #[inline(never)]
+    pub fn req(&mut self, names: &[&str], lo: u64, hi: u64) -> u64 {
         let name = names.first().copied().unwrap_or("?");
-        let v = self
-            .u64(names)?
-            .ok_or_else(|| ConfigError::MissingField(name.to_string()))?;
-        check_range(name, v, lo, hi)
+        match self.u64(names) {
+            Some(v) => self.range(name, v, lo, hi),
+            None => {
+                self.fail(ConfigError::MissingField(name.to_string()));
+                lo
+            }
+        }
     }
-    /// An optional integer in `lo..=hi`, or `default`.
-    pub fn opt(
-        &mut self,
-        names: &[&str],
-        default: u64,
-        lo: u64,
-        hi: u64,
-    ) -> Result<u64, ConfigError> {
+    /// An optional integer in `lo..=hi`, or `default` (`lo`, the error kept, if invalid).
+    #[inline(never)]
+    pub fn opt(&mut self, names: &[&str], default: u64, lo: u64, hi: u64) -> u64 {
         let name = names.first().copied().unwrap_or("?");
-        check_range(name, self.u64(names)?.unwrap_or(default), lo, hi)
+        let v = self.u64(names).unwrap_or(default);
+        self.range(name, v, lo, hi)
     }
-    pub fn bool(&mut self, name: &str, default: bool) -> Result<bool, ConfigError> {
+    /// `v` if in `lo..=hi`, else `lo` with the error kept under `field`.
+    #[inline(never)]
+    pub fn range(&mut self, field: &str, v: u64, lo: u64, hi: u64) -> u64 {
+        if v < lo || v > hi {
+            self.invalid(field, format!("{v} is outside {lo}..={hi}"));
+            lo
+        } else {
+            v
+        }
+    }
+    /// A boolean, or `default` (also where invalid, the error kept).
+    #[inline(never)]
+    pub fn bool(&mut self, name: &str, default: bool) -> bool {
         match self.get(name) {
-            None => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected true or false, got {v}"),
-            }),
+            None => default,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                self.invalid(name, format!("expected true or false, got {v}"));
+                default
+            }
         }
     }
     /// Whether a dropout probability (the first of `names` present) is above 0.
-    pub fn prob(&mut self, names: &[&str], default: f64) -> Result<bool, ConfigError> {
+    #[inline(never)]
+    pub fn prob(&mut self, names: &[&str], default: f64) -> bool {
         for name in names {
             if let Some(v) = self.get(name) {
-                let p = v
-                    .as_f64()
-                    .filter(|p| (0.0..1.0).contains(p))
-                    .ok_or_else(|| ConfigError::InvalidField {
-                        field: (*name).to_string(),
-                        reason: format!("expected a probability in [0, 1), got {v}"),
-                    })?;
-                return Ok(p > 0.0);
+                match v.as_f64().filter(|p| (0.0..1.0).contains(p)) {
+                    Some(p) => return p > 0.0,
+                    None => {
+                        self.invalid(name, format!("expected a probability in [0, 1), got {v}"));
+                        return false;
+                    }
+                }
             }
         }
-        Ok(default > 0.0)
+        default > 0.0
     }
-    /// A positive number, if present.
-    pub fn positive(&mut self, name: &str) -> Result<Option<f64>, ConfigError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .map(Some)
-                .ok_or_else(|| ConfigError::InvalidField {
-                    field: name.to_string(),
-                    reason: format!("expected a positive number, got {v}"),
-                }),
+    /// A positive number, if present (`None`, the error kept, if invalid).
+    #[inline(never)]
+    pub fn positive(&mut self, name: &str) -> Option<f64> {
+        let v = self.get(name)?;
+        let x = v.as_f64().filter(|x| x.is_finite() && *x > 0.0);
+        if x.is_none() {
+            self.invalid(name, format!("expected a positive number, got {v}"));
+        }
+        x
+    }
+    /// A string, if present (`None`, the error kept, if not a string).
+    #[inline(never)]
+    pub fn string(&mut self, name: &str) -> Option<&'a str> {
+        match self.get(name)? {
+            Value::String(s) => Some(s.as_str()),
+            v => {
+                self.invalid(name, format!("expected a string, got {v}"));
+                None
+            }
         }
     }
-    /// A string, if present.
-    pub fn string(&mut self, name: &str) -> Result<Option<&'a str>, ConfigError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected a string, got {v}"),
-            }),
-        }
-    }
-    /// An array, if present.
-    pub fn array(&mut self, name: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Array(a)) => Ok(Some(a)),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected a list, got {v}"),
-            }),
+    /// An array, if present (`None`, the error kept, if not a list).
+    #[inline(never)]
+    pub fn array(&mut self, name: &str) -> Option<&'a Vec<Value>> {
+        match self.get(name)? {
+            Value::Array(a) => Some(a),
+            v => {
+                self.invalid(name, format!("expected a list, got {v}"));
+                None
+            }
         }
     }
     /// A field's value as it is, if present (recorded).
@@ -456,31 +518,29 @@ impl<'a> Reader<'a> {
     pub fn raw(&mut self, name: &str) -> Option<&'a Value> {
         self.get(name)
     }
-    /// An object, if present (not recorded: the caller records what it reads from it).
-    pub fn object(&self, name: &str) -> Result<Option<&'a Map>, ConfigError> {
+    /// An object, if present (not recorded: the caller records what it reads from it;
+    /// `None`, the error kept, if not an object).
+    #[inline(never)]
+    pub fn object(&mut self, name: &str) -> Option<&'a Map> {
         match self.m.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(o)),
-            Some(v) => Err(ConfigError::InvalidField {
-                field: name.to_string(),
-                reason: format!("expected an object, got {v}"),
-            }),
+            None | Some(Value::Null) => None,
+            Some(Value::Object(o)) => Some(o),
+            Some(v) => {
+                self.invalid(name, format!("expected an object, got {v}"));
+                None
+            }
+        }
+    }
+    /// A required object: the error before it, its own, or that it is missing.
+    pub fn required_object(&mut self, name: &str) -> Result<&'a Map, ConfigError> {
+        match self.object(name) {
+            Some(o) => Ok(o),
+            None => Err(self.first(ConfigError::MissingField(name.to_string()))),
         }
     }
     /// Records a value the reader derived (a nested object's used fields).
     pub fn record(&mut self, name: &str, v: Value) {
         self.used.insert(name.to_string(), v);
-    }
-}
-
-pub(crate) fn check_range(field: &str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
-    if v < lo || v > hi {
-        Err(ConfigError::InvalidField {
-            field: field.to_string(),
-            reason: format!("{v} is outside {lo}..={hi}"),
-        })
-    } else {
-        Ok(v)
     }
 }
 
@@ -677,6 +737,219 @@ mod tests {
             "partial_rotary_factor",
         );
         rejects("{\"model_type\":\"gemma3\"}", "text_config");
+    }
+
+    /// The first of several bad fields is the one reported, as a reader stopping at the first
+    /// would (the readers read on past a bad field and report its error at the end): reads,
+    /// checks over several fields, and the nested objects' readers, in the order read.
+    const FIRST_ERRORS: &[(&str, &str)] = &[
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":0,"num_attention_heads":3,"intermediate_size":0,"vocab_size":8}"#,
+            r#"config field "num_hidden_layers" is invalid: 0 is outside 1..=10000"#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":"64","num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8}"#,
+            r#"config field "hidden_size" is invalid: expected a non-negative integer, got "64""#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":8,"intermediate_size":8,"vocab_size":8}"#,
+            r#"config field "num_key_value_heads" is invalid: 8 is outside 1..=4"#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":-1,"intermediate_size":0,"vocab_size":8}"#,
+            r#"config field "num_key_value_heads" is invalid: expected a non-negative integer, got -1"#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"head_dim":1048576,"intermediate_size":8,"vocab_size":8}"#,
+            r#"config field "head_dim" is invalid: 4 heads of 1048576 exceed 1048576 attention channels"#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"rope_scaling":{"type":"warp"},"tie_word_embeddings":1}"#,
+            r#"config field "rope_scaling" is invalid: rope type "warp" is not one of default, linear, dynamic, yarn, longrope, llama3"#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"rope_scaling":[],"rope_parameters":{"rope_type":"warp"}}"#,
+            r#"config field "rope_scaling" is invalid: expected an object, got []"#,
+        ),
+        (
+            r#"{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"attention_dropout":1.0,"mlp_bias":"no"}"#,
+            r#"config field "mlp_bias" is invalid: expected true or false, got "no""#,
+        ),
+        (
+            r#"{"model_type":"mistral","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"layer_types":["full_attention","sliding_attention"]}"#,
+            r#"config field "sliding_window" is missing"#,
+        ),
+        (
+            r#"{"model_type":"mistral","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"layer_types":["full_attention","local"],"sliding_window":-4}"#,
+            r#"config field "sliding_window" is invalid: expected a non-negative integer, got -4"#,
+        ),
+        (
+            r#"{"model_type":"mistral","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"layer_types":"full_attention"}"#,
+            r#"config field "layer_types" is invalid: expected a list, got "full_attention""#,
+        ),
+        (
+            r#"{"model_type":"qwen2","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"use_sliding_window":true,"max_window_layers":20000}"#,
+            r#"config field "max_window_layers" is invalid: 20000 is outside 0..=10000"#,
+        ),
+        (
+            r#"{"model_type":"smollm3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"no_rope_layers":[1,2],"layer_types":["x","y"]}"#,
+            r#"config field "no_rope_layers" is invalid: entries are 1 (rotary) or 0 (none), got 2"#,
+        ),
+        (
+            r#"{"model_type":"smollm3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"no_rope_layer_interval":0}"#,
+            r#"config field "no_rope_layer_interval" is invalid: 0 is outside 1..=10000"#,
+        ),
+        (
+            r#"{"model_type":"phi3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"partial_rotary_factor":0.001,"resid_pdrop":2}"#,
+            r#"config field "resid_pdrop" is invalid: expected a probability in [0, 1), got 2"#,
+        ),
+        (
+            r#"{"model_type":"phi3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"resid_pdrop":2,"partial_rotary_factor":2}"#,
+            r#"config field "resid_pdrop" is invalid: expected a probability in [0, 1), got 2"#,
+        ),
+        (
+            r#"{"model_type":"gemma2","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"attn_logit_softcapping":-1,"sliding_window":true}"#,
+            r#"config field "sliding_window" is invalid: expected a non-negative integer, got true"#,
+        ),
+        (
+            r#"{"model_type":"gemma3_text","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"sliding_window_pattern":0}"#,
+            r#"config field "sliding_window_pattern" is invalid: 0 is outside 1..=10000"#,
+        ),
+        (
+            r#"{"model_type":"granite","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"logits_scaling":0,"embedding_multiplier":"x"}"#,
+            r#"config field "embedding_multiplier" is invalid: expected a positive number, got "x""#,
+        ),
+        (
+            r#"{"model_type":"mixtral","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"num_local_experts":4,"num_experts_per_tok":5}"#,
+            r#"config field "num_experts_per_tok" is invalid: 5 is outside 1..=4"#,
+        ),
+        (
+            r#"{"model_type":"qwen2_moe","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":8,"decoder_sparse_step":0,"mlp_only_layers":7}"#,
+            r#"config field "decoder_sparse_step" is invalid: 0 is outside 1..=10000"#,
+        ),
+        (
+            r#"{"model_type":"deepseek_v3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"qk_rope_head_dim":8,"qk_nope_head_dim":8,"kv_lora_rank":0,"q_lora_rank":0,"v_head_dim":8}"#,
+            r#"config field "q_lora_rank" is invalid: 0 is outside 1..=1048576"#,
+        ),
+        (
+            r#"{"model_type":"deepseek_v3","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"qk_rope_head_dim":8,"qk_nope_head_dim":8,"kv_lora_rank":8,"v_head_dim":8,"n_routed_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":8,"n_group":2,"topk_group":3,"first_k_dense_replace":-1}"#,
+            r#"config field "topk_group" is invalid: 3 is outside 1..=2"#,
+        ),
+        (
+            r#"{"model_type":"gpt_oss","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"num_local_experts":4,"num_experts_per_tok":2,"quantization_config":"mxfp4"}"#,
+            r#"config field "quantization_config" is invalid: expected an object, got "mxfp4""#,
+        ),
+        (
+            r#"{"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":5,"vocab_size":0}"#,
+            r#"config field "n_embd" is invalid: 64 is not divisible by 5 heads"#,
+        ),
+        (
+            r#"{"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":8,"attn_pdrop":-0.1,"activation_function":3}"#,
+            r#"config field "attn_pdrop" is invalid: expected a probability in [0, 1), got -0.1"#,
+        ),
+        (
+            r#"{"model_type":"opt","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"ffn_dim":8,"vocab_size":8,"layer_norm_elementwise_affine":false,"dropout":1}"#,
+            r#"config field "layer_norm_elementwise_affine" is invalid: LayerNorms without weights are not modelled"#,
+        ),
+        (
+            r#"{"model_type":"bert","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"max_position_embeddings":2,"pad_token_id":1,"type_vocab_size":-1}"#,
+            r#"config field "type_vocab_size" is invalid: expected a non-negative integer, got -1"#,
+        ),
+        (
+            r#"{"model_type":"roberta","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8,"max_position_embeddings":2,"type_vocab_size":-1}"#,
+            r#"config field "max_position_embeddings" is invalid: 2 leaves no position after the padding offset 2"#,
+        ),
+        (
+            r#"{"model_type":"vit","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"image_size":100,"patch_size":16,"num_labels":0}"#,
+            r#"config field "num_labels" is invalid: 0 is outside 1..=16777216"#,
+        ),
+        (
+            r#"{"model_type":"vit","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"image_size":100,"patch_size":16}"#,
+            r#"config field "image_size" is invalid: 100 is not a multiple of patch_size 16"#,
+        ),
+    ];
+
+    /// The same for the vision-language wrappers (their text, vision and preprocessor blocks).
+    #[cfg(feature = "vision")]
+    const FIRST_VISION_ERRORS: &[(&str, &str)] = &[
+        (
+            r#"{"model_type":"qwen2_5_vl","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"hidden_size":30,"num_heads":4,"depth":0},"preprocessor_config":{"min_pixels":0}}"#,
+            r#"config field "depth" is invalid: 0 is outside 1..=10000"#,
+        ),
+        (
+            r#"{"model_type":"qwen2_5_vl","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"hidden_size":32,"num_heads":4,"depth":2},"preprocessor_config":{"min_pixels":100,"max_pixels":50,"merge_size":0}}"#,
+            r#"config field "preprocessor_config.max_pixels" is invalid: 50 is outside 100..=1099511627776"#,
+        ),
+        (
+            r#"{"model_type":"qwen2_5_vl","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"hidden_size":32,"num_heads":4,"depth":2,"window_size":0},"preprocessor_config":[]}"#,
+            r#"config field "preprocessor_config" is invalid: expected an object, got []"#,
+        ),
+        (
+            r#"{"model_type":"qwen3_vl","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"hidden_size":32,"num_heads":4,"depth":2,"deepstack_visual_indexes":[0,5],"spatial_merge_size":0}}"#,
+            r#"config field "spatial_merge_size" is invalid: 0 is outside 1..=16"#,
+        ),
+        (
+            r#"{"model_type":"gemma3","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"patch_size":14,"image_size":10},"mm_tokens_per_image":0}"#,
+            r#"config field "vision_config.image_size" is invalid: smaller than the patch size"#,
+        ),
+        (
+            r#"{"model_type":"gemma3","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"patch_size":14},"mm_tokens_per_image":0,"preprocessor_config":{"size":{"height":2}}}"#,
+            r#"config field "mm_tokens_per_image" is invalid: 0 is outside 1..=1048576"#,
+        ),
+        (
+            r#"{"model_type":"idefics3","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"patch_size":14,"image_size":28},"scale_factor":0,"preprocessor_config":{"max_image_size":{"longest_edge":7}}}"#,
+            r#"config field "scale_factor" is invalid: 0 is outside 1..=64"#,
+        ),
+        (
+            r#"{"model_type":"llava","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"patch_size":14,"image_size":28},"vision_feature_layer":0.5,"vision_feature_select_strategy":"cls"}"#,
+            r#"config field "vision_feature_layer" is invalid: expected a layer index"#,
+        ),
+        (
+            r#"{"model_type":"llava_next","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"patch_size":14,"image_size":28},"vision_feature_select_strategy":"cls","image_grid_pinpoints":[[28,30]]}"#,
+            r#"config field "vision_feature_select_strategy" is invalid: expected "default" or "full""#,
+        ),
+        (
+            r#"{"model_type":"llava_next","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"patch_size":14,"image_size":28},"image_grid_pinpoints":[]}"#,
+            r#"config field "image_grid_pinpoints" is invalid: expected 1 to 64 resolutions"#,
+        ),
+        (
+            r#"{"model_type":"llava_next","text_config":{"model_type":"bert"},"vision_config":{"patch_size":0}}"#,
+            r#"config field "text_config.model_type" is invalid: not a decoder language model"#,
+        ),
+        (
+            r#"{"model_type":"mllama","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"hidden_size":32,"attention_heads":4,"patch_size":14,"image_size":10,"max_num_tiles":0},"preprocessor_config":{"max_image_tiles":0}}"#,
+            r#"config field "image_size" is invalid: 10 is outside 14..=32768"#,
+        ),
+        (
+            r#"{"model_type":"mllama","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8},"vision_config":{"hidden_size":32,"attention_heads":4,"patch_size":14,"image_size":28},"preprocessor_config":{"size":{"height":2},"max_image_tiles":0}}"#,
+            r#"config field "preprocessor_config.size" is invalid: 2 is outside 14..=32768"#,
+        ),
+        (
+            r#"{"model_type":"mllama","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":0},"vision_config":[]}"#,
+            r#"config field "vocab_size" is invalid: 0 is outside 1..=16777216"#,
+        ),
+        (
+            r#"{"model_type":"mllama","text_config":{"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":8,"vocab_size":8}}"#,
+            r#"config field "vision_config" is missing"#,
+        ),
+        (
+            r#"{"model_type":"qwen2_5_vl","text_config":3}"#,
+            r#"config field "text_config" is invalid: expected an object, got 3"#,
+        ),
+    ];
+
+    #[test]
+    fn reports_the_first_bad_field() {
+        #[cfg(feature = "vision")]
+        let vision = FIRST_VISION_ERRORS;
+        #[cfg(not(feature = "vision"))]
+        let vision: &[(&str, &str)] = &[];
+        for (config, message) in FIRST_ERRORS.iter().chain(vision) {
+            match parse_hf_config(config) {
+                Err(e) => assert_eq!(e.to_string(), *message, "{config}"),
+                Ok(_) => panic!("accepted {config}"),
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Family readers: each turns its `config.json` into a [`ModelSpec`]. Adding a family is a
 //! reader here, presets and measured rows; the op kinds and the estimator stay as they are.
 
-use super::config::{check_range, Architecture, Reader, MAX_DIM, MAX_LAYERS, MAX_VOCAB};
+use super::config::{Architecture, Reader, MAX_DIM, MAX_LAYERS, MAX_VOCAB};
 use super::error::ConfigError;
 use super::family::ModelFamily;
 use super::model::{
@@ -56,9 +56,7 @@ pub(crate) fn read(m: &Map) -> Result<Architecture, ConfigError> {
         // the multimodal wrapper: the language model is its text_config
         let mut outer = Reader::new(m);
         outer.record("model_type", "gemma3".into());
-        let text = outer
-            .object("text_config")?
-            .ok_or_else(|| ConfigError::MissingField("text_config".into()))?;
+        let text = outer.required_object("text_config")?;
         let mut inner = Reader::new(text);
         let mut arch = decoder(ModelFamily::Gemma3, &mut inner)?;
         outer.record("text_config", Value::Object(inner.used));
@@ -105,7 +103,7 @@ fn arch(family: ModelFamily, spec: ModelSpec, max_seq: Option<u64>) -> Architect
 
 /// Heads, key/value heads and head width, validated against each other; `defaults` (heads,
 /// key/value heads, head width) stand in for absent fields where the family's config class
-/// has them.
+/// has them. Errors are kept in `r` (nothing before the reader's `finish` divides by these).
 fn heads(
     r: &mut Reader,
     hidden: u64,
@@ -113,51 +111,52 @@ fn heads(
     heads_names: &[&str],
     gqa: bool,
     defaults: Option<(u64, u64, u64)>,
-) -> Result<(u64, u64, u64), ConfigError> {
+) -> (u64, u64, u64) {
     let heads = match defaults {
-        Some((d, _, _)) => r.opt(heads_names, d, 1, MAX_DIM)?,
-        None => r.req(heads_names, 1, MAX_DIM)?,
+        Some((d, _, _)) => r.opt(heads_names, d, 1, MAX_DIM),
+        None => r.req(heads_names, 1, MAX_DIM),
     };
     let kv = if gqa {
-        r.u64(&["num_key_value_heads"])?
+        r.u64(&["num_key_value_heads"])
             .unwrap_or(defaults.map_or(heads, |(_, kv, _)| kv.min(heads)))
     } else {
         heads
     };
-    let kv = check_range("num_key_value_heads", kv, 1, heads)?;
+    let kv = r.range("num_key_value_heads", kv, 1, heads);
     if heads % kv != 0 {
-        return Err(ConfigError::InvalidField {
-            field: "num_key_value_heads".into(),
-            reason: format!("{heads} attention heads are not a multiple of {kv} key/value heads"),
-        });
+        r.invalid(
+            "num_key_value_heads",
+            format!("{heads} attention heads are not a multiple of {kv} key/value heads"),
+        );
     }
-    let explicit = if gqa { r.u64(&["head_dim"])? } else { None };
+    let explicit = if gqa { r.u64(&["head_dim"]) } else { None };
     let head_dim = match explicit.or(defaults.map(|(_, _, d)| d)) {
-        Some(d) => check_range("head_dim", d, 1, MAX_DIM)?,
+        Some(d) => r.range("head_dim", d, 1, MAX_DIM),
         None => {
             if !hidden.is_multiple_of(heads) {
-                return Err(ConfigError::InvalidField {
-                    field: hidden_name.into(),
-                    reason: format!("{hidden} is not divisible by {heads} heads"),
-                });
+                r.invalid(
+                    hidden_name,
+                    format!("{hidden} is not divisible by {heads} heads"),
+                );
             }
             hidden / heads
         }
     };
-    if heads.saturating_mul(head_dim) > MAX_DIM {
-        return Err(ConfigError::InvalidField {
-            field: "head_dim".into(),
-            reason: format!("{heads} heads of {head_dim} exceed {MAX_DIM} attention channels"),
-        });
+    // (both at most MAX_DIM: no overflow)
+    if heads * head_dim > MAX_DIM {
+        r.invalid(
+            "head_dim",
+            format!("{heads} heads of {head_dim} exceed {MAX_DIM} attention channels"),
+        );
     }
-    Ok((heads, kv, head_dim))
+    (heads, kv, head_dim)
 }
 
 /// Checks `rope_scaling` / `rope_parameters`: the type must be one transformers implements.
 /// None of them changes memory (they rescale frequencies), but an unknown one is a typo.
-fn rope(r: &mut Reader) -> Result<(), ConfigError> {
+fn rope(r: &mut Reader) {
     for name in ["rope_scaling", "rope_parameters"] {
-        let Some(o) = r.object(name)? else {
+        let Some(o) = r.object(name) else {
             continue;
         };
         let kind = o.get("rope_type").or_else(|| o.get("type"));
@@ -177,84 +176,84 @@ fn rope(r: &mut Reader) -> Result<(), ConfigError> {
                     "mrope",
                 ]
                 .contains(&t.as_str()) => {}
-            Some(v) => {
-                return Err(ConfigError::InvalidField {
-                    field: name.into(),
-                    reason: format!(
+            Some(v) => r.invalid(
+                name,
+                format!(
                     "rope type {v} is not one of default, linear, dynamic, yarn, longrope, llama3"
                 ),
-                })
-            }
+            ),
         }
     }
-    Ok(())
 }
 
-/// Which layers use a sliding window: `layer_types` when given, else the family's rule.
-fn windows(
-    family: ModelFamily,
-    r: &mut Reader,
-    layers: u64,
-) -> Result<Vec<Option<u64>>, ConfigError> {
+/// Which layers use a sliding window: `layer_types` when given, else the family's rule
+/// (errors kept in `r`).
+fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>> {
     let n = usize::try_from(layers).unwrap_or(usize::MAX);
-    let window = |r: &mut Reader, default: u64| -> Result<Option<u64>, ConfigError> {
-        let w = r.opt(&["sliding_window"], default, 0, u64::MAX)?;
-        Ok((w > 0).then_some(w))
+    let window = |r: &mut Reader, default: u64| -> Option<u64> {
+        let w = r.opt(&["sliding_window"], default, 0, u64::MAX);
+        (w > 0).then_some(w)
     };
-    if let Some(types) = r.array("layer_types")? {
+    if let Some(types) = r.array("layer_types") {
         if types.len() != n {
-            return Err(ConfigError::InvalidField {
-                field: "layer_types".into(),
-                reason: format!("has {} entries for {layers} layers", types.len()),
-            });
+            r.invalid(
+                "layer_types",
+                format!("has {} entries for {layers} layers", types.len()),
+            );
+            return vec![None; n];
         }
-        let w = window(r, 0)?;
+        let w = window(r, 0);
         return types
             .iter()
             .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(None),
-                Some("sliding_attention") => w
-                    .map(Some)
-                    .ok_or_else(|| ConfigError::MissingField("sliding_window".into())),
-                _ => Err(ConfigError::InvalidField {
-                    field: "layer_types".into(),
-                    reason: format!("{t} is neither \"full_attention\" nor \"sliding_attention\""),
-                }),
+                Some("full_attention") => None,
+                Some("sliding_attention") => {
+                    if w.is_none() {
+                        r.fail(ConfigError::MissingField("sliding_window".into()));
+                    }
+                    w
+                }
+                _ => {
+                    r.invalid(
+                        "layer_types",
+                        format!("{t} is neither \"full_attention\" nor \"sliding_attention\""),
+                    );
+                    None
+                }
             })
             .collect();
     }
-    Ok(match family {
-        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => vec![window(r, 0)?; n],
+    // the family's rule, as one loop: layer i slides from layer `from` on, except every
+    // `every`-th (each rule a loop of its own cost its code)
+    let (w, from, every) = match family {
+        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => (window(r, 0), 0, 0),
         ModelFamily::Qwen2
         | ModelFamily::Qwen3
         | ModelFamily::SmolLm3
         | ModelFamily::Qwen2Moe
-        | ModelFamily::Qwen3Moe => {
-            if r.bool("use_sliding_window", false)? {
-                let w = window(r, 0)?;
-                let from = r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS)?;
-                (0..layers)
-                    .map(|i| if i >= from { w } else { None })
-                    .collect()
-            } else {
-                vec![None; n]
-            }
+        | ModelFamily::Qwen3Moe
+            if r.bool("use_sliding_window", false) =>
+        {
+            let w = window(r, 0);
+            (w, r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS), 0)
         }
-        ModelFamily::Gemma2 => {
-            let w = window(r, 4096)?;
-            (0..layers)
-                .map(|i| if (i + 1) % 2 == 1 { w } else { None })
-                .collect()
-        }
+        // every odd layer (1-based)
+        ModelFamily::Gemma2 => (window(r, 4096), 0, 2),
         ModelFamily::Gemma3 => {
-            let w = window(r, 4096)?;
-            let pattern = r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS)?;
-            (0..layers)
-                .map(|i| if (i + 1) % pattern != 0 { w } else { None })
-                .collect()
+            let w = window(r, 4096);
+            (w, 0, r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS))
         }
-        _ => vec![None; n],
-    })
+        _ => (None, 0, 0),
+    };
+    (0..layers)
+        .map(|i| {
+            if i >= from && (every == 0 || !(i + 1).is_multiple_of(every)) {
+                w
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// Decoder-only families with rotary embeddings: Llama and its descendants.
@@ -264,12 +263,12 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
     // Gemma 3's multimodal configs leave most text fields at Gemma3TextConfig's defaults
     let dflt = |v: u64| g3.then_some(v);
     let hidden = match dflt(2304) {
-        Some(d) => r.opt(&["hidden_size"], d, 1, MAX_DIM)?,
-        None => r.req(&["hidden_size"], 1, MAX_DIM)?,
+        Some(d) => r.opt(&["hidden_size"], d, 1, MAX_DIM),
+        None => r.req(&["hidden_size"], 1, MAX_DIM),
     };
     let layers = match dflt(26) {
-        Some(d) => r.opt(&["num_hidden_layers"], d, 1, MAX_LAYERS)?,
-        None => r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?,
+        Some(d) => r.opt(&["num_hidden_layers"], d, 1, MAX_LAYERS),
+        None => r.req(&["num_hidden_layers"], 1, MAX_LAYERS),
     };
     let (heads, kv_heads, head_dim) = heads(
         r,
@@ -278,17 +277,16 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         &["num_attention_heads"],
         true,
         g3.then_some((8, 4, 256)),
-    )?;
+    );
     // multi-head latent attention: q/k heads of nope + rope dims, values of their own size
     let latent = if family == F::DeepseekV3 {
-        let rope_dim = r.req(&["qk_rope_head_dim"], 1, MAX_DIM)?;
-        let nope_dim = r.req(&["qk_nope_head_dim"], 0, MAX_DIM)?;
+        let rope_dim = r.req(&["qk_rope_head_dim"], 1, MAX_DIM);
+        let nope_dim = r.req(&["qk_nope_head_dim"], 0, MAX_DIM);
         Some(Latent {
             q_rank: r
-                .u64(&["q_lora_rank"])?
-                .map(|q| check_range("q_lora_rank", q, 1, MAX_DIM))
-                .transpose()?,
-            kv_rank: r.req(&["kv_lora_rank"], 1, MAX_DIM)?,
+                .u64(&["q_lora_rank"])
+                .map(|q| r.range("q_lora_rank", q, 1, MAX_DIM)),
+            kv_rank: r.req(&["kv_lora_rank"], 1, MAX_DIM),
             rope_dim,
             nope_dim,
         })
@@ -296,51 +294,49 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         None
     };
     let (head_dim, v_head_dim) = match latent {
-        Some(l) => (l.nope_dim + l.rope_dim, r.req(&["v_head_dim"], 1, MAX_DIM)?),
+        Some(l) => (l.nope_dim + l.rope_dim, r.req(&["v_head_dim"], 1, MAX_DIM)),
         None => (head_dim, head_dim),
     };
     let intermediate = match dflt(9216) {
-        Some(d) => r.opt(&["intermediate_size"], d, 1, 1 << 22)?,
-        None => r.req(&["intermediate_size"], 1, 1 << 22)?,
+        Some(d) => r.opt(&["intermediate_size"], d, 1, 1 << 22),
+        None => r.req(&["intermediate_size"], 1, 1 << 22),
     };
     let vocab = match dflt(262_208) {
-        Some(d) => r.opt(&["vocab_size"], d, 1, MAX_VOCAB)?,
-        None => r.req(&["vocab_size"], 1, MAX_VOCAB)?,
+        Some(d) => r.opt(&["vocab_size"], d, 1, MAX_VOCAB),
+        None => r.req(&["vocab_size"], 1, MAX_VOCAB),
     };
-    rope(r)?;
+    rope(r);
     let gemma = matches!(family, F::Gemma | F::Gemma2 | F::Gemma3);
-    let tied = r.bool("tie_word_embeddings", gemma || family == F::SmolLm3)?;
-    let attention_bias = r.bool("attention_bias", false)?;
+    let tied = r.bool("tie_word_embeddings", gemma || family == F::SmolLm3);
+    let attention_bias = r.bool("attention_bias", false);
     let (qkv_bias, o_bias) = match family {
         F::Qwen2 | F::Qwen2Moe => (true, false),
         F::Phi3 => (false, false),
         _ => (attention_bias, attention_bias),
     };
     let mlp_bias = match family {
-        F::Llama | F::Granite | F::SmolLm3 => r.bool("mlp_bias", false)?,
+        F::Llama | F::Granite | F::SmolLm3 => r.bool("mlp_bias", false),
         _ => false,
     };
-    let probs_dropout = r.prob(&["attention_dropout"], 0.0)?;
+    let probs_dropout = r.prob(&["attention_dropout"], 0.0);
     let hidden_dropout = if family == F::Phi3 {
-        r.prob(&["resid_pdrop"], 0.0)?
+        r.prob(&["resid_pdrop"], 0.0)
     } else {
         false
     };
     let rotary_dim = if family == F::Phi3 {
-        match r.positive("partial_rotary_factor")? {
+        match r.positive("partial_rotary_factor") {
             None => head_dim,
             Some(f) if f <= 1.0 => {
                 // transformers: int(head_dim * partial_rotary_factor)
                 let d = (head_dim as f64 * f) as u64;
-                check_range("partial_rotary_factor", d, 1, head_dim)?
+                r.range("partial_rotary_factor", d, 1, head_dim)
             }
             Some(_) => {
                 // the typed value, not the f64: formatting floats would pull a float printer
                 // into the bundle
-                return Err(ConfigError::InvalidField {
-                    field: "partial_rotary_factor".into(),
-                    reason: "must be in (0, 1]".into(),
-                });
+                r.invalid("partial_rotary_factor", "must be in (0, 1]".into());
+                head_dim
             }
         }
     } else if let Some(l) = latent {
@@ -349,48 +345,53 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         head_dim
     };
     let ropes: Vec<bool> = if family == F::SmolLm3 {
-        match r.array("no_rope_layers")? {
-            Some(list) => {
-                if list.len() as u64 != layers {
-                    return Err(ConfigError::InvalidField {
-                        field: "no_rope_layers".into(),
-                        reason: format!("has {} entries for {layers} layers", list.len()),
-                    });
-                }
-                list.iter()
-                    .map(|v| match v.as_u64() {
-                        Some(0) => Ok(false),
-                        Some(1) => Ok(true),
-                        _ => Err(ConfigError::InvalidField {
-                            field: "no_rope_layers".into(),
-                            reason: format!("entries are 1 (rotary) or 0 (none), got {v}"),
-                        }),
-                    })
-                    .collect::<Result<_, _>>()?
+        match r.array("no_rope_layers") {
+            Some(list) if list.len() as u64 != layers => {
+                r.invalid(
+                    "no_rope_layers",
+                    format!("has {} entries for {layers} layers", list.len()),
+                );
+                Vec::new()
             }
+            Some(list) => list
+                .iter()
+                .map(|v| match v.as_u64() {
+                    Some(0) => false,
+                    Some(1) => true,
+                    _ => {
+                        r.invalid(
+                            "no_rope_layers",
+                            format!("entries are 1 (rotary) or 0 (none), got {v}"),
+                        );
+                        true
+                    }
+                })
+                .collect(),
             None => {
-                let every = r.opt(&["no_rope_layer_interval"], 4, 1, MAX_LAYERS)?;
-                (0..layers).map(|i| (i + 1) % every != 0).collect()
+                let every = r.opt(&["no_rope_layer_interval"], 4, 1, MAX_LAYERS);
+                (0..layers)
+                    .map(|i| !(i + 1).is_multiple_of(every))
+                    .collect()
             }
         }
     } else {
-        (0..layers).map(|_| true).collect()
+        vec![true; layers as usize]
     };
-    let windows = windows(family, r, layers)?;
+    let windows = windows(family, r, layers);
     let (attn_softcap, final_softcap) = if matches!(family, F::Gemma2 | F::Gemma3) {
         (
-            r.positive("attn_logit_softcapping")?.is_some(),
-            r.positive("final_logit_softcapping")?.is_some(),
+            r.positive("attn_logit_softcapping").is_some(),
+            r.positive("final_logit_softcapping").is_some(),
         )
     } else {
         (false, false)
     };
     let (embed_scale, logits_scaled) = match family {
         F::Granite => {
-            r.positive("embedding_multiplier")?;
-            r.positive("residual_multiplier")?;
-            r.positive("attention_multiplier")?;
-            r.positive("logits_scaling")?;
+            r.positive("embedding_multiplier");
+            r.positive("residual_multiplier");
+            r.positive("attention_multiplier");
+            r.positive("logits_scaling");
             (EmbedScale::Scalar, true)
         }
         _ if gemma => (EmbedScale::Tensor, false),
@@ -447,11 +448,11 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         bias: mlp_bias,
         act: Activation::Kernel,
     };
-    let moe = moe(family, r, hidden)?;
+    let moe = moe(family, r, hidden);
     let mut layers = Vec::with_capacity(windows.len());
     for (i, (window, rope)) in windows.iter().zip(&ropes).enumerate() {
         let ffn = match moe {
-            Some(m) if sparse_layer(family, r, i as u64)? => FeedForward::Moe(m),
+            Some(m) if sparse_layer(family, r, i as u64) => FeedForward::Moe(m),
             _ => FeedForward::Dense(mlp),
         };
         layers.push(Layer {
@@ -500,6 +501,13 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
     if g3 {
         buffers.push((1, 4)); // embed_scale
     }
+    // gpt-oss's MXFP4 experts: the last field read
+    let mxfp4 = family == F::GptOss
+        && r.object("quantization_config")
+            .and_then(|q| q.get("quant_method"))
+            .and_then(Value::as_str)
+            == Some("mxfp4");
+    r.finish()?;
     let spec = ModelSpec {
         embeds: true,
         heads: true,
@@ -539,11 +547,6 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
     }
     if family == F::GptOss {
         a.notes.push(GPT_OSS_EAGER_NOTE);
-        let mxfp4 = r
-            .object("quantization_config")?
-            .and_then(|q| q.get("quant_method"))
-            .and_then(Value::as_str)
-            == Some("mxfp4");
         if mxfp4 {
             r.record(
                 "quantization_config",
@@ -562,17 +565,17 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
 }
 
 /// The routed experts of a MoE family, if it is one.
-fn moe(family: ModelFamily, r: &mut Reader, hidden: u64) -> Result<Option<Moe>, ConfigError> {
+fn moe(family: ModelFamily, r: &mut Reader, hidden: u64) -> Option<Moe> {
     use ModelFamily as F;
     let (experts_names, inner_names): (&[&str], &[&str]) = match family {
         F::Mixtral | F::GptOss => (&["num_local_experts"], &["intermediate_size"]),
         F::Qwen2Moe | F::Qwen3Moe => (&["num_experts"], &["moe_intermediate_size"]),
         F::DeepseekV3 => (&["n_routed_experts"], &["moe_intermediate_size"]),
-        _ => return Ok(None),
+        _ => return None,
     };
-    let experts = r.req(experts_names, 1, 1 << 16)?;
-    let top_k = r.req(&["num_experts_per_tok", "experts_per_token"], 1, experts)?;
-    let inner = r.req(inner_names, 1, 1 << 22)?;
+    let experts = r.req(experts_names, 1, 1 << 16);
+    let top_k = r.req(&["num_experts_per_tok", "experts_per_token"], 1, experts);
+    let inner = r.req(inner_names, 1, 1 << 22);
     let norm_topk = |r: &mut Reader, default| r.bool("norm_topk_prob", default);
     let (router, shared_inner, shared_gate) = match family {
         F::Mixtral => (
@@ -585,29 +588,29 @@ fn moe(family: ModelFamily, r: &mut Reader, hidden: u64) -> Result<Option<Moe>, 
         ),
         F::Qwen2Moe => (
             Router::Softmax {
-                norm_topk: norm_topk(r, false)?,
+                norm_topk: norm_topk(r, false),
                 weights_fp32: false,
             },
-            r.opt(&["shared_expert_intermediate_size"], 0, 0, 1 << 22)?,
+            r.opt(&["shared_expert_intermediate_size"], 0, 0, 1 << 22),
             true,
         ),
         F::Qwen3Moe => (
             Router::Softmax {
-                norm_topk: norm_topk(r, false)?,
+                norm_topk: norm_topk(r, false),
                 weights_fp32: false,
             },
             0,
             false,
         ),
         F::DeepseekV3 => {
-            let groups = r.opt(&["n_group"], 1, 1, experts)?;
-            let topk_groups = r.opt(&["topk_group"], 1, 1, groups)?;
-            let shared = r.opt(&["n_shared_experts"], 0, 0, 1 << 10)?;
+            let groups = r.opt(&["n_group"], 1, 1, experts);
+            let topk_groups = r.opt(&["topk_group"], 1, 1, groups);
+            let shared = r.opt(&["n_shared_experts"], 0, 0, 1 << 10);
             (
                 Router::SigmoidGrouped {
                     groups,
                     topk_groups,
-                    norm_topk: norm_topk(r, true)?,
+                    norm_topk: norm_topk(r, true),
                 },
                 shared.saturating_mul(inner),
                 false,
@@ -616,7 +619,7 @@ fn moe(family: ModelFamily, r: &mut Reader, hidden: u64) -> Result<Option<Moe>, 
         _ => (Router::TopkSoftmax, 0, false),
     };
     let gpt_oss = family == F::GptOss;
-    Ok(Some(Moe {
+    Some(Moe {
         hidden,
         experts,
         top_k,
@@ -631,29 +634,29 @@ fn moe(family: ModelFamily, r: &mut Reader, hidden: u64) -> Result<Option<Moe>, 
         },
         shared_inner,
         shared_gate: shared_gate && shared_inner > 0,
-    }))
+    })
 }
 
 /// Whether layer `i` of a MoE family routes to experts (else it is a dense MLP).
-fn sparse_layer(family: ModelFamily, r: &mut Reader, i: u64) -> Result<bool, ConfigError> {
+fn sparse_layer(family: ModelFamily, r: &mut Reader, i: u64) -> bool {
     use ModelFamily as F;
-    Ok(match family {
+    match family {
         F::Qwen2Moe | F::Qwen3Moe => {
-            let step = r.opt(&["decoder_sparse_step"], 1, 1, MAX_LAYERS)?;
-            let dense_only = match r.array("mlp_only_layers")? {
+            let step = r.opt(&["decoder_sparse_step"], 1, 1, MAX_LAYERS);
+            let dense_only = match r.array("mlp_only_layers") {
                 Some(list) => list.iter().any(|v| v.as_u64() == Some(i)),
                 None => false,
             };
             !dense_only && (i + 1).is_multiple_of(step)
         }
-        F::DeepseekV3 => i >= r.opt(&["first_k_dense_replace"], 0, 0, MAX_LAYERS)?,
+        F::DeepseekV3 => i >= r.opt(&["first_k_dense_replace"], 0, 0, MAX_LAYERS),
         _ => true,
-    })
+    }
 }
 
 fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
-    let hidden = r.req(&["n_embd", "hidden_size"], 1, MAX_DIM)?;
-    let layers = r.req(&["n_layer", "num_hidden_layers"], 1, MAX_LAYERS)?;
+    let hidden = r.req(&["n_embd", "hidden_size"], 1, MAX_DIM);
+    let layers = r.req(&["n_layer", "num_hidden_layers"], 1, MAX_LAYERS);
     let (heads, _, head_dim) = heads(
         r,
         hidden,
@@ -661,18 +664,19 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
         &["n_head", "num_attention_heads"],
         false,
         None,
-    )?;
-    let intermediate = r.opt(&["n_inner"], 4 * hidden, 1, 1 << 22)?;
-    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
-    let positions = r.opt(&["n_positions", "n_ctx"], 1024, 1, MAX_VOCAB)?;
-    let tied = r.bool("tie_word_embeddings", true)?;
-    let attn_dropout = r.prob(&["attn_pdrop"], 0.1)?;
-    let resid_dropout = r.prob(&["resid_pdrop"], 0.1)?;
-    let embd_dropout = r.prob(&["embd_pdrop"], if resid_dropout { 0.1 } else { 0.0 })?;
-    let act = match r.string("activation_function")? {
+    );
+    let intermediate = r.opt(&["n_inner"], 4 * hidden, 1, 1 << 22);
+    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB);
+    let positions = r.opt(&["n_positions", "n_ctx"], 1024, 1, MAX_VOCAB);
+    let tied = r.bool("tie_word_embeddings", true);
+    let attn_dropout = r.prob(&["attn_pdrop"], 0.1);
+    let resid_dropout = r.prob(&["resid_pdrop"], 0.1);
+    let embd_dropout = r.prob(&["embd_pdrop"], if resid_dropout { 0.1 } else { 0.0 });
+    let act = match r.string("activation_function") {
         None | Some("gelu_new") => Activation::PythonGeluTanh,
         Some(_) => Activation::Kernel,
     };
+    r.finish()?;
     let layer = Layer {
         attention: Attention {
             fused_qkv: true,
@@ -723,27 +727,28 @@ fn gpt2(r: &mut Reader) -> Result<Architecture, ConfigError> {
 /// residual adds without a final one (opt-350m); `project_in` / `project_out` when
 /// `word_embed_proj_dim` differs from `hidden_size`; the head tied to the token embeddings.
 fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
-    let (hidden, layers, heads, head_dim) = encoder_shape(r)?;
-    let ffn = r.req(&["ffn_dim"], 1, 1 << 22)?;
-    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
-    let max_positions = r.opt(&["max_position_embeddings"], 2048, 1, MAX_VOCAB)?;
-    let proj = r.opt(&["word_embed_proj_dim"], hidden, 1, MAX_DIM)?;
-    let pre_norm = r.bool("do_layer_norm_before", true)?;
-    let remove_final_norm = r.bool("_remove_final_layer_norm", false)?;
-    let bias = r.bool("enable_bias", true)?;
-    if !r.bool("layer_norm_elementwise_affine", true)? {
-        return Err(ConfigError::InvalidField {
-            field: "layer_norm_elementwise_affine".into(),
-            reason: "LayerNorms without weights are not modelled".into(),
-        });
+    let (hidden, layers, heads, head_dim) = encoder_shape(r);
+    let ffn = r.req(&["ffn_dim"], 1, 1 << 22);
+    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB);
+    let max_positions = r.opt(&["max_position_embeddings"], 2048, 1, MAX_VOCAB);
+    let proj = r.opt(&["word_embed_proj_dim"], hidden, 1, MAX_DIM);
+    let pre_norm = r.bool("do_layer_norm_before", true);
+    let remove_final_norm = r.bool("_remove_final_layer_norm", false);
+    let bias = r.bool("enable_bias", true);
+    if !r.bool("layer_norm_elementwise_affine", true) {
+        r.invalid(
+            "layer_norm_elementwise_affine",
+            "LayerNorms without weights are not modelled".into(),
+        );
     }
-    let tied = r.bool("tie_word_embeddings", true)?;
-    let dropout = r.prob(&["dropout"], 0.1)?;
-    let attn_dropout = r.prob(&["attention_dropout"], 0.0)?;
-    let act = match r.string("activation_function")? {
+    let tied = r.bool("tie_word_embeddings", true);
+    let dropout = r.prob(&["dropout"], 0.1);
+    let attn_dropout = r.prob(&["attention_dropout"], 0.0);
+    let act = match r.string("activation_function") {
         None | Some("relu") => Activation::Relu,
         Some(_) => Activation::Kernel,
     };
+    r.finish()?;
     let layer = Layer {
         attention: Attention {
             qkv_bias: bias,
@@ -798,9 +803,9 @@ fn opt(r: &mut Reader) -> Result<Architecture, ConfigError> {
 
 /// Width, layers, heads and head width of a model with one key/value head per query head
 /// (the BERT family, ViT, OPT).
-fn encoder_shape(r: &mut Reader) -> Result<(u64, u64, u64, u64), ConfigError> {
-    let hidden = r.req(&["hidden_size"], 1, MAX_DIM)?;
-    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS)?;
+fn encoder_shape(r: &mut Reader) -> (u64, u64, u64, u64) {
+    let hidden = r.req(&["hidden_size"], 1, MAX_DIM);
+    let layers = r.req(&["num_hidden_layers"], 1, MAX_LAYERS);
     let (heads, _, head_dim) = heads(
         r,
         hidden,
@@ -808,38 +813,40 @@ fn encoder_shape(r: &mut Reader) -> Result<(u64, u64, u64, u64), ConfigError> {
         &["num_attention_heads"],
         false,
         None,
-    )?;
-    Ok((hidden, layers, heads, head_dim))
+    );
+    (hidden, layers, heads, head_dim)
 }
 
 /// BERT, RoBERTa and XLM-RoBERTa as masked-LM encoders.
 fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigError> {
     let roberta = family != ModelFamily::Bert;
-    let (hidden, layers, heads, head_dim) = encoder_shape(r)?;
-    let intermediate = r.req(&["intermediate_size"], 1, 1 << 22)?;
-    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB)?;
+    let (hidden, layers, heads, head_dim) = encoder_shape(r);
+    let intermediate = r.req(&["intermediate_size"], 1, 1 << 22);
+    let vocab = r.req(&["vocab_size"], 1, MAX_VOCAB);
     let positions = r.opt(
         &["max_position_embeddings"],
         if roberta { 514 } else { 512 },
         1,
         MAX_VOCAB,
-    )?;
+    );
     // RoBERTa numbers positions from padding_idx + 1, so two rows are never used by text
     let pad = if roberta {
-        r.opt(&["pad_token_id"], 1, 0, MAX_VOCAB)? + 1
+        r.opt(&["pad_token_id"], 1, 0, MAX_VOCAB) + 1
     } else {
         0
     };
     if positions <= pad {
-        return Err(ConfigError::InvalidField {
-            field: "max_position_embeddings".into(),
-            reason: format!("{positions} leaves no position after the padding offset {pad}"),
-        });
+        r.invalid(
+            "max_position_embeddings",
+            format!("{positions} leaves no position after the padding offset {pad}"),
+        );
     }
-    let token_types = r.opt(&["type_vocab_size"], 2, 0, MAX_VOCAB)?;
-    let tied = r.bool("tie_word_embeddings", true)?;
-    let attn_dropout = r.prob(&["attention_probs_dropout_prob"], 0.1)?;
-    let hidden_dropout = r.prob(&["hidden_dropout_prob"], 0.1)?;
+    let token_types = r.opt(&["type_vocab_size"], 2, 0, MAX_VOCAB);
+    let tied = r.bool("tie_word_embeddings", true);
+    let attn_dropout = r.prob(&["attention_probs_dropout_prob"], 0.1);
+    let hidden_dropout = r.prob(&["hidden_dropout_prob"], 0.1);
+    // (before `positions - pad`)
+    r.finish()?;
     let layer = Layer {
         attention: Attention {
             fused_qkv: false,
@@ -880,17 +887,18 @@ fn encoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
 }
 
 fn vit(r: &mut Reader) -> Result<Architecture, ConfigError> {
-    let (hidden, layers, heads, head_dim) = encoder_shape(r)?;
-    let intermediate = r.opt(&["intermediate_size", "mlp_dim"], 4 * hidden, 1, 1 << 22)?;
-    let classes = r.opt(&["num_labels", "num_classes"], 1000, 1, MAX_VOCAB)?;
-    let image = r.opt(&["image_size"], 224, 1, 1 << 16)?;
-    let patch = r.opt(&["patch_size"], 16, 1, image)?;
-    if image % patch != 0 {
-        return Err(ConfigError::InvalidField {
-            field: "image_size".into(),
-            reason: format!("{image} is not a multiple of patch_size {patch}"),
-        });
+    let (hidden, layers, heads, head_dim) = encoder_shape(r);
+    let intermediate = r.opt(&["intermediate_size", "mlp_dim"], 4 * hidden, 1, 1 << 22);
+    let classes = r.opt(&["num_labels", "num_classes"], 1000, 1, MAX_VOCAB);
+    let image = r.opt(&["image_size"], 224, 1, 1 << 16);
+    let patch = r.opt(&["patch_size"], 16, 1, image);
+    if !image.is_multiple_of(patch) {
+        r.invalid(
+            "image_size",
+            format!("{image} is not a multiple of patch_size {patch}"),
+        );
     }
+    r.finish()?;
     let layer = Layer {
         attention: Attention {
             fused_qkv: true,

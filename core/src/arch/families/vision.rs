@@ -3,7 +3,7 @@
 //! text readers above, their vision side into `vision.rs`'s data (the `vision` feature).
 
 use super::super::vision::{Processor, Tower, VisionLm, VlmKind, MAX_IMAGE_SIDE};
-use super::{check_range, decoder, Architecture, ConfigError, Map, ModelFamily, Reader, Value};
+use super::{decoder, Architecture, ConfigError, Map, ModelFamily, Reader, Value};
 use super::{MAX_DIM, MAX_LAYERS};
 
 /// Shown for every vision-language config.
@@ -35,7 +35,9 @@ pub(super) fn vision_language_model(
 ) -> Result<Architecture, ConfigError> {
     let mut outer = Reader::new(m);
     outer.record("model_type", model_type.into());
-    let text = match outer.object("text_config")? {
+    let text = outer.object("text_config");
+    outer.finish()?;
+    let text = match text {
         Some(t) => t.clone(),
         None if kind == VlmKind::Qwen25Vl => {
             let mut t = m.clone();
@@ -135,9 +137,16 @@ pub(super) fn vision_language_model(
     Ok(arch)
 }
 
+/// `a x b`, saturating: one copy of the 128-bit multiply that checks it (`__multi3` in
+/// WebAssembly) instead of one at each tensor.
+#[inline(never)]
+fn mul(a: u64, b: u64) -> u64 {
+    a.saturating_mul(b)
+}
+
 #[inline(never)]
 fn linear(v: &mut Vec<u64>, n_in: u64, n_out: u64, bias: bool) {
-    v.push(n_in.saturating_mul(n_out));
+    v.push(mul(n_in, n_out));
     if bias {
         v.push(n_out);
     }
@@ -161,37 +170,55 @@ fn encoder_layer(v: &mut Vec<u64>, c: u64, i: u64, bias: bool) {
     linear(v, i, c, true);
 }
 
-fn req(r: &mut Reader, name: &str, default: Option<u64>, hi: u64) -> Result<u64, ConfigError> {
-    match default {
-        Some(d) => r.opt(&[name], d, 1, hi),
-        None => r.req(&[name], 1, hi),
-    }
-}
+/// The tower fields of Qwen2.5-VL's and Qwen3-VL's `vision_config`, read in this order: width,
+/// MLP width, heads, blocks, patch side.
+const QWEN_TOWER: [&str; 5] = [
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "depth",
+    "patch_size",
+];
+/// SigLIP's and CLIP's (Gemma 3, Idefics3, LLaVA).
+const SIGLIP_TOWER: [&str; 5] = [
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "patch_size",
+];
+/// Mllama's.
+const MLLAMA_TOWER: [&str; 5] = [
+    "hidden_size",
+    "intermediate_size",
+    "attention_heads",
+    "num_hidden_layers",
+    "patch_size",
+];
 
-/// `vision_config`'s tower fields, with the config class's defaults where given.
-fn tower(
-    r: &mut Reader,
-    names: (&str, &str, &str, &str),
-    defaults: [Option<u64>; 5],
-) -> Result<Tower, ConfigError> {
-    let hidden = req(r, "hidden_size", defaults[0], MAX_DIM)?;
-    let inner = req(r, names.0, defaults[1], MAX_DIM)?;
-    let heads = req(r, names.1, defaults[2], MAX_DIM)?;
-    let layers = req(r, names.2, defaults[3], MAX_LAYERS)?;
-    let patch = req(r, names.3, defaults[4], 4096)?;
-    if !hidden.is_multiple_of(heads) {
-        return Err(ConfigError::InvalidField {
-            field: "vision_config.hidden_size".into(),
-            reason: format!("{hidden} is not divisible by {heads} heads"),
-        });
+/// `vision_config`'s tower fields `names` (in [`QWEN_TOWER`]'s order), each defaulting to the
+/// config class's value in `defaults` (errors kept in `r`). A loop over tables: each field
+/// read at its own call site cost its arguments' code.
+fn tower(r: &mut Reader, names: &[&str; 5], defaults: &[u64; 5]) -> Tower {
+    const HI: [u64; 5] = [MAX_DIM, MAX_DIM, MAX_DIM, MAX_LAYERS, 4096];
+    let mut v = [0; 5];
+    for i in 0..5 {
+        v[i] = r.opt(&[names[i]], defaults[i], 1, HI[i]);
     }
-    Ok(Tower {
+    let [hidden, inner, heads, layers, patch] = v;
+    if !hidden.is_multiple_of(heads) {
+        r.invalid(
+            "vision_config.hidden_size",
+            format!("{hidden} is not divisible by {heads} heads"),
+        );
+    }
+    Tower {
         hidden,
         inner,
         heads,
         layers,
         patch,
-    })
+    }
 }
 
 /// A `{"longest_edge": n}`-style size, or a plain number, from the preprocessor block.
@@ -200,13 +227,6 @@ fn edge(o: Option<&Value>, key: &str) -> Option<u64> {
         Some(Value::Object(m)) => m.get(key).and_then(Value::as_u64),
         Some(v) => v.as_u64(),
         None => None,
-    }
-}
-
-fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::InvalidField {
-        field: field.into(),
-        reason: reason.into(),
     }
 }
 
@@ -221,10 +241,12 @@ fn read_vision(
     lm_vocab: u64,
     cross_layers: u64,
 ) -> Result<VisionLm, ConfigError> {
-    let vc = outer
-        .object("vision_config")?
-        .ok_or_else(|| ConfigError::MissingField("vision_config".into()))?;
-    let pre = outer.object("preprocessor_config")?;
+    // The readers of the vision_config (`r`) and of the preprocessor block (`pr`) hand their
+    // first error on to the reader that reads next (`adopt`), and `outer` reports it at the
+    // end: one exit for all of them. (A bad preprocessor block's error, kept in `outer`, comes
+    // before all of theirs.)
+    let vc = outer.required_object("vision_config")?;
+    let pre = outer.object("preprocessor_config");
     let empty = Map::new();
     let pre_map = pre.unwrap_or(&empty);
     let mut r = Reader::new(vc);
@@ -232,60 +254,36 @@ fn read_vision(
     let mut tower_params = Vec::new();
     let mut projector_params = Vec::new();
     let mut lm_extra_params = Vec::new();
-    let mut out = VisionLm {
-        kind,
-        tower: Tower {
-            hidden: 1,
-            inner: 1,
-            heads: 1,
-            layers: 1,
-            patch: 1,
-        },
-        processor: Processor::Fixed {
-            side: 1,
-            patch: 1,
-            tokens: 1,
-            markup: 0,
-            class_token: false,
-        },
-        lm_hidden,
-        tower_params: Vec::new(),
-        projector_params: Vec::new(),
-        lm_extra_params: Vec::new(),
-        full_blocks: 0,
-        window_units: 0,
-        deepstack: 0,
-        scale: 1,
-        global_layers: 0,
-        cross_layers,
-        vision_output: 0,
-        lm_heads,
-        unused_layers: 0,
-        gradless_tail: 0,
-        class_feature: false,
-    };
-    match kind {
+    let mut keep_pre = true;
+    // what the branches set, the rest of the VisionLm built at the end (a placeholder
+    // processor replaced in place cost a drop at each)
+    let (mut full_blocks, mut window_units, mut deepstack, mut scale) = (0, 0, 0, 1);
+    let (mut global_layers, mut vision_output, mut unused_layers) = (0, 0, 0);
+    let mut gradless_tail = 0;
+    let mut class_feature = false;
+    let processor;
+    let tower = match kind {
         VlmKind::Qwen25Vl | VlmKind::Qwen3Vl => {
             let q3 = kind == VlmKind::Qwen3Vl;
             let t = tower(
                 &mut r,
-                ("intermediate_size", "num_heads", "depth", "patch_size"),
+                &QWEN_TOWER,
                 if q3 {
-                    [Some(1152), Some(4304), Some(16), Some(27), Some(16)]
+                    &[1152, 4304, 16, 27, 16]
                 } else {
-                    [Some(1280), Some(3420), Some(16), Some(32), Some(14)]
+                    &[1280, 3420, 16, 32, 14]
                 },
-            )?;
-            let temporal = r.opt(&["temporal_patch_size"], 2, 1, 16)?;
-            let merge = r.opt(&["spatial_merge_size"], 2, 1, 16)?;
-            let out_hidden = r.opt(&["out_hidden_size"], lm_hidden, 1, MAX_DIM)?;
+            );
+            let temporal = r.opt(&["temporal_patch_size"], 2, 1, 16);
+            let merge = r.opt(&["spatial_merge_size"], 2, 1, 16);
+            let out_hidden = r.opt(&["out_hidden_size"], lm_hidden, 1, MAX_DIM);
             let (c, i) = (t.hidden, t.inner);
             let kernel = 3 * temporal * t.patch * t.patch;
-            let mc = c.saturating_mul(merge * merge);
+            let mc = mul(c, merge * merge);
             if q3 {
                 linear(&mut tower_params, kernel, c, true);
-                let positions = r.opt(&["num_position_embeddings"], 2304, 1, 1 << 24)?;
-                tower_params.push(positions.saturating_mul(c));
+                let positions = r.opt(&["num_position_embeddings"], 2304, 1, 1 << 24);
+                tower_params.push(mul(positions, c));
                 for _ in 0..t.layers {
                     layer_norm(&mut tower_params, c);
                     layer_norm(&mut tower_params, c);
@@ -294,16 +292,13 @@ fn read_vision(
                     linear(&mut tower_params, c, i, true);
                     linear(&mut tower_params, i, c, true);
                 }
-                let deep = match r.array("deepstack_visual_indexes")? {
+                let deep = match r.array("deepstack_visual_indexes") {
                     Some(a) => {
-                        for v in a {
-                            let ok = v.as_u64().is_some_and(|x| x < t.layers);
-                            if !ok {
-                                return Err(invalid(
-                                    "vision_config.deepstack_visual_indexes",
-                                    "expected block indexes below the depth",
-                                ));
-                            }
+                        if !a.iter().all(|v| v.as_u64().is_some_and(|x| x < t.layers)) {
+                            r.invalid(
+                                "vision_config.deepstack_visual_indexes",
+                                "expected block indexes below the depth".into(),
+                            );
                         }
                         a.len() as u64
                     }
@@ -316,7 +311,7 @@ fn read_vision(
                     linear(&mut projector_params, mc, mc, true);
                     linear(&mut projector_params, mc, out_hidden, true);
                 }
-                out.deepstack = deep;
+                deepstack = deep;
             } else {
                 linear(&mut tower_params, kernel, c, false);
                 for _ in 0..t.layers {
@@ -331,17 +326,18 @@ fn read_vision(
                 projector_params.push(c);
                 linear(&mut projector_params, mc, mc, true);
                 linear(&mut projector_params, mc, out_hidden, true);
-                let full = match r.array("fullatt_block_indexes")? {
+                let full = match r.array("fullatt_block_indexes") {
                     Some(a) => a
                         .iter()
                         .filter(|v| v.as_u64().is_some_and(|x| x < t.layers))
                         .count() as u64,
                     None => t.layers,
                 };
-                out.full_blocks = full;
-                let window = r.opt(&["window_size"], 112, 1, 1 << 16)?;
-                out.window_units = (window / merge / t.patch).max(1);
+                full_blocks = full;
+                let window = r.opt(&["window_size"], 112, 1, 1 << 16);
+                window_units = (window / merge / t.patch).max(1);
             }
+            pr.adopt(&mut r);
             // the checkpoint's preprocessor (the class defaults differ: VLM.md)
             let (min_default, max_default) = if q3 {
                 (65_536, 16_777_216)
@@ -355,51 +351,41 @@ fn read_vision(
             let max_pixels = edge(pre_map.get("max_pixels"), "")
                 .or_else(|| edge(size, "longest_edge"))
                 .unwrap_or(max_default);
-            let min_pixels = check_range("preprocessor_config.min_pixels", min_pixels, 1, 1 << 40)?;
-            let max_pixels = check_range(
+            let min_pixels = pr.range("preprocessor_config.min_pixels", min_pixels, 1, 1 << 40);
+            let max_pixels = pr.range(
                 "preprocessor_config.max_pixels",
                 max_pixels,
                 min_pixels,
                 1 << 40,
-            )?;
-            let patch = pr.opt(&["patch_size"], t.patch, 1, 4096)?;
-            let merge_p = pr.opt(&["merge_size"], merge, 1, 16)?;
-            let temporal_p = pr.opt(&["temporal_patch_size"], temporal, 1, 16)?;
+            );
+            let patch = pr.opt(&["patch_size"], t.patch, 1, 4096);
+            let merge_p = pr.opt(&["merge_size"], merge, 1, 16);
+            let temporal_p = pr.opt(&["temporal_patch_size"], temporal, 1, 16);
             pr.record("min_pixels", Value::from(min_pixels));
             pr.record("max_pixels", Value::from(max_pixels));
-            out.processor = Processor::Qwen {
+            processor = Processor::Qwen {
                 patch,
                 merge: merge_p,
                 temporal: temporal_p,
                 min_pixels,
                 max_pixels,
             };
-            out.scale = merge;
-            out.tower = t;
+            scale = merge;
+            t
         }
         VlmKind::Gemma3 | VlmKind::Idefics3 | VlmKind::LlavaNext => {
             let clip = kind == VlmKind::LlavaNext
-                && r.string("model_type")?.unwrap_or("clip_vision_model") == "clip_vision_model";
+                && r.string("model_type").unwrap_or("clip_vision_model") == "clip_vision_model";
             let t = tower(
                 &mut r,
-                (
-                    "intermediate_size",
-                    "num_attention_heads",
-                    "num_hidden_layers",
-                    "patch_size",
-                ),
+                &SIGLIP_TOWER,
                 match kind {
-                    VlmKind::Gemma3 => [Some(1152), Some(4304), Some(16), Some(27), Some(14)],
-                    VlmKind::Idefics3 => [Some(1152), Some(3072), Some(16), Some(12), Some(32)],
-                    _ => [
-                        Some(768),
-                        Some(3072),
-                        Some(12),
-                        Some(12),
-                        Some(if clip { 32 } else { 16 }),
-                    ],
+                    VlmKind::Gemma3 => &[1152, 4304, 16, 27, 14],
+                    VlmKind::Idefics3 => &[1152, 3072, 16, 12, 32],
+                    _ if clip => &[768, 3072, 12, 12, 32],
+                    _ => &[768, 3072, 12, 12, 16],
                 },
-            )?;
+            );
             let image = r.opt(
                 &["image_size"],
                 match kind {
@@ -409,13 +395,15 @@ fn read_vision(
                 },
                 1,
                 MAX_IMAGE_SIDE,
-            )?;
+            );
             if image < t.patch {
-                return Err(invalid(
+                r.invalid(
                     "vision_config.image_size",
-                    "smaller than the patch size",
-                ));
+                    "smaller than the patch size".into(),
+                );
             }
+            // the vision_config's fields all read: the wrapper's follow
+            outer.adopt(&mut r);
             let (c, i) = (t.hidden, t.inner);
             let grid = image / t.patch;
             let positions = grid * grid + u64::from(clip);
@@ -423,7 +411,7 @@ fn read_vision(
                 tower_params.push(c); // class embedding
             }
             linear(&mut tower_params, 3 * t.patch * t.patch, c, !clip);
-            tower_params.push(positions.saturating_mul(c));
+            tower_params.push(mul(positions, c));
             if clip {
                 layer_norm(&mut tower_params, c); // pre_layrnorm
             }
@@ -434,13 +422,13 @@ fn read_vision(
             match kind {
                 VlmKind::Gemma3 => {
                     // mm_input_projection_weight, mm_soft_emb_norm
-                    projector_params.push(c.saturating_mul(lm_hidden));
+                    projector_params.push(mul(c, lm_hidden));
                     projector_params.push(c);
-                    let tokens = outer.opt(&["mm_tokens_per_image"], 256, 1, 1 << 20)?;
+                    let tokens = outer.opt(&["mm_tokens_per_image"], 256, 1, 1 << 20);
                     let side = edge(pre_map.get("size"), "height").unwrap_or(image);
                     let side =
-                        check_range("preprocessor_config.size", side, t.patch, MAX_IMAGE_SIDE)?;
-                    out.processor = Processor::Fixed {
+                        outer.range("preprocessor_config.size", side, t.patch, MAX_IMAGE_SIDE);
+                    processor = Processor::Fixed {
                         side,
                         patch: t.patch,
                         tokens,
@@ -450,151 +438,140 @@ fn read_vision(
                     };
                 }
                 VlmKind::Idefics3 => {
-                    let scale = outer.opt(&["scale_factor"], 2, 1, 64)?;
+                    scale = outer.opt(&["scale_factor"], 2, 1, 64);
                     linear(
                         &mut projector_params,
-                        c.saturating_mul(scale * scale),
+                        mul(c, scale * scale),
                         lm_hidden,
                         false,
                     );
                     let tile = edge(pre_map.get("max_image_size"), "longest_edge")
                         .or_else(|| edge(vc.get("max_image_size"), "longest_edge"))
                         .unwrap_or(image);
-                    let tile = check_range(
+                    let tile = outer.range(
                         "preprocessor_config.max_image_size",
                         tile,
                         t.patch,
                         MAX_IMAGE_SIDE,
-                    )?;
+                    );
                     let longest = edge(pre_map.get("size"), "longest_edge")
                         .or_else(|| edge(vc.get("size"), "longest_edge"))
                         .unwrap_or(4 * 364);
-                    let longest = check_range("preprocessor_config.size", longest, 1, 1 << 16)?;
+                    let longest = outer.range("preprocessor_config.size", longest, 1, 1 << 16);
                     let per_tile = (tile / t.patch) * (tile / t.patch);
                     let tile_tokens = (per_tile / (scale * scale)).max(1);
-                    out.processor = Processor::Split {
+                    processor = Processor::Split {
                         longest_edge: longest,
                         tile,
                         patch: t.patch,
                         tile_tokens,
                     };
-                    out.scale = scale;
                 }
                 _ => {
                     // hidden_states[vision_feature_layer]: the layers after it and the
                     // post-LayerNorm feed nothing
-                    let unused = match outer_i64(outer, "vision_feature_layer")? {
+                    let unused = match outer_i64(outer, "vision_feature_layer") {
                         Some(k) if k < 0 => (k.unsigned_abs() - 1).min(t.layers),
                         Some(k) => t.layers.saturating_sub(k.unsigned_abs()),
                         None => 1,
                     };
-                    out.unused_layers = unused;
-                    out.gradless_tail = usize::try_from(unused).unwrap_or(0) * 16 + 2;
+                    unused_layers = unused;
+                    gradless_tail = usize::try_from(unused).unwrap_or(0) * 16 + 2;
                     linear(&mut projector_params, c, lm_hidden, true);
                     linear(&mut projector_params, lm_hidden, lm_hidden, true);
                     // "default" drops the class token's feature, "full" keeps it
-                    let full = match outer.string("vision_feature_select_strategy")? {
+                    let full = match outer.string("vision_feature_select_strategy") {
                         None | Some("default") => false,
                         Some("full") => true,
                         Some(_) => {
-                            return Err(invalid(
+                            outer.invalid(
                                 "vision_feature_select_strategy",
-                                "expected \"default\" or \"full\"",
-                            ))
+                                "expected \"default\" or \"full\"".into(),
+                            );
+                            false
                         }
                     };
-                    out.class_feature = full;
+                    class_feature = full;
                     let grid = image / t.patch;
                     let tokens = grid * grid + u64::from(full);
                     // LLaVA 1.5: one image of the tower's size, its features as they are
                     let next =
                         outer.used.get("model_type").and_then(Value::as_str) != Some("llava");
                     if !next {
-                        out.processor = Processor::Fixed {
+                        processor = Processor::Fixed {
                             side: image,
                             patch: t.patch,
                             tokens,
                             markup: 0,
                             class_token: clip,
                         };
-                        out.tower = t;
-                        out.tower_params = tower_params;
-                        out.projector_params = projector_params;
-                        outer.record("vision_config", Value::Object(r.used));
-                        return Ok(out);
-                    }
-                    // LLaVA-NeXT's newline feature after each row of tiles
-                    projector_params.push(lm_hidden);
-                    // [height, width] pairs, each a multiple of the tower's side
-                    let pair = |p: &Value| match p {
-                        Value::Array(a) => match a.as_slice() {
-                            [h, w] => h.as_u64().zip(w.as_u64()).filter(|&(h, w)| {
-                                (1..=MAX_IMAGE_SIDE).contains(&h)
-                                    && (1..=MAX_IMAGE_SIDE).contains(&w)
-                                    && h.is_multiple_of(image)
-                                    && w.is_multiple_of(image)
-                            }),
+                        // (its compact form keeps no preprocessor block)
+                        keep_pre = false;
+                    } else {
+                        // LLaVA-NeXT's newline feature after each row of tiles
+                        projector_params.push(lm_hidden);
+                        // [height, width] pairs, each a multiple of the tower's side
+                        let pair = |p: &Value| match p {
+                            Value::Array(a) => match a.as_slice() {
+                                [h, w] => h.as_u64().zip(w.as_u64()).filter(|&(h, w)| {
+                                    (1..=MAX_IMAGE_SIDE).contains(&h)
+                                        && (1..=MAX_IMAGE_SIDE).contains(&w)
+                                        && h.is_multiple_of(image)
+                                        && w.is_multiple_of(image)
+                                }),
+                                _ => None,
+                            },
                             _ => None,
-                        },
-                        _ => None,
-                    };
-                    let pins = match outer.array("image_grid_pinpoints")? {
-                        Some(a) => a.iter().map(pair).collect::<Option<Vec<_>>>().ok_or_else(|| {
-                            invalid(
+                        };
+                        let pins = match outer.array("image_grid_pinpoints") {
+                        Some(a) => a.iter().map(pair).collect::<Option<Vec<_>>>().unwrap_or_else(|| {
+                            outer.invalid(
                                 "image_grid_pinpoints",
-                                "expected [height, width] pairs of multiples of the tower's image size",
-                            )
-                        })?,
+                                "expected [height, width] pairs of multiples of the tower's image size".into(),
+                            );
+                            Vec::new()
+                        }),
                         None => vec![(image, 2 * image), (2 * image, image), (2 * image, 2 * image)],
                     };
-                    if pins.is_empty() || pins.len() > 64 {
-                        return Err(invalid(
-                            "image_grid_pinpoints",
-                            "expected 1 to 64 resolutions",
-                        ));
+                        if pins.is_empty() || pins.len() > 64 {
+                            outer.invalid(
+                                "image_grid_pinpoints",
+                                "expected 1 to 64 resolutions".into(),
+                            );
+                        }
+                        processor = Processor::AnyRes {
+                            crop: image,
+                            patch: t.patch,
+                            pinpoints: pins,
+                            full,
+                        };
                     }
-                    out.processor = Processor::AnyRes {
-                        crop: image,
-                        patch: t.patch,
-                        pinpoints: pins,
-                        full,
-                    };
                 }
             }
-            out.tower = t;
+            t
         }
         VlmKind::Mllama => {
-            let t = tower(
-                &mut r,
-                (
-                    "intermediate_size",
-                    "attention_heads",
-                    "num_hidden_layers",
-                    "patch_size",
-                ),
-                [Some(1280), Some(5120), Some(16), Some(32), Some(14)],
-            )?;
-            let global = r.opt(&["num_global_layers"], 8, 0, MAX_LAYERS)?;
-            let image = r.opt(&["image_size"], 560, t.patch, MAX_IMAGE_SIDE)?;
-            let max_tiles = r.opt(&["max_num_tiles"], 4, 1, 16)?;
-            let ratios = match r.array("supported_aspect_ratios")? {
+            let t = tower(&mut r, &MLLAMA_TOWER, &[1280, 5120, 16, 32, 14]);
+            let global = r.opt(&["num_global_layers"], 8, 0, MAX_LAYERS);
+            let image = r.opt(&["image_size"], 560, t.patch, MAX_IMAGE_SIDE);
+            let max_tiles = r.opt(&["max_num_tiles"], 4, 1, 16);
+            let ratios = match r.array("supported_aspect_ratios") {
                 Some(a) => a.len() as u64,
                 None => 8,
             };
-            let vision_output = r.opt(&["vision_output_dim"], 7680, 1, MAX_DIM)?;
+            let output = r.opt(&["vision_output_dim"], 7680, 1, MAX_DIM);
+            pr.adopt(&mut r);
             let (c, i) = (t.hidden, t.inner);
             let per_tile = (image / t.patch) * (image / t.patch) + 1;
             linear(&mut tower_params, 3 * t.patch * t.patch, c, false);
             tower_params.push(c); // class embedding
                                   // gated positional embedding: gate, embedding, tile embedding
             tower_params.push(1);
-            tower_params.push(per_tile.saturating_mul(c));
-            tower_params.push(
-                (ratios + 1).saturating_mul(max_tiles.saturating_mul(per_tile).saturating_mul(c)),
-            );
+            tower_params.push(mul(per_tile, c));
+            tower_params.push(mul(ratios + 1, mul(mul(max_tiles, per_tile), c)));
             // pre- and post-tile positional embeddings: embedding and gate each
             for _ in 0..2 {
-                tower_params.push((ratios + 1).saturating_mul(max_tiles * c));
+                tower_params.push(mul(ratios + 1, max_tiles * c));
                 tower_params.push(1);
             }
             layer_norm(&mut tower_params, c);
@@ -606,32 +583,31 @@ fn read_vision(
                     tower_params.push(1);
                 }
             }
-            linear(&mut projector_params, vision_output, lm_hidden, true);
+            linear(&mut projector_params, output, lm_hidden, true);
             // the language model's cross-attention layers: q/k norms over the head width
             // and two tanh gates each; 8 more embedding rows than the head's vocabulary
             for _ in 0..cross_layers {
                 lm_extra_params.extend([lm_heads.2, lm_heads.2, 1, 1]);
             }
-            lm_extra_params.push(lm_hidden.saturating_mul(8));
+            lm_extra_params.push(mul(lm_hidden, 8));
             let tile = edge(pre_map.get("size"), "height").unwrap_or(image);
-            let tile = check_range("preprocessor_config.size", tile, t.patch, MAX_IMAGE_SIDE)?;
-            let tiles = pr.opt(&["max_image_tiles"], max_tiles, 1, 16)?;
-            out.processor = Processor::Tiles {
+            let tile = pr.range("preprocessor_config.size", tile, t.patch, MAX_IMAGE_SIDE);
+            let tiles = pr.opt(&["max_image_tiles"], max_tiles, 1, 16);
+            processor = Processor::Tiles {
                 tile,
                 patch: t.patch,
                 max_tiles: tiles,
             };
-            out.global_layers = global;
-            out.vision_output = vision_output;
-            out.tower = t;
+            global_layers = global;
+            vision_output = output;
             let _ = lm_vocab;
+            t
         }
-    }
-    out.tower_params = tower_params;
-    out.projector_params = projector_params;
-    out.lm_extra_params = lm_extra_params;
+    };
+    outer.adopt(&mut pr);
+    outer.finish()?;
     outer.record("vision_config", Value::Object(r.used));
-    if let Some(p) = pre {
+    if let Some(p) = pre.filter(|_| keep_pre) {
         // keep what decides the token arithmetic, so that the compact form reads back alike
         let mut kept = pr.used;
         for key in [
@@ -648,17 +624,39 @@ fn read_vision(
         }
         outer.record("preprocessor_config", Value::Object(kept));
     }
-    Ok(out)
+    Ok(VisionLm {
+        kind,
+        tower,
+        processor,
+        lm_hidden,
+        tower_params,
+        projector_params,
+        lm_extra_params,
+        full_blocks,
+        window_units,
+        deepstack,
+        scale,
+        global_layers,
+        cross_layers,
+        vision_output,
+        lm_heads,
+        unused_layers,
+        gradless_tail,
+        class_feature,
+    })
 }
 
 /// A signed integer field of the wrapper config (`vision_feature_layer`); a list of layers
-/// counts as none unused.
-fn outer_i64(outer: &mut Reader, name: &str) -> Result<Option<i64>, ConfigError> {
+/// counts as none unused (`None`, the error kept, if invalid).
+fn outer_i64(outer: &mut Reader, name: &str) -> Option<i64> {
     match outer.raw(name) {
-        None | Some(Value::Array(_)) => Ok(None),
+        None | Some(Value::Array(_)) => None,
         Some(v) => match v.as_f64() {
-            Some(x) if x.fract() == 0.0 && x.abs() < 1e6 => Ok(Some(x as i64)),
-            _ => Err(invalid(name, "expected a layer index")),
+            Some(x) if x.fract() == 0.0 && x.abs() < 1e6 => Some(x as i64),
+            _ => {
+                outer.invalid(name, "expected a layer index".into());
+                None
+            }
         },
     }
 }
