@@ -224,9 +224,14 @@ fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>>
             .collect();
     }
     // the family's rule, as one loop: layer i slides from layer `from` on, except every
-    // `every`-th (each rule a loop of its own cost its code)
+    // `every`-th (each rule a loop of its own cost its code). None left out is
+    // `every = u64::MAX`, not 0 behind a guard: wasm-opt's --ignore-implicit-traps may
+    // compute the remainder ahead of its guard, and a remainder by zero traps.
+    const NONE_LEFT_OUT: u64 = u64::MAX;
     let (w, from, every) = match family {
-        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => (window(r, 0), 0, 0),
+        ModelFamily::Mistral | ModelFamily::Phi3 | ModelFamily::Mixtral => {
+            (window(r, 0), 0, NONE_LEFT_OUT)
+        }
         ModelFamily::Qwen2
         | ModelFamily::Qwen3
         | ModelFamily::SmolLm3
@@ -235,7 +240,11 @@ fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>>
             if r.bool("use_sliding_window", false) =>
         {
             let w = window(r, 0);
-            (w, r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS), 0)
+            (
+                w,
+                r.opt(&["max_window_layers"], layers, 0, MAX_LAYERS),
+                NONE_LEFT_OUT,
+            )
         }
         // every odd layer (1-based)
         ModelFamily::Gemma2 => (window(r, 4096), 0, 2),
@@ -243,11 +252,11 @@ fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>>
             let w = window(r, 4096);
             (w, 0, r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS))
         }
-        _ => (None, 0, 0),
+        _ => (None, 0, NONE_LEFT_OUT),
     };
     (0..layers)
         .map(|i| {
-            if i >= from && (every == 0 || !(i + 1).is_multiple_of(every)) {
+            if i >= from && !(i + 1).is_multiple_of(every) {
                 w
             } else {
                 None
