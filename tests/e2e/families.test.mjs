@@ -66,7 +66,7 @@ for (const [name, nParams] of families) {
     for (const id of categories) sum += (await page.getByTestId(id).count()) ? await bytesOf(page, id) : 0n;
     assert.equal(sum, peak, name);
     if (name === 'gemma3-4b') {
-      assert.match(await page.getByTestId('model-notes').textContent(), /only the language model \(text_config\) is estimated/);
+      assert.match(await page.getByTestId('model-notes').textContent(), /without images only the language model is estimated/);
     }
     if (name === 'gemma2-2b') {
       assert.match(await page.getByTestId('model-notes').textContent(), /eager attention/);
