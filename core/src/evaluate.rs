@@ -814,7 +814,9 @@ pub(crate) fn shard_step(
             // Expert parallelism: the routed experts' share of the model state is split over
             // the expert-parallel group, then sharded (ZeRO) over the GPUs holding the same
             // experts; the rest is sharded over all the data-parallel GPUs.
-            let ep = if arch.is_moe() {
+            // (the group first: a group of one is 1 whatever the model, and `is_moe` walks
+            // the layers, on each of the advisor's thousands of steps)
+            let ep = if plan.expert_parallel > 1 && n > 1 && arch.is_moe() {
                 plan.expert_parallel.clamp(1, n)
             } else {
                 1
