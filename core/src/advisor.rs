@@ -573,6 +573,9 @@ struct Search<'a> {
     /// The whole model's steps (what sharding does not change), found through `cache`: see
     /// [`Self::step`].
     estimates: Vec<Result<Unsharded, EvaluationError>>,
+    /// [`Self::run`]'s ranked give-up combinations, made and sorted once: a search asked
+    /// again (a plan dropped by its own replay) walks the same ones.
+    combos: Vec<(RankKey, Levels)>,
 }
 
 impl<'a> Search<'a> {
@@ -804,6 +807,7 @@ impl<'a> Search<'a> {
             // than the table rebuilt at each doubling)
             cache: FxHashMap::with_capacity_and_hasher(1 << 13, Default::default()),
             estimates: Vec::new(),
+            combos: Vec::new(),
         }
     }
 
@@ -1177,17 +1181,19 @@ impl<'a> Search<'a> {
         // each combination with its window's first GPU level, ranked: the rank orders by
         // (more GPUs, give-ups) as the groups do (the tier follows the give-ups), and sorting
         // the same type as the candidates below keeps one sort in the bundle
-        let mut combos: Vec<(RankKey, Levels)> = Vec::new();
-        for combo in self.give_up_combinations() {
-            for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
-                if !gpus.is_empty() {
-                    let mut probe = combo;
-                    probe[GPUS] = gpus.start;
-                    combos.push((self.rank(&probe), probe));
+        let mut combos = std::mem::take(&mut self.combos);
+        if combos.is_empty() {
+            for combo in self.give_up_combinations() {
+                for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
+                    if !gpus.is_empty() {
+                        let mut probe = combo;
+                        probe[GPUS] = gpus.start;
+                        combos.push((self.rank(&probe), probe));
+                    }
                 }
             }
+            combos.sort_unstable();
         }
-        combos.sort_unstable();
         // the same-math settings every combination tries (one list for the whole search)
         let same_math = odometer(&[MICRO, SHARD, EP], &counts);
         let group_of = |rank: &RankKey| -> Group { (rank.more_gpus, rank.give_up) };
@@ -1256,6 +1262,7 @@ impl<'a> Search<'a> {
                 }
             }
         }
+        self.combos = combos;
         listed
     }
 
