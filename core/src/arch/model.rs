@@ -124,27 +124,28 @@ impl Attention {
     }
     pub fn linears(&self) -> Vec<Linear> {
         let (h, q, kv, b) = (self.hidden, self.q_width(), self.kv_width(), self.qkv_bias);
-        let mut v = if let Some(l) = self.latent {
-            let mut v = match l.q_rank {
-                Some(r) => vec![Linear::new(h, r, b), Linear::new(r, q, false)],
-                None => vec![Linear::new(h, q, false)],
-            };
+        // (room for the most there are, five: the output's push never grows it)
+        let mut v = Vec::with_capacity(5);
+        if let Some(l) = self.latent {
+            if let Some(r) = l.q_rank {
+                v.push(Linear::new(h, r, b));
+                v.push(Linear::new(r, q, false));
+            } else {
+                v.push(Linear::new(h, q, false));
+            }
             v.push(Linear::new(h, l.kv_rank + l.rope_dim, b));
             v.push(Linear::new(
                 l.kv_rank,
                 self.heads * (l.nope_dim + self.v_head_dim),
                 false,
             ));
-            v
         } else if self.fused_qkv {
-            vec![Linear::new(h, q + 2 * kv, b)]
+            v.push(Linear::new(h, q + 2 * kv, b));
         } else {
-            vec![
-                Linear::new(h, q, b),
-                Linear::new(h, kv, b),
-                Linear::new(h, self.kv_heads * self.v_head_dim, b),
-            ]
-        };
+            v.push(Linear::new(h, q, b));
+            v.push(Linear::new(h, kv, b));
+            v.push(Linear::new(h, self.kv_heads * self.v_head_dim, b));
+        }
         v.push(Linear::new(self.out_width(), h, self.o_bias));
         v
     }
