@@ -437,6 +437,16 @@ const MONOTONE_GIVE_UPS: [usize; 5] = [PRECISION, FORMAT, KV, OPTIMIZER, SEQ];
 /// A plan: the level of every knob (0 = as it is).
 type Levels = [u8; KNOBS];
 
+/// `l` as one integer, the key of the search's cache: hashed as two words, where the
+/// levels' 14 bytes were hashed byte slice by byte slice (a copy per word).
+fn packed(l: &Levels) -> u128 {
+    let mut bytes = [0u8; 16];
+    if let Some(head) = bytes.get_mut(..KNOBS) {
+        head.copy_from_slice(l);
+    }
+    u128::from_le_bytes(bytes)
+}
+
 /// What the search walks in order: whether more GPUs are needed, then the give-ups.
 type Group = (bool, [u8; 5]);
 
@@ -566,10 +576,11 @@ struct Search<'a> {
     /// Samples per optimizer step to keep.
     global: u64,
     options: Options,
-    /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
+    /// Peak by (levels without the micro-batch, [packed](packed), batch); `None` when it
+    /// cannot be estimated.
     /// At batch 0 (no step has one): [`Self::fewest_gpus`] of each combination asked, which
     /// shares the map (one hash table's code less in the bundle).
-    cache: FxHashMap<(Levels, u64), Option<u64>>,
+    cache: FxHashMap<(u128, u64), Option<u64>>,
     /// The whole model's steps (what sharding does not change), found through `cache`: see
     /// [`Self::step`].
     estimates: Vec<Result<Unsharded, EvaluationError>>,
@@ -918,12 +929,12 @@ impl<'a> Search<'a> {
         };
         let mut key = *l;
         key[MICRO] = 0;
-        if let Some(&peak) = self.cache.get(&(key, batch)) {
+        if let Some(&peak) = self.cache.get(&(packed(&key), batch)) {
             return peak;
         }
         let (knobs, plan) = self.config(l);
         let peak = self.step(l, knobs, &plan, batch).ok().map(|s| s.peak_bytes);
-        self.cache.insert((key, batch), peak);
+        self.cache.insert((packed(&key), batch), peak);
         peak
     }
 
@@ -957,12 +968,13 @@ impl<'a> Search<'a> {
         if self.training {
             whole_key[FORMAT] = 0;
         }
-        let at = match self.cache.get(&(whole_key, batch)) {
+        let at = match self.cache.get(&(packed(&whole_key), batch)) {
             Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
             _ => {
                 self.estimates.push(unsharded(&model, batch, &mesh));
                 let at = self.estimates.len() - 1;
-                self.cache.insert((whole_key, batch), Some(at as u64));
+                self.cache
+                    .insert((packed(&whole_key), batch), Some(at as u64));
                 at
             }
         };
@@ -1074,11 +1086,11 @@ impl<'a> Search<'a> {
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
     /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
-        if let Some(&fewest) = self.cache.get(&(*l, 0)) {
+        if let Some(&fewest) = self.cache.get(&(packed(l), 0)) {
             return fewest.map(|g| u8::try_from(g).unwrap_or(u8::MAX));
         }
         let fewest = self.find_fewest_gpus(l);
-        self.cache.insert((*l, 0), fewest.map(u64::from));
+        self.cache.insert((packed(l), 0), fewest.map(u64::from));
         fewest
     }
 
