@@ -52,7 +52,7 @@
 
 use std::fmt;
 
-use crate::evaluate::{shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
+use crate::evaluate::{shard_step, step_at, unsharded_with, Knobs, Parsed, Unsharded};
 use crate::fasthash::FxHashMap;
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
@@ -584,6 +584,9 @@ struct Search<'a> {
     /// The whole model's steps (what sharding does not change), found through `cache`: see
     /// [`Self::step`].
     estimates: Vec<Result<Unsharded, EvaluationError>>,
+    /// The model's parameter units on the mesh of the last estimate (every estimate of a
+    /// search is of one model, and its mesh does not change with the levels).
+    units: Option<(crate::Mesh, crate::ParameterUnits)>,
     /// [`Self::run`]'s ranked give-up combinations, made and sorted once: a search asked
     /// again (a plan dropped by its own replay) walks the same ones.
     combos: Vec<(RankKey, Levels)>,
@@ -818,6 +821,7 @@ impl<'a> Search<'a> {
             // than the table rebuilt at each doubling)
             cache: FxHashMap::with_capacity_and_hasher(1 << 13, Default::default()),
             estimates: Vec::new(),
+            units: None,
             combos: Vec::new(),
         }
     }
@@ -971,7 +975,12 @@ impl<'a> Search<'a> {
         let at = match self.cache.get(&(packed(&whole_key), batch)) {
             Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
             _ => {
-                self.estimates.push(unsharded(&model, batch, &mesh));
+                let units = self.units.filter(|(m, _)| *m == mesh).map(|(_, u)| u);
+                let whole = unsharded_with(&model, batch, &mesh, units);
+                if let Ok(Unsharded::Architecture(_, units)) = &whole {
+                    self.units = Some((mesh, *units));
+                }
+                self.estimates.push(whole);
                 let at = self.estimates.len() - 1;
                 self.cache
                     .insert((packed(&whole_key), batch), Some(at as u64));

@@ -681,6 +681,18 @@ pub(crate) fn unsharded(
     batch: u64,
     mesh: &crate::Mesh,
 ) -> Result<Unsharded, EvaluationError> {
+    unsharded_with(model, batch, mesh, None)
+}
+
+/// [`unsharded`], with the model's parameter units on `mesh` when they are known already
+/// (the advisor's thousands of steps share one model and one mesh: finding them walks every
+/// layer's tensors).
+pub(crate) fn unsharded_with(
+    model: &Model,
+    batch: u64,
+    mesh: &crate::Mesh,
+    units: Option<crate::ParameterUnits>,
+) -> Result<Unsharded, EvaluationError> {
     match model {
         Model::Simple(inputs) => simple_breakdown_at_batch(inputs, batch)
             .map(Unsharded::Simple)
@@ -715,7 +727,8 @@ pub(crate) fn unsharded(
                 estimate = with_weight_format(estimate, weights);
             }
             // the estimate has already refused a mesh the model does not split over
-            let units = model.arch.rank_parameter_units(mesh).unwrap_or_default();
+            let units =
+                units.unwrap_or_else(|| model.arch.rank_parameter_units(mesh).unwrap_or_default());
             Ok(Unsharded::Architecture(Box::new(estimate), units))
         }
     }
