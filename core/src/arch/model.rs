@@ -866,24 +866,26 @@ impl ModelSpec {
     /// transformers' bool masks (batch, 1, seq, seq) for SDPA, one per attention type that
     /// takes a mask (a sliding window the sequence reaches, or every type for padded or
     /// packed rows): checkpointing keeps them as layer arguments until backward.
-    pub fn sdpa_masks(&self, s: &StepShape) -> Res<u64> {
+    ///
+    /// Both read the distinct layers, `groups` ([`Self::layer_groups`]): equal layers have
+    /// equal masks, and each estimate would otherwise walk every layer for them.
+    pub fn sdpa_masks(groups: &[(&Layer, u64)], s: &StepShape) -> Res<u64> {
         let windows = distinct(
-            self.layers
+            groups
                 .iter()
-                .filter(|l| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
-                .map(|l| l.attention.window),
+                .filter(|(l, _)| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
+                .map(|(l, _)| l.attention.window),
         );
         mul(storage(mul(s.batch, mul(s.seq, s.seq)?)?, 1)?, windows)
     }
-    pub fn eager_masks(&self, s: &StepShape) -> Res<u64> {
-        if !self
-            .layers
+    pub fn eager_masks(groups: &[(&Layer, u64)], s: &StepShape) -> Res<u64> {
+        if !groups
             .iter()
-            .any(|l| l.attention.kernel(s) == Kernel::Eager)
+            .any(|(l, _)| l.attention.kernel(s) == Kernel::Eager)
         {
             return Ok(0);
         }
-        let windows = distinct(self.layers.iter().map(|l| l.attention.window));
+        let windows = distinct(groups.iter().map(|(l, _)| l.attention.window));
         mul(Attention::eager_mask(s)?, windows)
     }
     /// Element counts of the embeddings' parameter tensors (a tied head matrix among them).
@@ -1175,7 +1177,7 @@ impl ModelSpec {
                     };
                     // with a sliding-window mask, HF's bool mask lives through the forward and each
                     // layer converts it to the query's dtype
-                    let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
+                    let masks = if groups.iter().any(|(l, _)| l.attention.masked(s)) {
                         let area = mul(s.seq, s.seq)?;
                         // a padded or packed batch's bool mask is per sample; a sliding window's
                         // is broadcast over the batch
@@ -1190,12 +1192,15 @@ impl ModelSpec {
                     // eager attention gets a float mask per attention type (full, sliding)
                     // instead, alive through the layers (freed when the model's forward returns,
                     // before the head)
-                    let eager = self
-                        .layers
+                    let eager = groups
                         .iter()
-                        .any(|l| l.attention.kernel(s) == Kernel::Eager);
+                        .any(|(l, _)| l.attention.kernel(s) == Kernel::Eager);
                     let head_masks = if eager { 0 } else { masks };
-                    let masks = if eager { self.eager_masks(s)? } else { masks };
+                    let masks = if eager {
+                        Self::eager_masks(groups, s)?
+                    } else {
+                        masks
+                    };
                     // inside eager attention: the embeddings' output and the learned positions'
                     // (still referenced by the model's forward), the layer's input and, before
                     // a pre-norm attention, its normed copy, with the attention's own tensors
