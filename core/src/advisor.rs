@@ -937,7 +937,11 @@ impl<'a> Search<'a> {
             return peak;
         }
         let (knobs, plan) = self.config(l);
-        let peak = self.step(l, knobs, &plan, batch).ok().map(|s| s.peak_bytes);
+        // (the peak read in place: `ok()` first moved the whole step)
+        let peak = match self.step(l, knobs, &plan, batch) {
+            Ok(s) => Some(s.peak_bytes),
+            Err(_) => None,
+        };
         self.cache.insert((packed(&key), batch), peak);
         peak
     }
