@@ -52,7 +52,7 @@
 
 use std::fmt;
 
-use crate::evaluate::{shard_step, step_at, unsharded_with, Knobs, Parsed, Unsharded};
+use crate::evaluate::{shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
 use crate::fasthash::FxHashMap;
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
@@ -980,7 +980,7 @@ impl<'a> Search<'a> {
             Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
             _ => {
                 let units = self.units.filter(|(m, _)| *m == mesh).map(|(_, u)| u);
-                let whole = unsharded_with(&model, batch, &mesh, units);
+                let whole = unsharded(&model, batch, &mesh, units);
                 if let Ok(Unsharded::Architecture(_, units)) = &whole {
                     self.units = Some((mesh, *units));
                 }

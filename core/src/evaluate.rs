@@ -637,7 +637,7 @@ pub(crate) fn step_at(
     if stages <= 1 || !matches!(model, Model::Architecture { .. }) {
         return shard_step(
             model,
-            &unsharded(model, batch, &mesh)?,
+            &unsharded(model, batch, &mesh, None)?,
             plan,
             batch,
             true,
@@ -658,7 +658,7 @@ pub(crate) fn step_at(
         };
         let step = shard_step(
             model,
-            &unsharded(model, batch, &mesh)?,
+            &unsharded(model, batch, &mesh, None)?,
             plan,
             batch,
             true,
@@ -675,19 +675,10 @@ pub(crate) fn step_at(
 }
 
 /// One rank's step at `batch` on `mesh` (the whole model's on one GPU), before data-parallel
-/// sharding.
-pub(crate) fn unsharded(
-    model: &Model,
-    batch: u64,
-    mesh: &crate::Mesh,
-) -> Result<Unsharded, EvaluationError> {
-    unsharded_with(model, batch, mesh, None)
-}
-
-/// [`unsharded`], with the model's parameter units on `mesh` when they are known already
-/// (the advisor's thousands of steps share one model and one mesh: finding them walks every
+/// sharding. `units`: the model's parameter units on `mesh` when they are known already (the
+/// advisor's thousands of steps share one model and one mesh: finding them walks every
 /// layer's tensors).
-pub(crate) fn unsharded_with(
+pub(crate) fn unsharded(
     model: &Model,
     batch: u64,
     mesh: &crate::Mesh,
