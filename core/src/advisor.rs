@@ -584,9 +584,10 @@ struct Search<'a> {
     /// The whole model's steps (what sharding does not change), found through `cache`: see
     /// [`Self::step`].
     estimates: Vec<Result<Unsharded, EvaluationError>>,
-    /// The model's parameter units on the mesh of the last estimate (every estimate of a
-    /// search is of one model, and its mesh does not change with the levels).
-    units: Option<(crate::Mesh, crate::ParameterUnits)>,
+    /// The model's parameter units on the search's mesh, from its first estimate: every
+    /// estimate of a search is of one model on one mesh (the levels change the GPUs,
+    /// sharding and expert parallelism, which the mesh does not read).
+    units: Option<crate::ParameterUnits>,
     /// [`Self::run`]'s ranked give-up combinations, made and sorted once: a search asked
     /// again (a plan dropped by its own replay) walks the same ones.
     combos: Vec<(RankKey, Levels)>,
@@ -979,10 +980,9 @@ impl<'a> Search<'a> {
         let at = match self.cache.get(&(packed(&whole_key), batch)) {
             Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
             _ => {
-                let units = self.units.filter(|(m, _)| *m == mesh).map(|(_, u)| u);
-                let whole = unsharded(&model, batch, &mesh, units);
+                let whole = unsharded(&model, batch, &mesh, self.units);
                 if let Ok(Unsharded::Architecture(_, units)) = &whole {
-                    self.units = Some((mesh, *units));
+                    self.units = Some(*units);
                 }
                 self.estimates.push(whole);
                 let at = self.estimates.len() - 1;
