@@ -584,10 +584,6 @@ struct Search<'a> {
     /// The whole model's steps (what sharding does not change), found through `cache`: see
     /// [`Self::step`].
     estimates: Vec<Result<Unsharded, EvaluationError>>,
-    /// The model's parameter units on the search's mesh, from its first estimate: every
-    /// estimate of a search is of one model on one mesh (the levels change the GPUs,
-    /// sharding and expert parallelism, which the mesh does not read).
-    units: Option<crate::ParameterUnits>,
     /// [`Self::run`]'s ranked give-up combinations, made and sorted once: a search asked
     /// again (a plan dropped by its own replay) walks the same ones.
     combos: Vec<(RankKey, Levels)>,
@@ -822,7 +818,6 @@ impl<'a> Search<'a> {
             // than the table rebuilt at each doubling)
             cache: FxHashMap::with_capacity_and_hasher(1 << 13, Default::default()),
             estimates: Vec::new(),
-            units: None,
             combos: Vec::new(),
         }
     }
@@ -980,10 +975,14 @@ impl<'a> Search<'a> {
         let at = match self.cache.get(&(packed(&whole_key), batch)) {
             Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
             _ => {
-                let whole = unsharded(&model, batch, &mesh, self.units);
-                if let Ok(Unsharded::Architecture(_, units)) = &whole {
-                    self.units = Some(*units);
-                }
+                // the parameter units of an earlier estimate: every estimate of a search is
+                // of one model on one mesh (the levels change the GPUs, sharding and expert
+                // parallelism, which the mesh does not read)
+                let units = self.estimates.iter().find_map(|e| match e {
+                    Ok(Unsharded::Architecture(_, units)) => Some(units),
+                    _ => None,
+                });
+                let whole = unsharded(&model, batch, &mesh, units);
                 self.estimates.push(whole);
                 let at = self.estimates.len() - 1;
                 self.cache

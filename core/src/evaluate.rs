@@ -682,7 +682,7 @@ pub(crate) fn unsharded(
     model: &Model,
     batch: u64,
     mesh: &crate::Mesh,
-    units: Option<crate::ParameterUnits>,
+    units: Option<&crate::ParameterUnits>,
 ) -> Result<Unsharded, EvaluationError> {
     match model {
         Model::Simple(inputs) => simple_breakdown_at_batch(inputs, batch)
@@ -718,8 +718,10 @@ pub(crate) fn unsharded(
                 estimate = with_weight_format(estimate, weights);
             }
             // the estimate has already refused a mesh the model does not split over
-            let units =
-                units.unwrap_or_else(|| model.arch.rank_parameter_units(mesh).unwrap_or_default());
+            let units = match units {
+                Some(units) => *units,
+                None => model.arch.rank_parameter_units(mesh).unwrap_or_default(),
+            };
             Ok(Unsharded::Architecture(Box::new(estimate), units))
         }
     }
