@@ -437,6 +437,16 @@ const MONOTONE_GIVE_UPS: [usize; 5] = [PRECISION, FORMAT, KV, OPTIMIZER, SEQ];
 /// A plan: the level of every knob (0 = as it is).
 type Levels = [u8; KNOBS];
 
+/// `l` as one integer, the key of the search's cache: hashed as two words, where the
+/// levels' 14 bytes were hashed byte slice by byte slice (a copy per word).
+fn packed(l: &Levels) -> u128 {
+    let mut bytes = [0u8; 16];
+    if let Some(head) = bytes.get_mut(..KNOBS) {
+        head.copy_from_slice(l);
+    }
+    u128::from_le_bytes(bytes)
+}
+
 /// What the search walks in order: whether more GPUs are needed, then the give-ups.
 type Group = (bool, [u8; 5]);
 
@@ -566,13 +576,17 @@ struct Search<'a> {
     /// Samples per optimizer step to keep.
     global: u64,
     options: Options,
-    /// Peak by (levels without the micro-batch, batch); `None` when it cannot be estimated.
+    /// Peak by (levels without the micro-batch, [packed](packed), batch); `None` when it
+    /// cannot be estimated.
     /// At batch 0 (no step has one): [`Self::fewest_gpus`] of each combination asked, which
     /// shares the map (one hash table's code less in the bundle).
-    cache: FxHashMap<(Levels, u64), Option<u64>>,
+    cache: FxHashMap<(u128, u64), Option<u64>>,
     /// The whole model's steps (what sharding does not change), found through `cache`: see
     /// [`Self::step`].
     estimates: Vec<Result<Unsharded, EvaluationError>>,
+    /// [`Self::run`]'s ranked give-up combinations, made and sorted once: a search asked
+    /// again (a plan dropped by its own replay) walks the same ones.
+    combos: Vec<(RankKey, Levels)>,
 }
 
 impl<'a> Search<'a> {
@@ -804,6 +818,7 @@ impl<'a> Search<'a> {
             // than the table rebuilt at each doubling)
             cache: FxHashMap::with_capacity_and_hasher(1 << 13, Default::default()),
             estimates: Vec::new(),
+            combos: Vec::new(),
         }
     }
 
@@ -914,12 +929,16 @@ impl<'a> Search<'a> {
         };
         let mut key = *l;
         key[MICRO] = 0;
-        if let Some(&peak) = self.cache.get(&(key, batch)) {
+        if let Some(&peak) = self.cache.get(&(packed(&key), batch)) {
             return peak;
         }
         let (knobs, plan) = self.config(l);
-        let peak = self.step(l, knobs, &plan, batch).ok().map(|s| s.peak_bytes);
-        self.cache.insert((key, batch), peak);
+        // (the peak read in place: `ok()` first moved the whole step)
+        let peak = match self.step(l, knobs, &plan, batch) {
+            Ok(s) => Some(s.peak_bytes),
+            Err(_) => None,
+        };
+        self.cache.insert((packed(&key), batch), peak);
         peak
     }
 
@@ -953,12 +972,21 @@ impl<'a> Search<'a> {
         if self.training {
             whole_key[FORMAT] = 0;
         }
-        let at = match self.cache.get(&(whole_key, batch)) {
+        let at = match self.cache.get(&(packed(&whole_key), batch)) {
             Some(&Some(at)) => usize::try_from(at).unwrap_or(usize::MAX),
             _ => {
-                self.estimates.push(unsharded(&model, batch, &mesh));
+                // the parameter units of an earlier estimate: every estimate of a search is
+                // of one model on one mesh (the levels change the GPUs, sharding and expert
+                // parallelism, which the mesh does not read)
+                let units = self.estimates.iter().find_map(|e| match e {
+                    Ok(Unsharded::Architecture(_, units)) => Some(units),
+                    _ => None,
+                });
+                let whole = unsharded(&model, batch, &mesh, units);
+                self.estimates.push(whole);
                 let at = self.estimates.len() - 1;
-                self.cache.insert((whole_key, batch), Some(at as u64));
+                self.cache
+                    .insert((packed(&whole_key), batch), Some(at as u64));
                 at
             }
         };
@@ -1070,11 +1098,11 @@ impl<'a> Search<'a> {
     /// the most memory-saving same-math settings; `None` when not even the most GPUs do.
     /// Cached: the search asks it for each range of GPUs a combination is tried on.
     fn fewest_gpus(&mut self, l: &Levels) -> Option<u8> {
-        if let Some(&fewest) = self.cache.get(&(*l, 0)) {
+        if let Some(&fewest) = self.cache.get(&(packed(l), 0)) {
             return fewest.map(|g| u8::try_from(g).unwrap_or(u8::MAX));
         }
         let fewest = self.find_fewest_gpus(l);
-        self.cache.insert((*l, 0), fewest.map(u64::from));
+        self.cache.insert((packed(l), 0), fewest.map(u64::from));
         fewest
     }
 
@@ -1177,17 +1205,19 @@ impl<'a> Search<'a> {
         // each combination with its window's first GPU level, ranked: the rank orders by
         // (more GPUs, give-ups) as the groups do (the tier follows the give-ups), and sorting
         // the same type as the candidates below keeps one sort in the bundle
-        let mut combos: Vec<(RankKey, Levels)> = Vec::new();
-        for combo in self.give_up_combinations() {
-            for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
-                if !gpus.is_empty() {
-                    let mut probe = combo;
-                    probe[GPUS] = gpus.start;
-                    combos.push((self.rank(&probe), probe));
+        let mut combos = std::mem::take(&mut self.combos);
+        if combos.is_empty() {
+            for combo in self.give_up_combinations() {
+                for gpus in cuts.windows(2).map(|w| w[0]..w[1]) {
+                    if !gpus.is_empty() {
+                        let mut probe = combo;
+                        probe[GPUS] = gpus.start;
+                        combos.push((self.rank(&probe), probe));
+                    }
                 }
             }
+            combos.sort_unstable();
         }
-        combos.sort_unstable();
         // the same-math settings every combination tries (one list for the whole search)
         let same_math = odometer(&[MICRO, SHARD, EP], &counts);
         let group_of = |rank: &RankKey| -> Group { (rank.more_gpus, rank.give_up) };
@@ -1256,6 +1286,7 @@ impl<'a> Search<'a> {
                 }
             }
         }
+        self.combos = combos;
         listed
     }
 

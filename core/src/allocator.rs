@@ -691,16 +691,23 @@ impl CachingAllocator {
 
     /// `try_merge_blocks`: absorbs `src` into its neighbour `dst` when `src` is free and
     /// equally mapped; returns the bytes absorbed (0 when it does not merge).
+    ///
+    /// Most neighbours are allocated or absent: that is read here, where the call is
+    /// inlined, and only a free neighbour goes on to [`Self::merge_blocks`].
+    #[inline(always)]
     fn try_merge_blocks(&mut self, dst: usize, src: usize) -> u64 {
-        let Some(s) = self.blocks.get(src) else {
-            return 0;
-        };
+        match self.blocks.get(src) {
+            Some(s) if s.live && !s.allocated => self.merge_blocks(dst, src),
+            _ => 0,
+        }
+    }
+
+    /// [`Self::try_merge_blocks`] of a free `src`.
+    fn merge_blocks(&mut self, dst: usize, src: usize) -> u64 {
+        let s = &self.blocks.as_slice()[src];
         // the fields read one by one: a copy of the whole block per neighbour was a memcpy
         let (addr, size, prev, next, pool, mapped) =
             (s.addr, s.size, s.prev, s.next, s.pool, s.mapped);
-        if !s.live || s.allocated {
-            return 0;
-        }
         let d = &mut self.blocks.as_mut_slice()[dst];
         if d.mapped != mapped {
             return 0;

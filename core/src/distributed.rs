@@ -504,7 +504,9 @@ impl RankEngine {
 
     /// The rank's memory at every moment the tape weighed, each with its phase.
     pub(crate) fn moments(&self, estimate: &PeakEstimate) -> Vec<(Phase, CategoryBytes)> {
-        let mut out = Vec::new();
+        // (room for them all from the start: the advisor asks this of thousands of steps)
+        let mut out =
+            Vec::with_capacity(estimate.phase_peaks.len() + estimate.backward_moments.len());
         for (phase, c) in &estimate.phase_peaks {
             if *phase == Phase::Backward && !estimate.backward_moments.is_empty() {
                 for (m, c) in &estimate.backward_moments {

@@ -637,7 +637,7 @@ pub(crate) fn step_at(
     if stages <= 1 || !matches!(model, Model::Architecture { .. }) {
         return shard_step(
             model,
-            &unsharded(model, batch, &mesh)?,
+            &unsharded(model, batch, &mesh, None)?,
             plan,
             batch,
             true,
@@ -658,7 +658,7 @@ pub(crate) fn step_at(
         };
         let step = shard_step(
             model,
-            &unsharded(model, batch, &mesh)?,
+            &unsharded(model, batch, &mesh, None)?,
             plan,
             batch,
             true,
@@ -675,11 +675,14 @@ pub(crate) fn step_at(
 }
 
 /// One rank's step at `batch` on `mesh` (the whole model's on one GPU), before data-parallel
-/// sharding.
+/// sharding. `units`: the model's parameter units on `mesh` when they are known already (the
+/// advisor's thousands of steps share one model and one mesh: finding them walks every
+/// layer's tensors).
 pub(crate) fn unsharded(
     model: &Model,
     batch: u64,
     mesh: &crate::Mesh,
+    units: Option<&crate::ParameterUnits>,
 ) -> Result<Unsharded, EvaluationError> {
     match model {
         Model::Simple(inputs) => simple_breakdown_at_batch(inputs, batch)
@@ -715,7 +718,10 @@ pub(crate) fn unsharded(
                 estimate = with_weight_format(estimate, weights);
             }
             // the estimate has already refused a mesh the model does not split over
-            let units = model.arch.rank_parameter_units(mesh).unwrap_or_default();
+            let units = match units {
+                Some(units) => *units,
+                None => model.arch.rank_parameter_units(mesh).unwrap_or_default(),
+            };
             Ok(Unsharded::Architecture(Box::new(estimate), units))
         }
     }
@@ -814,7 +820,9 @@ pub(crate) fn shard_step(
             // Expert parallelism: the routed experts' share of the model state is split over
             // the expert-parallel group, then sharded (ZeRO) over the GPUs holding the same
             // experts; the rest is sharded over all the data-parallel GPUs.
-            let ep = if arch.is_moe() {
+            // (the group first: a group of one is 1 whatever the model, and `is_moe` walks
+            // the layers, on each of the advisor's thousands of steps)
+            let ep = if plan.expert_parallel > 1 && n > 1 && arch.is_moe() {
                 plan.expert_parallel.clamp(1, n)
             } else {
                 1

@@ -35,6 +35,10 @@ impl Hasher for FxHasher {
     fn write_u64(&mut self, i: u64) {
         self.add(i);
     }
+    fn write_u128(&mut self, i: u128) {
+        self.add(i as u64);
+        self.add((i >> 64) as u64);
+    }
     fn write_usize(&mut self, i: usize) {
         self.add(i as u64);
     }

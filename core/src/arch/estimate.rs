@@ -4,7 +4,7 @@ use super::config::Architecture;
 use super::error::EstimateError;
 use super::mesh::{Mesh, PipelineSchedule, TpPlan};
 use super::model::Kernel;
-use super::model::{Layer, Placement};
+use super::model::{Layer, ModelSpec, Placement};
 use super::ops::{
     add, mul, storage, sum_storages, Dtypes, NormKind, PartBytes, Res, SavedPart, BLOCK,
 };
@@ -1019,7 +1019,9 @@ fn estimate_on(
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(shape.stream_tokens(tokens), mul(spec.hidden(), d.resid())?)?;
     let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
-    let masks = add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?;
+    // (once: the saved figures below read them again)
+    let eager_masks = ModelSpec::eager_masks(&groups, &shape)?;
+    let masks = add(eager_masks, ModelSpec::sdpa_masks(&groups, &shape)?)?;
     let checkpointed = (0..spec.layers.len())
         .filter(|&i| step.checkpointing.checkpoints_layer(i))
         .count() as u64;
@@ -1051,10 +1053,7 @@ fn estimate_on(
         Checkpointing::Full => (
             add(
                 add(mul(layer_input, arch.num_layers())?, acts.outside)?,
-                add(
-                    head_cast,
-                    add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?,
-                )?,
+                add(head_cast, masks)?,
             )?,
             add(largest_layer, layer_backward)?,
         ),
@@ -1352,7 +1351,7 @@ fn estimate_on(
                     }
                     _ => 0,
                 };
-                add(spec.eager_masks(&shape)?, input)?
+                add(eager_masks, input)?
             } else {
                 0
             };
@@ -1491,10 +1490,7 @@ fn estimate_on(
         Checkpointing::Full => {
             parts.add(SavedPart::LayerInputs, mul(layer_input, arch.num_layers())?)?;
             parts.add(SavedPart::WeightCopies, head_cast)?;
-            parts.add(
-                SavedPart::Masks,
-                add(spec.eager_masks(&shape)?, spec.sdpa_masks(&shape)?)?,
-            )?;
+            parts.add(SavedPart::Masks, masks)?;
         }
         Checkpointing::Offload => {
             parts.add(SavedPart::LayerInputs, layer_input)?;

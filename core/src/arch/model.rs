@@ -124,27 +124,28 @@ impl Attention {
     }
     pub fn linears(&self) -> Vec<Linear> {
         let (h, q, kv, b) = (self.hidden, self.q_width(), self.kv_width(), self.qkv_bias);
-        let mut v = if let Some(l) = self.latent {
-            let mut v = match l.q_rank {
-                Some(r) => vec![Linear::new(h, r, b), Linear::new(r, q, false)],
-                None => vec![Linear::new(h, q, false)],
-            };
+        // (room for the most there are, five: the output's push never grows it)
+        let mut v = Vec::with_capacity(5);
+        if let Some(l) = self.latent {
+            if let Some(r) = l.q_rank {
+                v.push(Linear::new(h, r, b));
+                v.push(Linear::new(r, q, false));
+            } else {
+                v.push(Linear::new(h, q, false));
+            }
             v.push(Linear::new(h, l.kv_rank + l.rope_dim, b));
             v.push(Linear::new(
                 l.kv_rank,
                 self.heads * (l.nope_dim + self.v_head_dim),
                 false,
             ));
-            v
         } else if self.fused_qkv {
-            vec![Linear::new(h, q + 2 * kv, b)]
+            v.push(Linear::new(h, q + 2 * kv, b));
         } else {
-            vec![
-                Linear::new(h, q, b),
-                Linear::new(h, kv, b),
-                Linear::new(h, self.kv_heads * self.v_head_dim, b),
-            ]
-        };
+            v.push(Linear::new(h, q, b));
+            v.push(Linear::new(h, kv, b));
+            v.push(Linear::new(h, self.kv_heads * self.v_head_dim, b));
+        }
         v.push(Linear::new(self.out_width(), h, self.o_bias));
         v
     }
@@ -865,24 +866,29 @@ impl ModelSpec {
     /// transformers' bool masks (batch, 1, seq, seq) for SDPA, one per attention type that
     /// takes a mask (a sliding window the sequence reaches, or every type for padded or
     /// packed rows): checkpointing keeps them as layer arguments until backward.
-    pub fn sdpa_masks(&self, s: &StepShape) -> Res<u64> {
+    ///
+    /// Both read the distinct layers, `groups` ([`Self::layer_groups`]): equal layers have
+    /// equal masks, and each estimate would otherwise walk every layer for them.
+    // (kept a function of its own: inlined into its one caller, the page's bundle gzipped
+    // as one file 550 B larger, measured, though its sections gzipped apart barely moved)
+    #[inline(never)]
+    pub fn sdpa_masks(groups: &[(&Layer, u64)], s: &StepShape) -> Res<u64> {
         let windows = distinct(
-            self.layers
+            groups
                 .iter()
-                .filter(|l| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
-                .map(|l| l.attention.window),
+                .filter(|(l, _)| l.attention.kernel(s) != Kernel::Eager && l.attention.masked(s))
+                .map(|(l, _)| l.attention.window),
         );
         mul(storage(mul(s.batch, mul(s.seq, s.seq)?)?, 1)?, windows)
     }
-    pub fn eager_masks(&self, s: &StepShape) -> Res<u64> {
-        if !self
-            .layers
+    pub fn eager_masks(groups: &[(&Layer, u64)], s: &StepShape) -> Res<u64> {
+        if !groups
             .iter()
-            .any(|l| l.attention.kernel(s) == Kernel::Eager)
+            .any(|(l, _)| l.attention.kernel(s) == Kernel::Eager)
         {
             return Ok(0);
         }
-        let windows = distinct(self.layers.iter().map(|l| l.attention.window));
+        let windows = distinct(groups.iter().map(|(l, _)| l.attention.window));
         mul(Attention::eager_mask(s)?, windows)
     }
     /// Element counts of the embeddings' parameter tensors (a tied head matrix among them).
@@ -1174,7 +1180,7 @@ impl ModelSpec {
                     };
                     // with a sliding-window mask, HF's bool mask lives through the forward and each
                     // layer converts it to the query's dtype
-                    let masks = if self.layers.iter().any(|l| l.attention.masked(s)) {
+                    let masks = if groups.iter().any(|(l, _)| l.attention.masked(s)) {
                         let area = mul(s.seq, s.seq)?;
                         // a padded or packed batch's bool mask is per sample; a sliding window's
                         // is broadcast over the batch
@@ -1189,12 +1195,15 @@ impl ModelSpec {
                     // eager attention gets a float mask per attention type (full, sliding)
                     // instead, alive through the layers (freed when the model's forward returns,
                     // before the head)
-                    let eager = self
-                        .layers
+                    let eager = groups
                         .iter()
-                        .any(|l| l.attention.kernel(s) == Kernel::Eager);
+                        .any(|(l, _)| l.attention.kernel(s) == Kernel::Eager);
                     let head_masks = if eager { 0 } else { masks };
-                    let masks = if eager { self.eager_masks(s)? } else { masks };
+                    let masks = if eager {
+                        Self::eager_masks(groups, s)?
+                    } else {
+                        masks
+                    };
                     // inside eager attention: the embeddings' output and the learned positions'
                     // (still referenced by the model's forward), the layer's input and, before
                     // a pre-norm attention, its normed copy, with the attention's own tensors
