@@ -913,7 +913,7 @@ impl<'a> Search<'a> {
             num_gpus: self.gpus_at(l[GPUS]),
             sharding: pick(&o.sharding, l, SHARD, self.plan.sharding),
             expert_parallel: pick(&o.ep, l, EP, self.plan.expert_parallel),
-            ..self.plan.clone()
+            ..self.plan
         }
         .with_communication();
         (knobs, plan)
@@ -1570,7 +1570,7 @@ pub(crate) fn advise_parsed(
     let model = parsed.model(&knobs);
     step_at(&model, plan, knobs.batch)?;
     // every plan is held to the reserve the page's own step needs
-    let mut plan = plan.clone();
+    let mut plan = *plan;
     crate::evaluate::resolve_reserve(&mut plan, &model, knobs.batch);
     let mut search = Search::new(state, parsed, knobs, plan);
     // the search holds every plan to the page's reserve; a plan whose own replay reserves
@@ -1977,7 +1977,7 @@ mod tests {
         {
             return Ok(());
         }
-        let mut search = Search::new(&state, &parsed, knobs, plan.clone());
+        let mut search = Search::new(&state, &parsed, knobs, plan);
         let fast = search.run(limit);
         let mut again = Search::new(&state, &parsed, knobs, plan);
         let slow = brute_force(&mut again, limit);

@@ -1132,7 +1132,7 @@ pub(crate) fn evaluate_parsed(
     parsed: &Parsed,
     knobs: &Knobs,
 ) -> Result<Evaluation, EvaluationError> {
-    let mut plan = plan.clone();
+    let mut plan = *plan;
     let model = parsed.model(knobs);
     let batch = batch_of(&model);
     let allocator = resolve_reserve(&mut plan, &model, batch);
@@ -1364,7 +1364,7 @@ pub(crate) fn fit_with(
                                 return Some(bare);
                             }
                         }
-                        let mut own = plan.clone();
+                        let mut own = *plan;
                         resolve_reserve(&mut own, model, b);
                         let own = crate::Overheads {
                             allocator_reserve_ppm: own.overheads.allocator_reserve_ppm,

@@ -629,7 +629,7 @@ const PLAN_COUNTS: [(Field, u64, &str, bool, bool); 12] = [
 ];
 
 /// What the typed fields of the page parse to, or the error of each that does not.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanInputs {
     /// Capacity of the GPU in bytes, `None` when no GPU is chosen.
     pub capacity_bytes: Option<u64>,
