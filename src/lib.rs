@@ -3,6 +3,7 @@
 //! The crate is thin on purpose: every figure comes from the core crate; this crate holds
 //! signals, components and the few bridges to the browser (URL, storage, clipboard).
 
+mod alloc;
 mod app;
 pub mod browser;
 pub mod components;
@@ -10,5 +11,11 @@ mod effect;
 mod form;
 mod markup;
 
+pub use alloc::SizeClasses;
 pub use app::App;
 pub use form::input_form;
+
+/// The page's allocator (see [`SizeClasses`]) for the page and its browser tests.
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static HEAP: SizeClasses = SizeClasses::new();
