@@ -148,3 +148,35 @@ test('a bad image size gets its message next to the field until it is mended; a 
   assert.deepEqual(errors, []);
   await context.close();
 });
+
+test('every vision-language family reads and estimates in the browser with an image (no trap, no error)', async () => {
+  // the validation configs of the six wrappers: their readers and image arithmetic run as
+  // the release build's WebAssembly runs them (wasm-opt's no-trap assumptions included)
+  const configs = [
+    'qwen2.5-vl-7b-4l',
+    'qwen3-vl-4b-4l',
+    'gemma3-4b-vl-6l',
+    'smolvlm2-500m',
+    'llava-v1.6-mistral-7b-4l',
+    'llama3.2-11b-vision-5l',
+  ];
+  const { page, errors, context } = await openCustom();
+  for (const name of configs) {
+    const text = await readFile(new URL(`../../validation/configs/${name}.json`, import.meta.url), 'utf8');
+    await page.getByTestId('config-json').fill(text);
+    await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === false);
+    await typeInto(page, 'images', '1');
+    await typeInto(page, 'image-size', '800x600');
+    await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
+    assert.match(await imageTokens(page), /^[\d,]+ image tokens per sample/, name);
+    assert.equal(await page.getByTestId('config-json-error').textContent(), '', name);
+    const total = await bytesOf(page, 'total');
+    assert.ok(total > 0n, `${name}: ${total}`);
+    await choose(page, 'vision-tower', 'trained');
+    assert.ok((await changed(page, 'total', total)) > total, name);
+    await choose(page, 'vision-tower', 'frozen');
+    await typeInto(page, 'images', '0');
+  }
+  assert.deepEqual(errors, []);
+  await context.close();
+});
