@@ -26,6 +26,9 @@ const MAX_NOTICES: usize = 8;
 pub fn encode_query(state: &PageState) -> String {
     let mut parts = Vec::new();
     for field in Field::ALL {
+        if !state.travels(field) {
+            continue;
+        }
         if let Some(value) = state.get(field) {
             parts.push(format!("{}={}", field.key(), percent_encode(&value)));
         }
@@ -383,9 +386,19 @@ mod tests {
         assert_eq!(d.state.vision.image_size, "640x480");
         assert!(d.state.vision.tower_trained && d.state.vision.projector_trained);
         // at their defaults the image fields are not written: older links read the same
-        let link = encode_query(&crate::PageState::default());
+        let defaults = crate::PageState::default();
+        let link = encode_query(&defaults);
         for key in ["img=", "isz=", "vt=", "vp="] {
             assert!(!link.contains(key), "{key} in {link}");
+        }
+        // ... but their controls show them
+        for (field, shown) in [
+            (Field::Images, "0"),
+            (Field::ImageSize, "1024x768"),
+            (Field::VisionTower, "frozen"),
+            (Field::Projector, "trained"),
+        ] {
+            assert_eq!(defaults.get(field).as_deref(), Some(shown), "{field:?}");
         }
         falls_back("vt=maybe&vp=yes", 2);
     }

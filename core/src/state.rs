@@ -1217,7 +1217,21 @@ impl Field {
 }
 
 impl PageState {
-    /// The value of `field` as its URL text, `None` for a field that does not travel.
+    /// Whether `field` goes into links: every field but the image fields at their defaults
+    /// (so that every other link stays as it was).
+    #[must_use]
+    pub fn travels(&self, field: Field) -> bool {
+        #[cfg(feature = "vision")]
+        return self.vision.travels(field);
+        #[cfg(not(feature = "vision"))]
+        {
+            let _ = field;
+            true
+        }
+    }
+
+    /// The value of `field` as its URL text (what its control shows), `None` for the config
+    /// while a preset is the model.
     #[must_use]
     pub fn get(&self, field: Field) -> Option<String> {
         match field {
@@ -1234,10 +1248,6 @@ impl PageState {
             }
             Field::ReshardAfterForward => Some(self.parallel.reshard_after_forward.key()),
             _ => {
-                #[cfg(feature = "vision")]
-                if !self.vision.travels(field) {
-                    return None;
-                }
                 let text = self.text(field).map(String::as_str);
                 text.or_else(|| self.choice_key(field)).map(str::to_owned)
             }

@@ -65,6 +65,13 @@ test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-
   assert.deepEqual(hub, [`${HUB}Qwen/Qwen2.5-VL-7B-Instruct/resolve/main/config.json`]);
   assert.equal(await visionHidden(page), false);
   assert.equal(await imageTokens(page), '', 'no images yet');
+  // the image fields show their defaults (which links leave out)
+  assert.equal(await page.getByTestId('images').inputValue(), '0');
+  assert.equal(await page.getByTestId('image-size').inputValue(), '1024x768');
+  assert.equal(await page.getByTestId('vision-tower').inputValue(), 'frozen');
+  assert.equal(await page.getByTestId('projector').inputValue(), 'trained');
+  await urlSettled(page);
+  assert.doesNotMatch(page.url(), /[?&](img|isz|vt|vp)=/);
   const textOnly = await bytesOf(page, 'total');
 
   await typeInto(page, 'images', '1');
