@@ -3,21 +3,12 @@
 // caching allocator's reserve beside the allocated peak.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openPage, urlSettled, choose } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, changedBytes, typeInto, openPage, urlSettled, choose } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
 /** Waits until the figure `testid` carries bytes other than `before`, and returns them. */
-async function changed(page, testid, before) {
-  await page.waitForFunction(
-    ([id, old]) => {
-      const el = document.querySelector(`[data-testid="${id}"]`);
-      return el && el.dataset.bytes !== undefined && el.dataset.bytes !== old;
-    },
-    [testid, String(before)],
-  );
-  return Number(await bytesOf(page, testid));
-}
+const changed = async (page, testid, before) => Number(await changedBytes(page, testid, before));
 
 test("Llama 3 8B under HF Trainer: fused AdamW leaves the optimizer step's temporary out", async () => {
   // a first visit: no link, no stored state

@@ -97,6 +97,18 @@ export async function bytesOf(page, testid) {
   return value === null ? null : BigInt(value);
 }
 
+/** Waits until the figure `testid` carries bytes other than `before`, and returns them. */
+export async function changedBytes(page, testid, before) {
+  await page.waitForFunction(
+    ([id, old]) => {
+      const el = document.querySelector(`[data-testid="${id}"]`);
+      return el && el.dataset.bytes !== undefined && el.dataset.bytes !== old;
+    },
+    [testid, String(before)],
+  );
+  return bytesOf(page, testid);
+}
+
 /**
  * Opens the folded section that holds the field, if it is closed, the way a person does:
  * a click on its summary.

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
-import { useServerAndBrowser, typeInto, choose, fixture, bytesOf, openPage, urlSettled } from './harness.mjs';
+import { useServerAndBrowser, typeInto, choose, fixture, bytesOf, changedBytes, openPage, urlSettled } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -19,24 +19,24 @@ const shown = (page, testid) => page.getByTestId(testid).getAttribute('data-valu
 const imageTokens = (page) => page.getByTestId('image-tokens').textContent();
 const visionHidden = (page) => page.getByTestId('vision-settings').evaluate((el) => el.hidden);
 
-/** Waits until the figure `testid` carries a `data-bytes` other than `was`. */
-async function changed(page, testid, was) {
-  await page.waitForFunction(
-    ([id, old]) => {
-      const v = document.querySelector(`[data-testid="${id}"]`)?.dataset.bytes;
-      return v !== undefined && v !== old;
-    },
-    [testid, String(was)],
-  );
-  return bytesOf(page, testid);
-}
-
 /** The page in the architecture mode on an H100 80 GB, its model the pasted config. */
 async function openCustom(query = '?m=arch&gpu=h100-80') {
   const opened = await openPage(env.browser, env.server.origin + '/' + query);
   await opened.page.getByTestId('total').waitFor();
   await opened.page.getByTestId('model').selectOption('custom');
   return opened;
+}
+
+/**
+ * Pastes `config` as the model, then types `images` images of `size` and waits for their
+ * tokens.
+ */
+async function pasteWithImages(page, config, images, size) {
+  await page.getByTestId('config-json').fill(config);
+  await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === false);
+  await typeInto(page, 'images', images);
+  await typeInto(page, 'image-size', size);
+  await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
 }
 
 test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-pixel image adds its 2,118 tokens and the vision tower', async () => {
@@ -83,12 +83,12 @@ test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-
   );
   assert.match(await imageTokens(page), /sequence: 4,166 tokens/);
   assert.equal(await shown(page, 'n-params'), ALL_PARAMS);
-  const withImage = await changed(page, 'total', textOnly);
+  const withImage = await changedBytes(page, 'total', textOnly);
   assert.ok(withImage > textOnly, `${withImage} <= ${textOnly}`);
 
   // the tower trained as well holds its gradients and optimizer states too
   await choose(page, 'vision-tower', 'trained');
-  const towerTrained = await changed(page, 'total', withImage);
+  const towerTrained = await changedBytes(page, 'total', withImage);
   assert.ok(towerTrained > withImage);
 
   // a reload keeps the config and the images, and asks the Hub nothing
@@ -106,11 +106,7 @@ test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-
 
 test("a pasted Qwen2.5-VL-7B with 1280-pixel images is planned onto one 80 GB GPU: the first plan's link fits", async () => {
   const { page, errors, context } = await openCustom();
-  await page.getByTestId('config-json').fill(await readFile(fixture(QWEN_VL), 'utf8'));
-  await page.getByTestId('vision-settings').waitFor();
-  await typeInto(page, 'images', '1');
-  await typeInto(page, 'image-size', '1280x1280');
-  await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
+  await pasteWithImages(page, await readFile(fixture(QWEN_VL), 'utf8'), '1', '1280x1280');
   // a full fine-tune of 8.3 B parameters with AdamW does not fit in 80 GB
   await page.locator('[data-testid="fit-verdict"][data-fits="false"]').waitFor();
   const advice = page.getByTestId('fit-advice');
@@ -132,11 +128,7 @@ test("a pasted Qwen2.5-VL-7B with 1280-pixel images is planned onto one 80 GB GP
 
 test('a bad image size gets its message next to the field until it is mended; a text model hides the image fields', async () => {
   const { page, errors, context } = await openCustom();
-  await page.getByTestId('config-json').fill(await readFile(fixture(QWEN_VL), 'utf8'));
-  await page.getByTestId('vision-settings').waitFor();
-  await typeInto(page, 'images', '2');
-  await typeInto(page, 'image-size', '640x480');
-  await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
+  await pasteWithImages(page, await readFile(fixture(QWEN_VL), 'utf8'), '2', '640x480');
   const before = await bytesOf(page, 'total');
   await typeInto(page, 'image-size', '0x5');
   await page.waitForFunction(() => document.querySelector('[data-testid="image-size-error"]')?.textContent !== '');
@@ -170,17 +162,13 @@ test('every vision-language family reads and estimates in the browser with an im
   const { page, errors, context } = await openCustom();
   for (const name of configs) {
     const text = await readFile(new URL(`../../validation/configs/${name}.json`, import.meta.url), 'utf8');
-    await page.getByTestId('config-json').fill(text);
-    await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === false);
-    await typeInto(page, 'images', '1');
-    await typeInto(page, 'image-size', '800x600');
-    await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
+    await pasteWithImages(page, text, '1', '800x600');
     assert.match(await imageTokens(page), /^[\d,]+ image tokens per sample/, name);
     assert.equal(await page.getByTestId('config-json-error').textContent(), '', name);
     const total = await bytesOf(page, 'total');
     assert.ok(total > 0n, `${name}: ${total}`);
     await choose(page, 'vision-tower', 'trained');
-    assert.ok((await changed(page, 'total', total)) > total, name);
+    assert.ok((await changedBytes(page, 'total', total)) > total, name);
     await choose(page, 'vision-tower', 'frozen');
     await typeInto(page, 'images', '0');
   }
