@@ -40,7 +40,9 @@ function withIntegrity(html, name, bytes) {
 if (process.env.TRUNK_PROFILE === 'release' && !process.env.KEEP_GLUE) {
   const files = await readdir(staging);
   const wasmName = files.find((n) => n.endsWith('_bg.wasm'));
-  const jsName = files.find((n) => n.endsWith('.js'));
+  // (the glue is named after the module)
+  const jsName = wasmName && wasmName.replace(/_bg\.wasm$/, '.js');
+  if (jsName && !files.includes(jsName)) throw new Error(`no glue ${jsName} in the staging folder`);
   if (!wasmName || !jsName) throw new Error('no wasm-bindgen output in the staging folder');
   let glue = await readFile(join(staging, jsName), 'utf8');
   const before = glue.length;
@@ -82,6 +84,21 @@ if (process.env.TRUNK_PROFILE === 'release' && !process.env.KEEP_GLUE) {
   html = withIntegrity(html, jsName, code);
   html = withIntegrity(html, wasmName, await readFile(wasmPath));
   console.log(`${jsName}: ${before} -> ${code.length} characters; ${imports.size} imports, ${exports.size} exports renamed`);
+}
+
+// wasm-bindgen's snippets (src/worker.js, the advisor's worker), minified too.
+if (process.env.TRUNK_PROFILE === 'release') {
+  const snippets = join(staging, 'snippets');
+  const scripts = (await readdir(snippets, { recursive: true }).catch(() => []))
+    .filter((name) => name.endsWith('.js'));
+  for (const name of scripts) {
+    const path = join(snippets, name);
+    const { code } = await minify(await readFile(path, 'utf8'), { module: true, compress: true, mangle: true });
+    if (!code) throw new Error(`terser returned nothing for ${path}`);
+    await writeFile(path, code);
+    // (Trunk preloads each snippet with its hash)
+    if (html.includes(`snippets/${name}`)) html = withIntegrity(html, `snippets/${name}`, code);
+  }
 }
 
 const hashes = [...html.matchAll(/<script type="?module"?>([\s\S]*?)<\/script>/g)].map(

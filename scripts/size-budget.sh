@@ -8,7 +8,8 @@ total_raw=0
 total_gzip=0
 printf '%-8s %10s %10s  %s\n' kind raw gzip file
 for pattern in '*.wasm' '*.js' '*.css'; do
-  for f in dist/$pattern; do
+  # (wasm-bindgen's snippets, such as the advisor's worker, sit in a folder of their own)
+  for f in dist/$pattern $(find dist/snippets -name "$pattern" 2>/dev/null | sort); do
     [ -e "$f" ] || { echo "missing $pattern in dist/: run trunk build --release first" >&2; exit 1; }
     raw=$(stat -c %s "$f")
     gz=$(gzip -9 -c "$f" | wc -c)

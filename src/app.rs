@@ -2,8 +2,8 @@
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
-    sweep_markdown, sweep_tsv, ByteUnit, Decoded, Evaluation, FitPlan, Method, Mode, PartKind,
-    Scenario, SweepRow,
+    sweep_markdown, sweep_tsv, ByteUnit, Decoded, Evaluation, Method, Mode, PartKind, Scenario,
+    SweepRow,
 };
 use leptos::prelude::*;
 
@@ -16,6 +16,7 @@ use crate::components::{
 use crate::effect::{memo, watch};
 use crate::form::input_form;
 use crate::markup::{when, Markup};
+use crate::worker::advice_markup;
 
 /// The inputs the page opens with: the URL's if it has any, else the saved ones, else the
 /// defaults; with a notice for every part that could not be used.
@@ -80,12 +81,13 @@ fn breakdown_parts(e: &Evaluation) -> Vec<BreakdownPart> {
 /// How long typing must pause before the address bar shows the new inputs.
 const URL_SYNC_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Plans the advisor lists at most.
-const ADVICE_LIMIT: usize = 12;
-
-/// How long the inputs must rest before the advisor searches: typing pays only for the
-/// numbers, and the plans follow once the person pauses.
+/// How long the inputs must rest before the advisor's plans are shown: typing pays only for
+/// the numbers, and the plans follow once the person pauses.
 const ADVICE_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
+
+/// How long the inputs must rest before the advisor's worker is asked: its search (tens of
+/// milliseconds) is then over before ADVICE_DELAY, and a burst of keystrokes asks once.
+const ADVICE_ASK_DELAY: std::time::Duration = std::time::Duration::from_millis(40);
 
 /// Runs the newest task given to it once `delay` has passed with no newer one: the work a
 /// keystroke schedules this way is paid once the typing pauses.
@@ -144,6 +146,19 @@ impl Debounced {
             std::time::Duration::from_millis(ms.ceil() as u64),
         );
     }
+}
+
+/// Where the advisor's worker is with the inputs.
+#[derive(Default)]
+struct AdvisorWorker {
+    /// Whether the worker runs (`None` until it is first needed).
+    runs: Option<bool>,
+    /// The query it was last asked, empty once the inputs change.
+    asked: String,
+    /// Its answer to `asked`, until shown.
+    answer: Option<String>,
+    /// Whether the inputs have rested for `ADVICE_DELAY` since they changed.
+    rested: bool,
 }
 
 /// Milliseconds since the epoch.
@@ -284,10 +299,54 @@ pub fn App() -> impl IntoView {
     });
     // The advisor runs when the step does not fit, or when asked to.
     let show_plans = RwSignal::new(false);
-    // The advisor searches many steps (milliseconds): it runs in a task once the inputs have
-    // rested for ADVICE_DELAY, after the numbers are on screen; a stale task does nothing.
-    let advice: RwSignal<Option<Result<Vec<FitPlan>, String>>> = RwSignal::new(None);
-    let advice_search = Debounced::new(ADVICE_DELAY);
+    // The advisor searches many steps (tens of milliseconds). Its worker searches once the
+    // inputs have rested for ADVICE_ASK_DELAY, and the plans are shown once they have rested
+    // for ADVICE_DELAY: the search overlaps the pause, and typing never waits for it. Where no
+    // worker starts, the page searches itself after the pause. A stale answer does nothing.
+    let advice: RwSignal<Option<String>> = RwSignal::new(None);
+    let advice_ask = Debounced::new(ADVICE_ASK_DELAY);
+    let advice_show = Debounced::new(ADVICE_DELAY);
+    let advisor = StoredValue::new(AdvisorWorker::default());
+    // the worker's answer, once it came for the newest inputs and the pause is over
+    let show_answer = move || {
+        let markup = advisor
+            .try_update_value(|a| a.rested.then(|| a.answer.take()).flatten())
+            .flatten();
+        if markup.is_some() {
+            advice.set(markup);
+        }
+    };
+    let search_here = move || {
+        let markup = page.with_untracked(|p| {
+            let scenario = p.scenario.as_ref().ok()?;
+            Some(state.with_untracked(|inputs| advice_markup(inputs, scenario)))
+        });
+        if markup.is_some() {
+            advice.set(markup);
+        }
+    };
+    let on_reply = move |reply: Option<(&str, &str)>| match reply {
+        Some((query, markup)) => {
+            advisor.update_value(|a| {
+                if a.asked == query {
+                    a.answer = Some(markup.to_owned());
+                }
+            });
+            show_answer();
+        }
+        None => {
+            // the worker failed: the page searches from now on
+            let due = advisor
+                .try_update_value(|a| {
+                    a.runs = Some(false);
+                    a.rested && !a.asked.is_empty()
+                })
+                .unwrap_or(false);
+            if due {
+                search_here();
+            }
+        }
+    };
     watch(move || {
         // the plans' links keep the text as typed: any change of it renews them
         state.track();
@@ -297,29 +356,44 @@ pub fn App() -> impl IntoView {
                 .as_ref()
                 .is_ok_and(|s| s.plan().capacity_bytes.is_some())
         });
-        if !searchable {
-            advice_search.cancel();
-            if advice.with_untracked(Option::is_some) {
-                advice.set(None);
-            }
-        } else if !wanted {
-            advice_search.cancel();
-            if !advice.with_untracked(|a| matches!(a, Some(Ok(plans)) if plans.is_empty())) {
-                advice.set(Some(Ok(Vec::new())));
+        advisor.update_value(|a| {
+            a.asked.clear();
+            a.answer = None;
+            a.rested = false;
+        });
+        if !searchable || !wanted {
+            advice_ask.cancel();
+            advice_show.cancel();
+            // nothing while the inputs cannot be searched; no plans while the step fits
+            let shown = searchable.then(String::new);
+            if advice.with_untracked(|a| *a != shown) {
+                advice.set(shown);
             }
         } else {
-            // the search reads the inputs when it runs: the newest ones
-            advice_search.run(move || {
-                let plans = page.with_untracked(|p| {
-                    let scenario = p.scenario.as_ref().ok()?;
-                    Some(state.with_untracked(|inputs| {
-                        scenario
-                            .advise(inputs, ADVICE_LIMIT)
-                            .map_err(|e| e.to_string())
-                    }))
-                });
-                if let Some(plans) = plans {
-                    advice.set(Some(plans));
+            // each task reads the inputs when it runs: the newest ones
+            advice_ask.run(move || {
+                let runs = advisor
+                    .try_update_value(|a| {
+                        *a.runs.get_or_insert_with(|| crate::worker::start(on_reply))
+                    })
+                    .unwrap_or(false);
+                if runs {
+                    let query = state.with_untracked(encode_query);
+                    crate::worker::ask_worker(&query);
+                    advisor.update_value(|a| a.asked = query);
+                }
+            });
+            advice_show.run(move || {
+                let runs = advisor
+                    .try_update_value(|a| {
+                        a.rested = true;
+                        a.runs == Some(true)
+                    })
+                    .unwrap_or(false);
+                if runs {
+                    show_answer();
+                } else {
+                    search_here();
                 }
             });
         }
@@ -482,7 +556,7 @@ pub fn App() -> impl IntoView {
                 {breakdown_card(breakdown_total, breakdown_bar, breakdown_rows)}
                 {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
                 {verdict_card(verdict)}
-                <FitAdvice plans=advice fits_now=fits_now show=show_plans unit=unit />
+                <FitAdvice plans=advice fits_now=fits_now show=show_plans />
                 {memory_chart(chart)}
                 {sweep_table(
                     memo(move |_| sweep_of(head_markup)()),

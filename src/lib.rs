@@ -10,10 +10,12 @@ pub mod components;
 mod effect;
 mod form;
 mod markup;
+mod worker;
 
 pub use alloc::SizeClasses;
 pub use app::App;
 pub use form::input_form;
+pub use worker::advise_markup;
 
 /// The page's allocator (see [`SizeClasses`]) for the page and its browser tests.
 #[cfg(target_arch = "wasm32")]

@@ -7,5 +7,8 @@ fn main() {
     // still surfaces there as an uncaught `unreachable` error.
     #[cfg(debug_assertions)]
     console_error_panic_hook::set_once();
-    leptos::mount::mount_to_body(App);
+    // The advisor's worker runs this module too (`advise_markup`): there is no page to mount.
+    if web_sys::window().is_some() {
+        leptos::mount::mount_to_body(App);
+    }
 }

@@ -2,9 +2,9 @@
 #![cfg(target_arch = "wasm32")]
 
 use batch_size_estimator::components::{
-    BreakdownCard, BreakdownDetail, BreakdownPart, FitAdvice, ModelNotes, SweepTable,
+    plans_markup, BreakdownCard, BreakdownDetail, BreakdownPart, FitAdvice, ModelNotes, SweepTable,
 };
-use batch_size_estimator::{input_form, App};
+use batch_size_estimator::{advise_markup, input_form, App};
 use estimator_core::{decode_query, parse_page, ByteUnit, PageState, SweepRow};
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
@@ -371,14 +371,16 @@ async fn fit_advice_links_each_plan() {
     let plans = estimator_core::fit_advice(&state, 12).unwrap();
     let n = plans.len();
     assert!(n > 1);
+    // what the advisor's worker answers for the page's inputs
+    let markup = advise_markup(&estimator_core::encode_query(&state));
+    assert_eq!(markup, plans_markup(&Ok(plans), state.byte_unit));
     let show = RwSignal::new(false);
     let handle = leptos::mount::mount_to(root.clone(), move || {
         view! {
             <FitAdvice
-                plans=Signal::derive(move || Some(Ok(plans.clone())))
+                plans=Signal::derive(move || Some(markup.clone()))
                 fits_now=Signal::derive(|| false)
                 show=show
-                unit=Signal::derive(|| ByteUnit::Gb)
             />
         }
     });

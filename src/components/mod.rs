@@ -17,7 +17,7 @@ pub use breakdown::{
 pub use chart::{chart_markup, memory_chart, MemoryChart};
 pub use copy_button::CopyButton;
 pub use explanations::Explanations;
-pub use fit_advice::FitAdvice;
+pub use fit_advice::{plans_markup, FitAdvice};
 pub use model_notes::{model_notes, notes_markup, ModelNotes};
 pub use notices::Notices;
 pub use sweep_table::{body_markup, head_markup, sweep_table, SweepTable};

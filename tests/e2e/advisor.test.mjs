@@ -138,3 +138,42 @@ test('the plans on the GPU the person has come first, under a heading that names
   assert.deepEqual(errors, []);
   await context.close();
 });
+
+/** The plans' links and promised peaks, in order, once they are those of sequence `seq`. */
+async function plansFor(page, seq) {
+  await page.waitForFunction(
+    (seq) => document.querySelector('[data-testid="fit-advice"] a[href]')?.getAttribute('href').includes(`s=${seq}&`),
+    seq,
+  );
+  return page.getByTestId('fit-plan').evaluateAll((ls) =>
+    ls.map((l) => `${l.querySelector('a').getAttribute('href')} ${l.dataset.peakBytes}`),
+  );
+}
+
+test('the advisor searches in its worker while typing pauses; without workers the page searches itself, with the same plans', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + LLAMA_4090);
+  await plansFor(page, '2048');
+  // one worker, on the page's own module (the snippet that starts it)
+  assert.equal(page.workers().length, 1);
+  assert.match(page.workers()[0].url(), /\/snippets\/.*\/worker\.js$/);
+  // keystrokes in a burst: the plans follow the last value typed
+  await typeInto(page, 'seq', '1536');
+  const inWorker = await plansFor(page, '1536');
+  assert.ok(inWorker.length >= 3, inWorker.join('\n'));
+  assert.deepEqual(errors, []);
+  await context.close();
+
+  // a browser that starts no worker: the same plans, searched by the page
+  const bare = await env.browser.newContext();
+  await bare.addInitScript(() => {
+    window.Worker = undefined;
+  });
+  const page2 = await bare.newPage();
+  const errors2 = [];
+  page2.on('pageerror', (e) => errors2.push(String(e)));
+  await page2.goto(env.server.origin + LLAMA_4090.replace('s=2048', 's=1536'));
+  assert.deepEqual(await plansFor(page2, '1536'), inWorker);
+  assert.equal(page2.workers().length, 0);
+  assert.deepEqual(errors2, []);
+  await bare.close();
+});
