@@ -563,8 +563,8 @@ pub fn App() -> impl IntoView {
                     memo(move |_| {
                         evaluation.with(|e| body_markup(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
                     }),
-                    Signal::derive(sweep_of(sweep_markdown)),
-                    Signal::derive(sweep_of(sweep_tsv)),
+                    memo(move |_| sweep_of(sweep_markdown)()),
+                    memo(move |_| sweep_of(sweep_tsv)()),
                 )}
             </div>
         </main>

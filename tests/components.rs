@@ -378,8 +378,8 @@ async fn fit_advice_links_each_plan() {
     let handle = leptos::mount::mount_to(root.clone(), move || {
         view! {
             <FitAdvice
-                plans=Signal::derive(move || Some(markup.clone()))
-                fits_now=Signal::derive(|| false)
+                plans=RwSignal::new(Some(markup))
+                fits_now=Memo::new(|_| false)
                 show=show
             />
         }

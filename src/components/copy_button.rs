@@ -16,8 +16,7 @@ pub fn CopyButton(
     /// Its `data-testid`.
     testid: &'static str,
     /// The text to copy, computed when pressed.
-    #[prop(into)]
-    text: Signal<String>,
+    text: Memo<String>,
 ) -> impl IntoView {
     let status = RwSignal::new(None::<Result<(), String>>);
     let on_click = move |_| {

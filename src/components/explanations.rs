@@ -15,8 +15,7 @@ const EXPLANATIONS: &str = include_str!("explanations.html");
 #[component]
 pub fn Explanations(
     /// The mode of the page: the explanation of the other mode is hidden.
-    #[prop(into)]
-    mode: Signal<Mode>,
+    mode: Memo<Mode>,
 ) -> impl IntoView {
     let section = NodeRef::<Section>::new();
     // Static text is set once (which keeps the FAQ's open items open); the mode shows one part.

@@ -103,11 +103,9 @@ pub fn plans_markup(plans: &Result<Vec<FitPlan>, String>, unit: ByteUnit) -> Str
 pub fn FitAdvice(
     /// The plans' markup ([`plans_markup`]); `None` while the inputs are invalid or no device
     /// is chosen.
-    #[prop(into)]
-    plans: Signal<Option<String>>,
+    plans: RwSignal<Option<String>>,
     /// Whether the step fits as it is (the list is then shown on request).
-    #[prop(into)]
-    fits_now: Signal<bool>,
+    fits_now: Memo<bool>,
     /// Whether a person asked for the plans although the step fits.
     show: RwSignal<bool>,
 ) -> impl IntoView {

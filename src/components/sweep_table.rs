@@ -62,8 +62,8 @@ pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> Vec<String> {
 pub fn sweep_table(
     head: Memo<String>,
     body: Memo<Vec<String>>,
-    markdown: Signal<String>,
-    tsv: Signal<String>,
+    markdown: Memo<String>,
+    tsv: Memo<String>,
 ) -> impl IntoView {
     view! {
         <section class="card sweep" aria-labelledby="sweep-title">
@@ -102,7 +102,7 @@ pub fn SweepTable(
     sweep_table(
         memo(move |_| rows.with(|r| head_markup(r, unit.get()))),
         memo(move |_| rows.with(|r| body_markup(r, unit.get()))),
-        Signal::derive(move || rows.with(|r| sweep_markdown(r, unit.get()))),
-        Signal::derive(move || rows.with(|r| sweep_tsv(r, unit.get()))),
+        memo(move |_| rows.with(|r| sweep_markdown(r, unit.get()))),
+        memo(move |_| rows.with(|r| sweep_tsv(r, unit.get()))),
     )
 }
