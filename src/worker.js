@@ -10,6 +10,8 @@ export function start(reply) {
     const wasm = document.querySelector('link[rel=preload][as=fetch]').href;
     worker = new Worker(import.meta.url, { type: 'module' });
     worker.onmessage = (e) => reply(e.data);
+    // (a worker that cannot load or run answers as one that failed)
+    worker.onerror = () => reply(null);
     // (the glue is named after the module)
     worker.postMessage([wasm.replace(/_bg\.wasm$/, '.js'), wasm]);
     return true;

@@ -163,17 +163,32 @@ test('the advisor searches in its worker while typing pauses; without workers th
   assert.deepEqual(errors, []);
   await context.close();
 
-  // a browser that starts no worker: the same plans, searched by the page
-  const bare = await env.browser.newContext();
-  await bare.addInitScript(() => {
+  // a browser that starts no worker, and a worker that fails: the same plans, searched by
+  // the page
+  const noWorker = () => {
     window.Worker = undefined;
-  });
-  const page2 = await bare.newPage();
-  const errors2 = [];
-  page2.on('pageerror', (e) => errors2.push(String(e)));
-  await page2.goto(env.server.origin + LLAMA_4090.replace('s=2048', 's=1536'));
-  assert.deepEqual(await plansFor(page2, '1536'), inWorker);
-  assert.equal(page2.workers().length, 0);
-  assert.deepEqual(errors2, []);
-  await bare.close();
+  };
+  const failingWorker = () => {
+    window.Worker = class {
+      constructor() {
+        setTimeout(() => this.onerror?.(new Event('error')), 0);
+      }
+      postMessage() {}
+    };
+  };
+  for (const script of [noWorker, failingWorker]) {
+    const bare = await env.browser.newContext();
+    await bare.addInitScript(script);
+    const page2 = await bare.newPage();
+    const errors2 = [];
+    page2.on('pageerror', (e) => errors2.push(String(e)));
+    await page2.goto(env.server.origin + LLAMA_4090.replace('s=2048', 's=1536'));
+    assert.deepEqual(await plansFor(page2, '1536'), inWorker, script.name);
+    assert.equal(page2.workers().length, 0);
+    // and the next change too
+    await typeInto(page2, 'seq', '1024');
+    assert.ok((await plansFor(page2, '1024')).length >= 3, script.name);
+    assert.deepEqual(errors2, [], script.name);
+    await bare.close();
+  }
 });
