@@ -1087,6 +1087,9 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                 if let Some(label) = form.get().and_then(|f| f.query_selector("label[for=seq]").ok().flatten()) {
                     label.set_text_content(Some(if p.is_vision {
                         "Image size (pixels per side)"
+                    } else if p.is_vision_language {
+                        // the images' tokens come on top (the line under the image fields)
+                        "Text tokens per sample"
                     } else {
                         "Sequence length (tokens)"
                     }));

@@ -17,6 +17,7 @@ const ALL_PARAMS = '8292166656';
 
 const shown = (page, testid) => page.getByTestId(testid).getAttribute('data-value');
 const imageTokens = (page) => page.getByTestId('image-tokens').textContent();
+const seqLabel = (page) => page.locator('label[for=seq]').textContent();
 const visionHidden = (page) => page.getByTestId('vision-settings').evaluate((el) => el.hidden);
 
 /** The page in the architecture mode on an H100 80 GB, its model the pasted config. */
@@ -34,6 +35,8 @@ async function openCustom(query = '?m=arch&gpu=h100-80') {
 async function pasteWithImages(page, config, images, size) {
   await page.getByTestId('config-json').fill(config);
   await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === false);
+  // the sequence field holds the text's tokens: the images' come on top
+  assert.equal(await seqLabel(page), 'Text tokens per sample');
   await typeInto(page, 'images', images);
   await typeInto(page, 'image-size', size);
   await page.waitForFunction(() => document.querySelector('[data-testid="image-tokens"]')?.textContent !== '');
@@ -144,6 +147,7 @@ test('a bad image size gets its message next to the field until it is mended; a 
   await page.getByTestId('config-json').fill(await readFile(fixture('qwen3-0.6b'), 'utf8'));
   await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === true);
   assert.equal(await imageTokens(page), '');
+  assert.equal(await seqLabel(page), 'Sequence length (tokens)');
   assert.deepEqual(errors, []);
   await context.close();
 });
