@@ -1,19 +1,19 @@
 // The advisor's Web Worker (see worker.rs). On the page, this module starts the worker on
-// itself and passes it the page's own glue and WebAssembly module (the module Trunk's loader
-// preloads, and its glue); in the worker, it answers each query string with the plans' markup, as
-// `query\nmarkup`. Queries that arrive while it searches are not searched one by one: only
+// itself and passes it the page's compiled WebAssembly module (neither fetched nor compiled
+// again) and the URL of its glue; in the worker, it answers each query string with the plans'
+// markup, as `query\nmarkup`. Queries that arrive while it searches are not searched one by one: only
 // the newest is. A failure answers null, and the page then searches by itself.
 let worker;
 
-export function start(reply) {
+export function start(reply, module) {
   try {
-    const wasm = document.querySelector('link[rel=preload][as=fetch]').href;
+    // (the glue is named after the module Trunk's loader preloads)
+    const glue = document.querySelector('link[rel=preload][as=fetch]').href.replace(/_bg\.wasm$/, '.js');
     worker = new Worker(import.meta.url, { type: 'module' });
     worker.onmessage = (e) => reply(e.data);
     // (a worker that cannot load or run answers as one that failed)
     worker.onerror = () => reply(null);
-    // (the glue is named after the module)
-    worker.postMessage([wasm.replace(/_bg\.wasm$/, '.js'), wasm]);
+    worker.postMessage([glue, module]);
     return true;
   } catch {
     return false;

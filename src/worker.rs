@@ -13,10 +13,10 @@ const ADVICE_LIMIT: usize = 12;
 
 #[wasm_bindgen(module = "/src/worker.js")]
 extern "C" {
-    /// Starts the worker on the module Trunk's loader names; `reply` gets each answer
+    /// Starts the worker on `module`, this page's; `reply` gets each answer
     /// (`query\nmarkup`, or null when the worker failed). False where none starts.
     #[wasm_bindgen(js_name = start)]
-    fn start_worker(reply: &Closure<dyn FnMut(JsValue)>) -> bool;
+    fn start_worker(reply: &Closure<dyn FnMut(JsValue)>, module: JsValue) -> bool;
     /// Gives the worker the newest query.
     #[wasm_bindgen(js_name = ask)]
     pub(crate) fn ask_worker(query: &str);
@@ -29,7 +29,8 @@ pub(crate) fn start(mut on_reply: impl FnMut(Option<(&str, &str)>) + 'static) ->
         let answer = answer.as_string();
         on_reply(answer.as_deref().and_then(|a| a.split_once('\n')));
     });
-    let started = start_worker(&reply);
+    // (the compiled module itself: the worker neither fetches nor compiles it again)
+    let started = start_worker(&reply, wasm_bindgen::module());
     // (the worker answers for as long as the page lives)
     reply.forget();
     started

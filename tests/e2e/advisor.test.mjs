@@ -153,9 +153,13 @@ async function plansFor(page, seq) {
 test('the advisor searches in its worker while typing pauses; without workers the page searches itself, with the same plans', async () => {
   const { page, errors, context } = await openPage(env.browser, env.server.origin + LLAMA_4090);
   await plansFor(page, '2048');
-  // one worker, on the page's own module (the snippet that starts it)
+  // one worker, started by the page's own snippet on the page's compiled module: the module
+  // is fetched once
   assert.equal(page.workers().length, 1);
   assert.match(page.workers()[0].url(), /\/snippets\/.*\/worker\.js$/);
+  const fetched = await page.workers()[0].evaluate(() => performance.getEntriesByType('resource').map((e) => e.name));
+  assert.ok(fetched.some((url) => /batch-size-estimator-\w+\.js$/.test(url)), fetched.join('\n'));
+  assert.ok(!fetched.some((url) => url.endsWith('.wasm')), fetched.join('\n'));
   // keystrokes in a burst: the plans follow the last value typed
   await typeInto(page, 'seq', '1536');
   const inWorker = await plansFor(page, '1536');
