@@ -94,12 +94,13 @@ pub async fn copy_to_clipboard(text: &str) -> Result<(), String> {
 
 /// Fetches the `config.json` at `url` (the Hub's: the page's CSP lets no other host be
 /// reached) without credentials, gives up after [`HUB_TIMEOUT_SECS`], and reads the answer
-/// piece by piece as a pasted config: refused, and the download stopped, past the cap.
+/// piece by piece as a pasted config: refused, and the download stopped, past the cap. With
+/// `as_config` false the answer is another file of the repository, kept as text.
 ///
 /// # Errors
 /// What a person can act on: not found, gated, unreachable, too slow, too large, not a
 /// config this estimator reads.
-pub async fn fetch_config(url: &str) -> Result<String, HubError> {
+pub async fn fetch_config(url: &str, as_config: bool) -> Result<String, HubError> {
     let window = web_sys::window().ok_or(HubError::Unreachable)?;
     let controller = web_sys::AbortController::new().map_err(|_| HubError::Unreachable)?;
     let signal = controller.signal();
@@ -149,7 +150,11 @@ pub async fn fetch_config(url: &str) -> Result<String, HubError> {
                 body.push(&web_sys::js_sys::Uint8Array::new(&field("value")).to_vec())?;
             }
         }
-        body.finish()
+        if as_config {
+            body.finish()
+        } else {
+            body.finish_text()
+        }
     }
     .await;
     // stops a download still under way (an error status, a body past the cap)

@@ -13,11 +13,11 @@
 //! says what in them differs from the defaults, and which open when it does.
 
 use estimator_core::{
-    group_thousands, AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Field,
-    Generator, Gpu, HubId, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload,
-    Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision,
-    PrecisionRecipe, Preset, Quant4, Reference, Sharding, TpPlan, Trainer, WeightFormat,
-    CUSTOM_MODEL_KEY, SIMPLE_OPTIMIZERS,
+    group_thousands, wants_preprocessor, with_preprocessor, AllocatorMode, AttentionKernel,
+    ByteUnit, Checkpointing, Compile, Field, Generator, Gpu, HubId, KvDtype, LossKind, Method,
+    Mode, ModelFamily, ObjectiveKind, Offload, Optimizer, OptimizerImpl, Page, PageState,
+    ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reference, Sharding,
+    TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY, PREPROCESSOR_FILE, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -875,8 +875,8 @@ fn read_config(input: &web_sys::Element, state: RwSignal<PageState>) {
     });
 }
 
-/// Fetches the `config.json` of the Hub id typed in `hub-id` and makes it the model; says
-/// why not in `hub-error`. The button waits, disabled, for the answer.
+/// Fetches the `config.json` of the Hub id typed in `hub-id` (and a vision-language model's
+/// `preprocessor_config.json`) and makes it the model; says why not in `hub-error`. The button waits, disabled, for the answer.
 fn fetch_hub(button: web_sys::Element, state: RwSignal<PageState>) {
     let show = |message: &str| {
         if let Some(error) = by_id("hub-error") {
@@ -894,7 +894,18 @@ fn fetch_hub(button: web_sys::Element, state: RwSignal<PageState>) {
     show("");
     let _ = button.set_attribute("disabled", "");
     spawn_local(async move {
-        let answer = crate::browser::fetch_config(&id.config_url()).await;
+        let mut answer = crate::browser::fetch_config(&id.config_url(), true).await;
+        if let Ok(config) = &mut answer {
+            // a vision-language model's processor sizes, where its repository has them (the
+            // sizes the checkpoints publish otherwise)
+            if wants_preprocessor(config) {
+                let url = id.file_url(PREPROCESSOR_FILE);
+                let file = crate::browser::fetch_config(&url, false).await;
+                if let Some(joined) = file.ok().and_then(|p| with_preprocessor(config, &p)) {
+                    *config = joined;
+                }
+            }
+        }
         let _ = button.remove_attribute("disabled");
         match answer {
             Ok(text) => state.update(|s| {

@@ -303,8 +303,105 @@ pub fn read_config_body(body: &[u8]) -> Result<String, HubError> {
     reader.finish()
 }
 
+/// The file of a vision-language model's repository that holds its processor's sizes.
+pub const PREPROCESSOR_FILE: &str = "preprocessor_config.json";
+
+/// Whether `config` (a fetched `config.json`) is a vision-language model's without its
+/// processor's sizes: its repository's [`PREPROCESSOR_FILE`] is then worth fetching (without
+/// it the readers take the sizes the checkpoints publish).
+#[must_use]
+pub fn wants_preprocessor(config: &str) -> bool {
+    crate::json::parse(config).is_ok_and(|v| {
+        v.as_object().is_some_and(|m| {
+            m.contains_key("vision_config") && !m.contains_key("preprocessor_config")
+        })
+    })
+}
+
+/// `config` with `preprocessor` (a [`PREPROCESSOR_FILE`]) under `preprocessor_config`, where
+/// the config readers take the processor's sizes from (the CLI puts it there too); `None` when
+/// `config` does not want one ([`wants_preprocessor`]) or `preprocessor` is no JSON object.
+#[must_use]
+pub fn with_preprocessor(config: &str, preprocessor: &str) -> Option<String> {
+    if !wants_preprocessor(config) {
+        return None;
+    }
+    crate::json::parse(preprocessor).ok()?.as_object()?;
+    let body = config.trim_end().strip_suffix('}')?;
+    Some(format!(
+        "{body},\"preprocessor_config\":{}}}",
+        preprocessor.trim()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
+
+    /// Qwen2.5-VL-7B-Instruct's `preprocessor_config.json` as the Hub serves it, with its
+    /// largest image at `max_pixels`.
+    #[cfg(feature = "vision")]
+    fn qwen_preprocessor(max_pixels: u64) -> String {
+        format!(
+            r#"{{
+  "min_pixels": 3136,
+  "max_pixels": {max_pixels},
+  "patch_size": 14,
+  "temporal_patch_size": 2,
+  "merge_size": 2,
+  "image_mean": [0.48145466, 0.4578275, 0.40821073],
+  "image_std": [0.26862954, 0.26130258, 0.27577711],
+  "image_processor_type": "Qwen2VLImageProcessor",
+  "processor_class": "Qwen2_5_VLProcessor"
+}}
+"#
+        )
+    }
+
+    /// The tokens of one 1280 x 1280 image, with `config` as the page's model.
+    #[cfg(feature = "vision")]
+    #[track_caller]
+    fn image_tokens_of(config: &str) -> u64 {
+        let mut state = crate::decode_query("m=arch&img=1&isz=1280x1280").state;
+        state.model.preset = None;
+        state.model.config_json = config.to_owned();
+        let page = crate::parse_page(&state);
+        assert!(
+            page.field_errors.is_empty() && page.config_error.is_none(),
+            "{page:?}"
+        );
+        let t = page.image_tokens.expect("image tokens");
+        t.image_tokens + t.markup_tokens
+    }
+
+    #[cfg(feature = "vision")]
+    #[test]
+    fn a_fetched_preprocessor_joins_its_config() {
+        let config = include_str!("../tests/fixtures/configs/qwen2.5-vl-7b.json");
+        assert!(wants_preprocessor(config));
+        // the published sizes are the readers' defaults: the same 2,118 tokens
+        let published = with_preprocessor(config, &qwen_preprocessor(12_845_056)).expect("joins");
+        assert!(!wants_preprocessor(&published), "one is enough");
+        assert_eq!(image_tokens_of(config), 2_118);
+        assert_eq!(image_tokens_of(&published), 2_118);
+        // a checkpoint whose processor caps images at 28 x 28 x 1280 pixels (the class
+        // default): 1280 x 1280 is resized to 980 x 980, 35 x 35 merged patches and the markers
+        let capped = with_preprocessor(config, &qwen_preprocessor(1_003_520)).expect("joins");
+        assert_eq!(image_tokens_of(&capped), 35 * 35 + 2);
+        // nothing is joined where nothing is wanted, or to what is no object
+        for (config, preprocessor) in [
+            (config, "[]"),
+            (config, "not json"),
+            (published.as_str(), "{}"),
+            (r#"{"model_type":"llama","hidden_size":8}"#, "{}"),
+            ("not json", "{}"),
+        ] {
+            assert_eq!(
+                with_preprocessor(config, preprocessor),
+                None,
+                "{config:.40} {preprocessor}"
+            );
+        }
+    }
     use super::*;
 
     /// `text` reads as the id whose config lives at `url`, and prints as `shown`.

@@ -31,8 +31,8 @@ pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
 pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, PhasePeaks, StepMemory};
 pub use formats::{Block, GgufType, KvDtype, WeightFormat};
 pub use hub::{
-    read_config_body, ConfigBody, HubError, HubId, HUB_ORIGIN, HUB_TIMEOUT_SECS,
-    MAX_HUB_NAME_CHARS, MAX_HUB_REVISION_CHARS,
+    read_config_body, wants_preprocessor, with_preprocessor, ConfigBody, HubError, HubId,
+    HUB_ORIGIN, HUB_TIMEOUT_SECS, MAX_HUB_NAME_CHARS, MAX_HUB_REVISION_CHARS, PREPROCESSOR_FILE,
 };
 pub use number::FieldError;
 pub use optimizer::{Optimizer, OptimizerImpl};

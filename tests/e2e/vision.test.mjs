@@ -20,6 +20,46 @@ const imageTokens = (page) => page.getByTestId('image-tokens').textContent();
 const seqLabel = (page) => page.locator('label[for=seq]').textContent();
 const visionHidden = (page) => page.getByTestId('vision-settings').evaluate((el) => el.hidden);
 
+/**
+ * Answers the Hub's requests of `context` with the core's Qwen2.5-VL config for `config.json`
+ * and `files[name]` for the other files (404 where missing); other hosts are refused. Returns
+ * the list of URLs asked.
+ */
+async function routeHub(context, files) {
+  const hub = [];
+  await context.route(
+    (url) => !url.href.startsWith(env.server.origin + '/'),
+    async (route) => {
+      const url = route.request().url();
+      hub.push(url);
+      if (!url.startsWith(HUB)) return route.abort();
+      const name = url.split('/').pop();
+      const body = name === 'config.json' ? await readFile(fixture(QWEN_VL), 'utf8') : files[name];
+      return route.fulfill({
+        status: body === undefined ? 404 : 200,
+        contentType: 'text/plain; charset=utf-8',
+        headers: { 'access-control-allow-origin': '*' },
+        body: body ?? 'Entry not found',
+      });
+    },
+  );
+  return hub;
+}
+
+/** Qwen2.5-VL-7B-Instruct's `preprocessor_config.json`, its largest image `maxPixels`. */
+const qwenPreprocessor = (maxPixels) => `{
+  "min_pixels": 3136,
+  "max_pixels": ${maxPixels},
+  "patch_size": 14,
+  "temporal_patch_size": 2,
+  "merge_size": 2,
+  "image_mean": [0.48145466, 0.4578275, 0.40821073],
+  "image_std": [0.26862954, 0.26130258, 0.27577711],
+  "image_processor_type": "Qwen2VLImageProcessor",
+  "processor_class": "Qwen2_5_VLProcessor"
+}
+`;
+
 /** The page in the architecture mode on an H100 80 GB, its model the pasted config. */
 async function openCustom(query = '?m=arch&gpu=h100-80') {
   const opened = await openPage(env.browser, env.server.origin + '/' + query);
@@ -44,20 +84,7 @@ async function pasteWithImages(page, config, images, size) {
 
 test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-pixel image adds its 2,118 tokens and the vision tower', async () => {
   const { page, errors, context } = await openCustom();
-  const hub = [];
-  await context.route(
-    (url) => !url.href.startsWith(env.server.origin + '/'),
-    async (route) => {
-      hub.push(route.request().url());
-      if (!route.request().url().startsWith(HUB)) return route.abort();
-      return route.fulfill({
-        status: 200,
-        contentType: 'text/plain; charset=utf-8',
-        headers: { 'access-control-allow-origin': '*' },
-        body: await readFile(fixture(QWEN_VL), 'utf8'),
-      });
-    },
-  );
+  const hub = await routeHub(context, { 'preprocessor_config.json': qwenPreprocessor(12_845_056) });
   assert.equal(await visionHidden(page), true, 'a text model has no image fields');
   await typeInto(page, 'hub-id', 'Qwen/Qwen2.5-VL-7B-Instruct');
   await page.getByTestId('hub-fetch').click();
@@ -65,7 +92,10 @@ test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-
     (n) => document.querySelector('[data-testid="n-params"]')?.dataset.value === n,
     TEXT_PARAMS,
   );
-  assert.deepEqual(hub, [`${HUB}Qwen/Qwen2.5-VL-7B-Instruct/resolve/main/config.json`]);
+  // the config, then the processor's sizes (the published ones: the readers' defaults)
+  const repo = `${HUB}Qwen/Qwen2.5-VL-7B-Instruct/resolve/main/`;
+  assert.deepEqual(hub, [`${repo}config.json`, `${repo}preprocessor_config.json`]);
+  assert.match(await page.getByTestId('config-json').inputValue(), /"preprocessor_config":\{\s*"min_pixels": 3136,/);
   assert.equal(await visionHidden(page), false);
   assert.equal(await imageTokens(page), '', 'no images yet');
   // the image fields show their defaults (which links leave out)
@@ -102,9 +132,34 @@ test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-
   assert.equal(await page.getByTestId('image-size').inputValue(), '1280x1280');
   assert.equal(await page.getByTestId('vision-tower').inputValue(), 'trained');
   assert.equal(await bytesOf(page, 'total'), towerTrained);
-  assert.equal(hub.length, 1);
+  assert.equal(hub.length, 2);
   assert.deepEqual(errors, []);
   await context.close();
+});
+
+test("a checkpoint's own processor sizes come with its config; without the file, the published ones", async () => {
+  for (const [files, tokens] of [
+    // a processor that caps images at 28 x 28 x 1280 pixels: 1280 x 1280 becomes 980 x 980
+    [{ 'preprocessor_config.json': qwenPreprocessor(1_003_520) }, '1,227'],
+    // no preprocessor_config.json in the repository
+    [{}, '2,118'],
+  ]) {
+    const { page, errors, context } = await openCustom();
+    const hub = await routeHub(context, files);
+    await typeInto(page, 'hub-id', 'someone/qwen2.5-vl-finetune');
+    await page.getByTestId('hub-fetch').click();
+    await page.waitForFunction(() => document.querySelector('[data-testid="vision-settings"]')?.hidden === false);
+    assert.equal(hub.length, 2);
+    assert.equal(await page.getByTestId('hub-error').textContent(), '');
+    await typeInto(page, 'images', '1');
+    await typeInto(page, 'image-size', '1280x1280');
+    await page.waitForFunction(
+      (tokens) => document.querySelector('[data-testid="image-tokens"]')?.textContent.startsWith(`${tokens} image tokens`),
+      tokens,
+    );
+    assert.deepEqual(errors.filter((e) => !e.includes('404')), []);
+    await context.close();
+  }
 });
 
 test("a pasted Qwen2.5-VL-7B with 1280-pixel images is planned onto one 80 GB GPU: the first plan's link fits", async () => {
