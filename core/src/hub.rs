@@ -320,7 +320,8 @@ pub fn wants_preprocessor(config: &str) -> bool {
 
 /// `config` with `preprocessor` (a [`PREPROCESSOR_FILE`]) under `preprocessor_config`, where
 /// the config readers take the processor's sizes from (the CLI puts it there too); `None` when
-/// `config` does not want one ([`wants_preprocessor`]) or `preprocessor` is no JSON object.
+/// `config` does not want one ([`wants_preprocessor`]), `preprocessor` is no JSON object, or
+/// the two together would pass the cap of a pasted config.
 #[must_use]
 pub fn with_preprocessor(config: &str, preprocessor: &str) -> Option<String> {
     if !wants_preprocessor(config) {
@@ -328,10 +329,9 @@ pub fn with_preprocessor(config: &str, preprocessor: &str) -> Option<String> {
     }
     crate::json::parse(preprocessor).ok()?.as_object()?;
     let body = config.trim_end().strip_suffix('}')?;
-    Some(format!(
-        "{body},\"preprocessor_config\":{}}}",
-        preprocessor.trim()
-    ))
+    let joined = format!("{body},\"preprocessor_config\":{}}}", preprocessor.trim());
+    // (past the pasted configs' cap the config would be refused: it stays without)
+    (joined.chars().count() <= MAX_CONFIG_CHARS).then_some(joined)
 }
 
 #[cfg(test)]
