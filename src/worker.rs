@@ -1,7 +1,10 @@
-//! The advisor's search in a Web Worker (`worker.js`) that runs this same module: the page asks it at every change and shows its plans once the typing pauses, so
-//! the search (tens of milliseconds of allocator replays) overlaps the pause and never holds
-//! up a keystroke. Where no worker starts (the browser tests, a page without Trunk's loader),
-//! the page searches itself, after the pause.
+//! The advisor's search in a Web Worker (`worker.js`) that runs this same module: the page
+//! asks it once the inputs rest and shows its plans once the typing pauses, so the search
+//! (tens of milliseconds of allocator replays) overlaps the pause and never holds up a
+//! keystroke, and a search that fails (a panic traps the worker's module) says so in the
+//! advisor's card instead of stopping the page. Where no worker starts (the browser tests, a
+//! page without Trunk's loader, a browser without module workers), the page searches itself,
+//! after the pause.
 
 use estimator_core::{decode_query, parse_page, PageState, Scenario};
 use wasm_bindgen::prelude::*;

@@ -196,3 +196,31 @@ test('the advisor searches in its worker while typing pauses; without workers th
     await bare.close();
   }
 });
+
+test('a search that fails in the worker says so in the card and the page keeps working; the next change gets a fresh worker', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + LLAMA_4090);
+  await plansFor(page, '2048');
+  // the worker's next answer fails as a trap would: its first postMessage throws
+  await page.workers()[0].evaluate(() => {
+    const post = self.postMessage.bind(self);
+    let calls = 0;
+    self.postMessage = (message) => {
+      calls += 1;
+      if (calls === 1) throw new Error('a trap, as a panic would be');
+      post(message);
+    };
+  });
+  await typeInto(page, 'seq', '1536');
+  const advice = page.getByTestId('fit-advice');
+  await advice.getByText('The advisor stopped on these inputs.').waitFor();
+  assert.equal(await advice.locator('a[href]').count(), 0);
+  // the figures still follow the inputs
+  await page.waitForFunction(() => new URL(document.querySelector('[data-testid="share-link"]').href).search.includes('s=1536'));
+  await page.waitForFunction(() => document.querySelector('[data-testid="fit-verdict"]')?.dataset.fits === 'false');
+  // the next change is searched by a fresh worker
+  await typeInto(page, 'seq', '1024');
+  assert.ok((await plansFor(page, '1024')).length >= 3);
+  assert.equal(page.workers().length, 1);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
