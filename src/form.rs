@@ -28,13 +28,39 @@ use crate::markup::{when, Markup};
 /// `(key, label)` choices of a drop-down.
 pub type Options = Vec<(&'static str, &'static str)>;
 
-/// `(key, label)` pairs of a choice enum.
-pub fn options<T: Copy>(
-    all: &[T],
-    key: fn(T) -> &'static str,
-    label: fn(T) -> &'static str,
-) -> Options {
-    all.iter().map(|&v| (key(v), label(v))).collect()
+/// Fixed `(key, label)` choices.
+type Pairs = &'static [(&'static str, &'static str)];
+
+/// The `(key, label)` pairs of a choice enum's values `$all` (label by `$label`), after the
+/// pairs `before` and before the pairs `after`: a table built at compile time, where a
+/// generic function building them was compiled once per enum.
+macro_rules! pairs {
+    ($t:ty, $all:expr, $label:ident) => {
+        pairs!($t, $all, $label, [], [])
+    };
+    ($t:ty, $all:expr, $label:ident, [$($before:expr),*], [$($after:expr),*]) => {{
+        const ALL: &[$t] = &$all;
+        const BEFORE: Pairs = &[$($before),*];
+        const AFTER: Pairs = &[$($after),*];
+        const N: usize = BEFORE.len() + ALL.len() + AFTER.len();
+        const PAIRS: [(&str, &str); N] = {
+            let mut pairs = [("", ""); N];
+            let mut i = 0;
+            while i < N {
+                pairs[i] = if i < BEFORE.len() {
+                    BEFORE[i]
+                } else if i < BEFORE.len() + ALL.len() {
+                    let v = ALL[i - BEFORE.len()];
+                    (v.key(), v.$label())
+                } else {
+                    AFTER[i - BEFORE.len() - ALL.len()]
+                };
+                i += 1;
+            }
+            pairs
+        };
+        &PAIRS
+    }};
 }
 
 /// How a field is edited.
@@ -44,12 +70,9 @@ pub enum Kind {
     /// below (empty for none).
     Typed { hint: &'static str, text: bool },
     /// A drop-down of fixed `(key, label)` choices.
-    Choice(&'static [(&'static str, &'static str)]),
-    /// A drop-down of a choice enum's values.
-    ChoiceOf(fn() -> Options),
-    /// A drop-down of a choice enum's values that other settings may refuse, with the
-    /// message below it.
-    Refusable(fn() -> Options),
+    Choice(Pairs),
+    /// A drop-down that other settings may refuse, with the message below it.
+    Refusable(Pairs),
 }
 
 /// One field of the form.
@@ -81,12 +104,7 @@ const fn typed(
 }
 
 /// A drop-down of fixed choices.
-const fn choice(
-    field: Field,
-    label: &'static str,
-    testid: &'static str,
-    options: &'static [(&'static str, &'static str)],
-) -> Spec {
+const fn choice(field: Field, label: &'static str, testid: &'static str, options: Pairs) -> Spec {
     Spec {
         field,
         label,
@@ -95,37 +113,27 @@ const fn choice(
     }
 }
 
-/// A drop-down of an enum's values.
-const fn choice_of(
-    field: Field,
-    label: &'static str,
-    testid: &'static str,
-    options: fn() -> Options,
-) -> Spec {
-    Spec {
-        field,
-        label,
-        testid,
-        kind: Kind::ChoiceOf(options),
-    }
-}
-
 /// The model, the trainer, the sequence and the expert-parallel group: fields with behaviour
 /// or texts of their own.
-const MODEL: Spec = choice_of(Field::Model, "Model", "model", || {
-    vec![(CUSTOM_MODEL_KEY, "Custom: a Hub id or a config.json")]
-});
+const MODEL: Spec = choice(
+    Field::Model,
+    "Model",
+    "model",
+    &[(CUSTOM_MODEL_KEY, "Custom: a Hub id or a config.json")],
+);
 // The trainer is no field of the state: it names the defaults the inputs have
 // (`Source::Trainer`), and a choice applies its defaults.
-const TRAINER_CHOICE: Spec = choice_of(
+const TRAINER_CHOICE: Spec = choice(
     Field::Loss,
     "Trainer (sets attention, checkpointing, loss, packing, optimizer kernel)",
     "trainer",
-    || {
-        let mut all = options(&Trainer::ALL, Trainer::key, Trainer::label);
-        all.push(("custom", "Custom (defaults changed below)"));
-        all
-    },
+    pairs!(
+        Trainer,
+        Trainer::ALL,
+        label,
+        [],
+        [("custom", "Custom (defaults changed below)")]
+    ),
 );
 const SEQ: Spec = typed(
     Field::SeqLen,
@@ -332,7 +340,7 @@ struct Control {
     id: &'static str,
     label: &'static str,
     source: Source,
-    radios: Option<Options>,
+    radios: Option<Pairs>,
     message: bool,
 }
 
@@ -478,14 +486,9 @@ impl<'a> Builder<'a> {
                     )
                     .close("div");
             }
-            Kind::Choice(_) | Kind::ChoiceOf(_) | Kind::Refusable(_) => {
+            Kind::Choice(options) | Kind::Refusable(options) => {
                 let value = source.text(self.state);
-                let (options, refusable) = match kind {
-                    Kind::Choice(options) => (options.to_vec(), false),
-                    Kind::ChoiceOf(options) => (options(), false),
-                    Kind::Refusable(options) => (options(), true),
-                    Kind::Typed { .. } => (Vec::new(), false),
-                };
+                let refusable = matches!(kind, Kind::Refusable(_));
                 m.open("div", &[("class", "field")])
                     .el("label", &[("for", testid)], label)
                     .open(
@@ -501,7 +504,7 @@ impl<'a> Builder<'a> {
                     option_list(m, &options, &value);
                     m.close("optgroup");
                 }
-                option_list(m, &options, &value);
+                option_list(m, options, &value);
                 m.close("select");
                 if refusable {
                     let error_id = format!("{testid}-error");
@@ -529,14 +532,14 @@ impl<'a> Builder<'a> {
     }
 
     /// A fieldset of radio buttons (a [`RadioGroup`](crate::components::RadioGroup)).
-    fn radios(&mut self, legend: &'static str, name: &'static str, field: Field, options: Options) {
+    fn radios(&mut self, legend: &'static str, name: &'static str, field: Field, options: Pairs) {
         self.m
             .open(
                 "fieldset",
                 &[("class", "radio-group"), ("data-testid", name)],
             )
             .el("legend", &[], legend);
-        for &(key, text) in &options {
+        for &(key, text) in options {
             let id = format!("{name}-{key}");
             self.m
                 .open("label", &[("class", "radio")])
@@ -705,7 +708,7 @@ fn build(state: &PageState) -> Builder<'_> {
         "Describe the model",
         "mode",
         Field::Mode,
-        options(&Mode::ALL, Mode::key, Mode::label),
+        pairs!(Mode, Mode::ALL, label),
     );
     b.when(Shown::Simple, |b| {
         b.group("div", &[("class", "field-row")], |b| b.fields(PARAMS));
@@ -809,7 +812,7 @@ fn build(state: &PageState) -> Builder<'_> {
         "Show figures in",
         "unit",
         Field::ByteUnit,
-        options(&ByteUnit::ALL, ByteUnit::key, ByteUnit::label),
+        pairs!(ByteUnit, ByteUnit::ALL, label),
     );
     b
 }
@@ -1007,15 +1010,15 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                         if was.as_deref() == Some(now.as_str()) {
                             continue;
                         }
-                        match &control.radios {
+                        match control.radios {
                             Some(radios) => {
-                                for (key, _) in radios {
+                                for &(key, _) in radios {
                                     if let Some(radio) = by_id(&format!("{}-{key}", control.id))
                                         .and_then(|r| {
                                             r.dyn_into::<web_sys::HtmlInputElement>().ok()
                                         })
                                     {
-                                        radio.set_checked(*key == now);
+                                        radio.set_checked(key == now);
                                     }
                                 }
                             }
@@ -1194,99 +1197,86 @@ pub const PARAMS: &[Spec] = &[
         "params",
         "Decimals allowed: 0.5 with B is 500 million.",
     ),
-    choice_of(Field::ParamsUnit, "Unit", "params-unit", || {
-        options(&ParamUnit::ALL, ParamUnit::key, ParamUnit::label)
-    }),
+    choice(
+        Field::ParamsUnit,
+        "Unit",
+        "params-unit",
+        pairs!(ParamUnit, ParamUnit::ALL, label),
+    ),
 ];
 
 /// Simple mode: the precision.
-pub const PRECISION: &[Spec] = &[choice_of(
+pub const PRECISION: &[Spec] = &[choice(
     Field::Precision,
     "Numerical precision",
     "precision",
-    || options(&Precision::ALL, Precision::key, Precision::label),
+    pairs!(Precision, Precision::ALL, label),
 )];
 
 /// Simple mode's optimizers.
-pub const SIMPLE_OPTIMIZER: &[Spec] = &[choice_of(
+pub const SIMPLE_OPTIMIZER: &[Spec] = &[choice(
     Field::Optimizer,
     "Optimizer",
     "optimizer",
-    || options(&SIMPLE_OPTIMIZERS, Optimizer::key, Optimizer::label),
+    pairs!(Optimizer, SIMPLE_OPTIMIZERS, label),
 )];
 
 /// Architecture mode: the precision recipe.
-pub const RECIPE: &[Spec] = &[choice_of(
+pub const RECIPE: &[Spec] = &[choice(
     Field::Recipe,
     "Precision recipe",
     "recipe",
-    || {
-        options(
-            &PrecisionRecipe::ALL,
-            PrecisionRecipe::key,
-            PrecisionRecipe::label,
-        )
-    },
+    pairs!(PrecisionRecipe, PrecisionRecipe::ALL, label),
 )];
 
 /// Architecture mode's optimizers.
-pub const OPTIMIZER: &[Spec] = &[choice_of(
+pub const OPTIMIZER: &[Spec] = &[choice(
     Field::Optimizer,
     "Optimizer",
     "optimizer",
-    || options(&Optimizer::ALL, Optimizer::key, Optimizer::label),
+    pairs!(Optimizer, Optimizer::ALL, label),
 )];
 
 /// How torch.optim runs the optimizer (training only).
-pub const OPTIMIZER_IMPL: &[Spec] = &[choice_of(
+pub const OPTIMIZER_IMPL: &[Spec] = &[choice(
     Field::OptimizerImpl,
     "Optimizer kernel",
     "optimizer-impl",
-    || {
-        options(
-            &OptimizerImpl::ALL,
-            OptimizerImpl::key,
-            OptimizerImpl::label,
-        )
-    },
+    pairs!(OptimizerImpl, OptimizerImpl::ALL, label),
 )];
 
 /// The attention kernel and checkpointing.
 pub const KERNEL: &[Spec] = &[
-    choice_of(Field::Attention, "Attention kernel", "attention", || {
-        options(
-            &AttentionKernel::ALL,
-            AttentionKernel::key,
-            AttentionKernel::label,
-        )
-    }),
-    choice_of(
+    choice(
+        Field::Attention,
+        "Attention kernel",
+        "attention",
+        pairs!(AttentionKernel, AttentionKernel::ALL, label),
+    ),
+    choice(
         Field::Checkpointing,
         "Activation checkpointing",
         "checkpointing",
-        || {
-            options(
-                &Checkpointing::ALL,
-                Checkpointing::key,
-                Checkpointing::label,
-            )
-        },
+        pairs!(Checkpointing, Checkpointing::ALL, label),
     ),
 ];
 
 /// `torch.compile` (training only): off, each block and the loss, or the whole model.
-pub const COMPILE: &[Spec] = &[choice_of(
+pub const COMPILE: &[Spec] = &[choice(
     Field::Compile,
     "torch.compile",
     "compile",
-    || options(&Compile::ALL, Compile::key, Compile::label),
+    pairs!(Compile, Compile::ALL, label),
 )];
 
 /// What the trainer sets (training only).
 pub const TRAINER: &[Spec] = &[
-    choice_of(Field::Loss, "Loss (trainer)", "loss", || {
-        options(&LossKind::ALL, LossKind::key, LossKind::label)
-    }),
+    choice(
+        Field::Loss,
+        "Loss (trainer)",
+        "loss",
+        pairs!(LossKind, LossKind::ALL, label),
+    ),
     choice(
         Field::Packing,
         "Sequence packing",
@@ -1326,17 +1316,11 @@ pub const TRAINER: &[Spec] = &[
 ];
 
 /// The training objective (training only).
-pub const OBJECTIVE: &[Spec] = &[choice_of(
+pub const OBJECTIVE: &[Spec] = &[choice(
     Field::Objective,
     "Training objective",
     "objective",
-    || {
-        options(
-            &ObjectiveKind::ALL,
-            ObjectiveKind::key,
-            ObjectiveKind::label,
-        )
-    },
+    pairs!(ObjectiveKind, ObjectiveKind::ALL, label),
 )];
 
 /// DPO's and GRPO's sequences and reference.
@@ -1353,9 +1337,12 @@ pub const OBJECTIVE_SETTINGS: &[Spec] = &[
         "max-completion",
         "",
     ),
-    choice_of(Field::Reference, "Reference model", "reference", || {
-        options(&Reference::ALL, Reference::key, Reference::label)
-    }),
+    choice(
+        Field::Reference,
+        "Reference model",
+        "reference",
+        pairs!(Reference, Reference::ALL, label),
+    ),
 ];
 
 /// GRPO's generation.
@@ -1366,9 +1353,12 @@ pub const GRPO: &[Spec] = &[
         "generations",
         "num_generations: the batch counts prompts.",
     ),
-    choice_of(Field::Generator, "Generator", "generator", || {
-        options(&Generator::ALL, Generator::key, Generator::label)
-    }),
+    choice(
+        Field::Generator,
+        "Generator",
+        "generator",
+        pairs!(Generator, Generator::ALL, label),
+    ),
 ];
 
 /// Colocated vLLM's share of the device.
@@ -1411,11 +1401,11 @@ pub const VISION: &[Spec] = &[
 ];
 
 /// The training method (training only).
-pub const METHOD: &[Spec] = &[choice_of(
+pub const METHOD: &[Spec] = &[choice(
     Field::Method,
     "Training method",
     "method",
-    || options(&Method::ALL, Method::key, Method::label),
+    pairs!(Method, Method::ALL, label),
 )];
 
 /// LoRA's adapters.
@@ -1455,9 +1445,12 @@ pub const LORA: &[Spec] = &[
 
 /// QLoRA's quantization.
 pub const QLORA: &[Spec] = &[
-    choice_of(Field::Quant, "4-bit type (bitsandbytes)", "quant", || {
-        options(&Quant4::ALL, Quant4::key, Quant4::key)
-    }),
+    choice(
+        Field::Quant,
+        "4-bit type (bitsandbytes)",
+        "quant",
+        pairs!(Quant4, Quant4::ALL, key),
+    ),
     choice(
         Field::DoubleQuant,
         "Double quantization",
@@ -1480,15 +1473,18 @@ pub const INFERENCE: &[Spec] = &[
         "new-tokens",
         "Tokens generated after the prompt; 0 for a single forward pass.",
     ),
-    choice_of(
+    choice(
         Field::WeightFormat,
         "Weight format",
         "weight-format",
-        || options(&WeightFormat::ALL, WeightFormat::key, WeightFormat::label),
+        pairs!(WeightFormat, WeightFormat::ALL, label),
     ),
-    choice_of(Field::KvDtype, "KV-cache dtype", "kv-dtype", || {
-        options(&KvDtype::ALL, KvDtype::key, KvDtype::label)
-    }),
+    choice(
+        Field::KvDtype,
+        "KV-cache dtype",
+        "kv-dtype",
+        pairs!(KvDtype, KvDtype::ALL, label),
+    ),
 ];
 
 /// The batch.
@@ -1509,11 +1505,12 @@ pub const ACTIVATION_MB: &[Spec] = &[typed(
 
 /// The device and how many.
 pub const GPU: &[Spec] = &[
-    choice_of(Field::Gpu, "GPU", "gpu", || {
-        let mut all = vec![("none", "No GPU in particular")];
-        all.extend(options(&Gpu::ALL, Gpu::key, Gpu::label));
-        all
-    }),
+    choice(
+        Field::Gpu,
+        "GPU",
+        "gpu",
+        pairs!(Gpu, Gpu::ALL, label, [("none", "No GPU in particular")], []),
+    ),
     typed(
         Field::NumGpus,
         "GPUs in all",
@@ -1539,17 +1536,11 @@ pub const CUSTOM_GPU: &[Spec] = &[typed(
 )];
 
 /// PyTorch's caching allocator, whose reserve the step's replay finds.
-pub const ALLOCATOR: &[Spec] = &[choice_of(
+pub const ALLOCATOR: &[Spec] = &[choice(
     Field::Allocator,
     "PyTorch's caching allocator (PYTORCH_CUDA_ALLOC_CONF)",
     "allocator",
-    || {
-        options(
-            &AllocatorMode::ALL,
-            AllocatorMode::key,
-            AllocatorMode::label,
-        )
-    },
+    pairs!(AllocatorMode, AllocatorMode::ALL, label),
 )];
 
 /// What the device holds beyond the tensors.
@@ -1571,14 +1562,12 @@ pub const OVERHEADS: &[Spec] = &[
 
 /// Data parallelism: the engine, offloading and NCCL's buffers.
 pub const DATA_PARALLEL: &[Spec] = &[
-    choice_of(Field::Sharding, "Data-parallel engine", "sharding", || {
-        options(&Sharding::ALL, Sharding::key, Sharding::label)
-    }),
+    choice(Field::Sharding, "Data-parallel engine", "sharding", pairs!(Sharding, Sharding::ALL, label)),
     Spec {
         field: Field::Offload,
         label: "Offload to CPU",
         testid: "offload",
-        kind: Kind::Refusable(|| options(&Offload::ALL, Offload::key, Offload::label)),
+        kind: Kind::Refusable(pairs!(Offload, Offload::ALL, label)),
     },
     typed(
         Field::NcclMib,
@@ -1637,9 +1626,12 @@ pub const TENSOR_PARALLEL_MORE: &[Spec] = &[
             ("on", "On: norms and residuals on a slice of the tokens"),
         ],
     ),
-    choice_of(Field::TpPlan, "Tensor-parallel plan", "tp-plan", || {
-        options(&TpPlan::ALL, TpPlan::key, TpPlan::label)
-    }),
+    choice(
+        Field::TpPlan,
+        "Tensor-parallel plan",
+        "tp-plan",
+        pairs!(TpPlan, TpPlan::ALL, label),
+    ),
     choice(
         Field::LossParallel,
         "Loss parallelism",
@@ -1669,17 +1661,11 @@ pub const CONTEXT_PIPELINE: &[Spec] = &[
 
 /// Architecture mode: how a pipeline of 2+ stages runs.
 pub const PIPELINE_MORE: &[Spec] = &[
-    choice_of(
+    choice(
         Field::PipelineSchedule,
         "Pipeline schedule",
         "pipeline-schedule",
-        || {
-            options(
-                &PipelineSchedule::ALL,
-                PipelineSchedule::key,
-                PipelineSchedule::label,
-            )
-        },
+        pairs!(PipelineSchedule, PipelineSchedule::ALL, label),
     ),
     typed(
         Field::Microbatches,
