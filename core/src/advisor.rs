@@ -1216,7 +1216,7 @@ impl<'a> Search<'a> {
                     }
                 }
             }
-            combos.sort_unstable();
+            sort_ranked(&mut combos);
         }
         // the same-math settings every combination tries (one list for the whole search)
         let same_math = odometer(&[MICRO, SHARD, EP], &counts);
@@ -1256,7 +1256,7 @@ impl<'a> Search<'a> {
                     }
                 }
             }
-            candidates.sort_unstable();
+            sort_ranked(&mut candidates);
             for (rank, l) in candidates {
                 if listed.len() >= limit {
                     break;
@@ -1529,6 +1529,38 @@ fn odometer(knobs: &[usize], counts: &[usize; KNOBS]) -> Vec<Levels> {
         if carried {
             return out;
         }
+    }
+}
+
+/// Sorts ranked plans in ascending order by a heapsort: a few hundred bytes of wasm where
+/// `sort_unstable` compiled its quicksort, small-sort and heapsort fallback. The order is
+/// the same: a plan's rank and levels compare as a total order whose equal elements are
+/// identical.
+fn sort_ranked(v: &mut [(RankKey, Levels)]) {
+    // moves `v[root]` down the heap `v[..end]` until neither child is larger
+    fn sift_down(v: &mut [(RankKey, Levels)], mut root: usize, end: usize) {
+        loop {
+            let mut child = 2 * root + 1;
+            if child >= end {
+                return;
+            }
+            if child + 1 < end && v[child] < v[child + 1] {
+                child += 1;
+            }
+            if v[root] >= v[child] {
+                return;
+            }
+            v.swap(root, child);
+            root = child;
+        }
+    }
+    let n = v.len();
+    for root in (0..n / 2).rev() {
+        sift_down(v, root, n);
+    }
+    for end in (1..n).rev() {
+        v.swap(0, end);
+        sift_down(v, 0, end);
     }
 }
 
