@@ -368,7 +368,7 @@ impl<'a> Builder<'a> {
 
     /// A folded section around `parts`; the form's effect writes its note and opens it
     /// when it matters, from the first state on.
-    fn fold(&mut self, fold: Fold, parts: impl FnOnce(&mut Self)) {
+    fn fold(&mut self, fold: Fold, parts: &dyn Fn(&mut Self)) {
         let first = self.controls.len();
         let key = fold.key();
         self.m
@@ -401,7 +401,7 @@ impl<'a> Builder<'a> {
     }
 
     /// A `div.when` around `parts`, hidden unless `shown` holds.
-    fn when(&mut self, shown: Shown, parts: impl FnOnce(&mut Self)) {
+    fn when(&mut self, shown: Shown, parts: &dyn Fn(&mut Self)) {
         self.shown.push(shown);
         self.m.open(
             "div",
@@ -415,7 +415,7 @@ impl<'a> Builder<'a> {
     }
 
     /// `<tag class=...>` around `parts`.
-    fn group(&mut self, tag: &str, attrs: &[(&str, &str)], parts: impl FnOnce(&mut Self)) {
+    fn group(&mut self, tag: &str, attrs: &[(&str, &str)], parts: &dyn Fn(&mut Self)) {
         self.m.open(tag, attrs);
         parts(self);
         self.m.close(tag);
@@ -710,15 +710,15 @@ fn build(state: &PageState) -> Builder<'_> {
         Field::Mode,
         pairs!(Mode, Mode::ALL, label),
     );
-    b.when(Shown::Simple, |b| {
-        b.group("div", &[("class", "field-row")], |b| b.fields(PARAMS));
+    b.when(Shown::Simple, &|b| {
+        b.group("div", &[("class", "field-row")], &|b| b.fields(PARAMS));
         b.fields(PRECISION);
         b.optimizer(Mode::Simple);
     });
-    b.when(Shown::Architecture, |b| {
+    b.when(Shown::Architecture, &|b| {
         b.field(&MODEL, Some(preset_groups()));
-        b.when(Shown::CustomModel, Builder::config);
-        b.when(Shown::Sft, |b| b.field(&SEQ, None));
+        b.when(Shown::CustomModel, &Builder::config);
+        b.when(Shown::Sft, &|b| b.field(&SEQ, None));
         // a vision-language model's images: shown by the page's effect once the config says so
         b.group(
             "fieldset",
@@ -728,7 +728,7 @@ fn build(state: &PageState) -> Builder<'_> {
                 ("data-testid", "vision-settings"),
                 ("hidden", ""),
             ],
-            |b| {
+            &|b| {
                 b.m.el("legend", &[], "Images (vision-language model)");
                 b.fields(VISION);
                 b.m.el(
@@ -744,68 +744,68 @@ fn build(state: &PageState) -> Builder<'_> {
         );
         b.fields(RECIPE);
         b.optimizer(Mode::Architecture);
-        b.when(Shown::Training, |b| {
+        b.when(Shown::Training, &|b| {
             b.control(&TRAINER_CHOICE, Source::Trainer, None)
         });
-        b.when(Shown::Training, |b| b.fields(OBJECTIVE));
-        b.when(Shown::Objective, |b| {
+        b.when(Shown::Training, &|b| b.fields(OBJECTIVE));
+        b.when(Shown::Objective, &|b| {
             b.group(
                 "fieldset",
                 &[
                     ("class", "objective"),
                     ("data-testid", "objective-settings"),
                 ],
-                |b| {
+                &|b| {
                     b.m.el("legend", &[], "DPO / GRPO (TRL 1.16)");
                     b.fields(OBJECTIVE_SETTINGS);
-                    b.when(Shown::Grpo, |b| b.fields(GRPO));
-                    b.when(Shown::VllmColocated, |b| b.fields(VLLM));
+                    b.when(Shown::Grpo, &|b| b.fields(GRPO));
+                    b.when(Shown::VllmColocated, &|b| b.fields(VLLM));
                 },
             );
         });
-        b.when(Shown::Training, |b| b.fields(METHOD));
-        b.when(Shown::Peft, |b| {
+        b.when(Shown::Training, &|b| b.fields(METHOD));
+        b.when(Shown::Peft, &|b| {
             b.group(
                 "fieldset",
                 &[("class", "peft"), ("data-testid", "peft-settings")],
-                |b| {
+                &|b| {
                     b.m.el("legend", &[], "LoRA adapters (peft)");
                     b.fields(LORA);
-                    b.when(Shown::Qlora, |b| b.fields(QLORA));
+                    b.when(Shown::Qlora, &|b| b.fields(QLORA));
                 },
             );
         });
-        b.when(Shown::Inference, |b| b.fields(INFERENCE));
+        b.when(Shown::Inference, &|b| b.fields(INFERENCE));
     });
     b.fields(BATCH);
-    b.when(Shown::Simple, |b| b.fields(ACTIVATION_MB));
-    b.when(Shown::Architecture, |b| {
-        b.fold(Fold::Step, |b| {
-            b.when(Shown::Training, |b| b.fields(OPTIMIZER_IMPL));
+    b.when(Shown::Simple, &|b| b.fields(ACTIVATION_MB));
+    b.when(Shown::Architecture, &|b| {
+        b.fold(Fold::Step, &|b| {
+            b.when(Shown::Training, &|b| b.fields(OPTIMIZER_IMPL));
             b.fields(KERNEL);
-            b.when(Shown::Training, |b| b.fields(COMPILE));
-            b.when(Shown::Training, |b| b.fields(TRAINER));
+            b.when(Shown::Training, &|b| b.fields(COMPILE));
+            b.when(Shown::Training, &|b| b.fields(TRAINER));
         });
     });
     b.m.el("h3", &[("class", "section-title")], "Hardware");
     b.fields(GPU);
-    b.when(Shown::CpuRam, |b| b.fields(RAM));
-    b.when(Shown::CustomGpu, |b| b.fields(CUSTOM_GPU));
-    b.fold(Fold::Parallel, |b| {
+    b.when(Shown::CpuRam, &|b| b.fields(RAM));
+    b.when(Shown::CustomGpu, &|b| b.fields(CUSTOM_GPU));
+    b.fold(Fold::Parallel, &|b| {
         b.fields(DATA_PARALLEL);
-        b.when(Shown::Architecture, |b| {
-            b.when(Shown::Fsdp2, |b| b.fields(FSDP2));
-            b.when(Shown::DeepSpeed, |b| b.fields(DEEPSPEED));
+        b.when(Shown::Architecture, &|b| {
+            b.when(Shown::Fsdp2, &|b| b.fields(FSDP2));
+            b.when(Shown::DeepSpeed, &|b| b.fields(DEEPSPEED));
             b.fields(TENSOR_PARALLEL);
-            b.when(Shown::TensorParallel, |b| b.fields(TENSOR_PARALLEL_MORE));
+            b.when(Shown::TensorParallel, &|b| b.fields(TENSOR_PARALLEL_MORE));
             b.fields(CONTEXT_PIPELINE);
-            b.when(Shown::Pipeline, |b| b.fields(PIPELINE_MORE));
+            b.when(Shown::Pipeline, &|b| b.fields(PIPELINE_MORE));
             b.field(&EXPERT_PARALLEL, None);
         });
         b.fields(GLOBAL_BATCH);
     });
-    b.fold(Fold::Overheads, |b| {
-        b.group("div", &[("class", "overheads")], |b| b.fields(OVERHEADS));
+    b.fold(Fold::Overheads, &|b| {
+        b.group("div", &[("class", "overheads")], &|b| b.fields(OVERHEADS));
         b.fields(ALLOCATOR);
     });
     b.radios(
