@@ -370,27 +370,21 @@ impl<'a> Builder<'a> {
     /// when it matters, from the first state on.
     fn fold(&mut self, fold: Fold, parts: &dyn Fn(&mut Self)) {
         let first = self.controls.len();
-        let key = fold.key();
+        let id = format!("fold-{}", fold.key());
+        let (summary, note) = (format!("{id}-summary"), format!("{id}-note"));
         self.m
             .open(
                 "details",
-                &[
-                    ("class", "fold"),
-                    ("id", &format!("fold-{key}")),
-                    ("data-testid", &format!("fold-{key}")),
-                ],
+                &[("class", "fold"), ("id", &id), ("data-testid", &id)],
             )
-            .open(
-                "summary",
-                &[("data-testid", &format!("fold-{key}-summary"))],
-            )
+            .open("summary", &[("data-testid", &summary)])
             .text(fold.title())
             .el(
                 "span",
                 &[
                     ("class", "fold-note"),
-                    ("id", &format!("fold-{key}-note")),
-                    ("data-testid", &format!("fold-{key}-note")),
+                    ("id", &note),
+                    ("data-testid", &note),
                 ],
                 "",
             )
