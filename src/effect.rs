@@ -7,8 +7,15 @@ use leptos::reactive::effect::RenderEffect;
 /// owner lives (the page, or the component calling it).
 ///
 /// One render effect type serves every effect of the page: Leptos' `Effect::new` compiles a
-/// task of its own for each closure, some 2 KB of WebAssembly each.
-pub fn watch(mut f: impl FnMut() + 'static) {
+/// task of its own for each closure, some 2 KB of WebAssembly each; the closure is boxed so
+/// that creating the effect is compiled once.
+pub fn watch(f: impl FnMut() + 'static) {
+    watch_boxed(Box::new(f));
+}
+
+/// [`watch`] with its closure boxed.
+#[inline(never)]
+fn watch_boxed(mut f: Box<dyn FnMut()>) {
     let effect = RenderEffect::new(move |_| f());
     on_cleanup(move || drop(effect));
 }
