@@ -313,7 +313,7 @@ pub const PREPROCESSOR_FILE: &str = "preprocessor_config.json";
 pub fn wants_preprocessor(config: &str) -> bool {
     crate::json::parse(config).is_ok_and(|v| {
         v.as_object().is_some_and(|m| {
-            m.contains_key("vision_config") && !m.contains_key("preprocessor_config")
+            m.get("vision_config").is_some() && m.get("preprocessor_config").is_none()
         })
     })
 }
