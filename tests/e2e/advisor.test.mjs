@@ -164,6 +164,15 @@ test('the advisor searches in its worker while typing pauses; without workers th
   await typeInto(page, 'seq', '1536');
   const inWorker = await plansFor(page, '1536');
   assert.ok(inWorker.length >= 3, inWorker.join('\n'));
+  // the plans' figures follow the unit: the same plans, in GiB
+  await page.getByTestId('unit-gib').check();
+  await page.waitForFunction(() => document.querySelector('[data-testid="fit-plan"] .plan-figures')?.textContent.includes('GiB'));
+  const inGib = await page.getByTestId('fit-plan').evaluateAll((ls) =>
+    ls.map((l) => `${l.querySelector('a').getAttribute('href')} ${l.dataset.peakBytes}`),
+  );
+  assert.deepEqual(inGib.map((p) => p.replace('&u=gib&', '&u=gb&')), inWorker);
+  await page.getByTestId('unit-gb').check();
+  await page.waitForFunction(() => document.querySelector('[data-testid="fit-plan"] .plan-figures')?.textContent.includes(' GB'));
   assert.deepEqual(errors, []);
   await context.close();
 
