@@ -56,7 +56,7 @@ if (typeof document == 'undefined') {
       postMessage(`${query}\n${advise(query)}`);
     } catch {
       // (its module's state is not to be trusted after a trap)
-      postMessage(`${query}\n<p class="hint">The advisor stopped on these inputs. Please report them.</p>`);
+      postMessage(`${query}\n<p class="hint">The advisor stopped on these inputs; the figures above still hold. Change an input to search again.</p>`);
       postMessage(false);
       close();
       return;
