@@ -337,24 +337,12 @@ pub fn with_preprocessor(config: &str, preprocessor: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
 
-    /// Qwen2.5-VL-7B-Instruct's `preprocessor_config.json` as the Hub serves it, with its
-    /// largest image at `max_pixels`.
+    /// Qwen2.5-VL-7B-Instruct's `preprocessor_config.json` as the Hub serves it (the e2e
+    /// tests serve the same file), with its largest image at `max_pixels`.
     #[cfg(feature = "vision")]
     fn qwen_preprocessor(max_pixels: u64) -> String {
-        format!(
-            r#"{{
-  "min_pixels": 3136,
-  "max_pixels": {max_pixels},
-  "patch_size": 14,
-  "temporal_patch_size": 2,
-  "merge_size": 2,
-  "image_mean": [0.48145466, 0.4578275, 0.40821073],
-  "image_std": [0.26862954, 0.26130258, 0.27577711],
-  "image_processor_type": "Qwen2VLImageProcessor",
-  "processor_class": "Qwen2_5_VLProcessor"
-}}
-"#
-        )
+        include_str!("../tests/fixtures/configs/qwen2.5-vl-7b-preprocessor.json")
+            .replace("12845056", &max_pixels.to_string())
     }
 
     /// The tokens of one 1280 x 1280 image, with `config` as the page's model.

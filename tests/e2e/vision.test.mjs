@@ -46,19 +46,12 @@ async function routeHub(context, files) {
   return hub;
 }
 
-/** Qwen2.5-VL-7B-Instruct's `preprocessor_config.json`, its largest image `maxPixels`. */
-const qwenPreprocessor = (maxPixels) => `{
-  "min_pixels": 3136,
-  "max_pixels": ${maxPixels},
-  "patch_size": 14,
-  "temporal_patch_size": 2,
-  "merge_size": 2,
-  "image_mean": [0.48145466, 0.4578275, 0.40821073],
-  "image_std": [0.26862954, 0.26130258, 0.27577711],
-  "image_processor_type": "Qwen2VLImageProcessor",
-  "processor_class": "Qwen2_5_VLProcessor"
-}
-`;
+/**
+ * Qwen2.5-VL-7B-Instruct's `preprocessor_config.json` (the core's fixture, which its tests
+ * read too), its largest image `maxPixels`.
+ */
+const qwenPreprocessor = async (maxPixels) =>
+  (await readFile(fixture('qwen2.5-vl-7b-preprocessor'), 'utf8')).replace('12845056', String(maxPixels));
 
 /** The page in the architecture mode on an H100 80 GB, its model the pasted config. */
 async function openCustom(query = '?m=arch&gpu=h100-80') {
@@ -84,7 +77,7 @@ async function pasteWithImages(page, config, images, size) {
 
 test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-pixel image adds its 2,118 tokens and the vision tower', async () => {
   const { page, errors, context } = await openCustom();
-  const hub = await routeHub(context, { 'preprocessor_config.json': qwenPreprocessor(12_845_056) });
+  const hub = await routeHub(context, { 'preprocessor_config.json': await qwenPreprocessor(12_845_056) });
   assert.equal(await visionHidden(page), true, 'a text model has no image fields');
   await typeInto(page, 'hub-id', 'Qwen/Qwen2.5-VL-7B-Instruct');
   await page.getByTestId('hub-fetch').click();
@@ -140,7 +133,7 @@ test('a Qwen2.5-VL config opened by its Hub id shows the image fields; one 1280-
 test("a checkpoint's own processor sizes come with its config; without the file, the published ones", async () => {
   for (const [files, tokens] of [
     // a processor that caps images at 28 x 28 x 1280 pixels: 1280 x 1280 becomes 980 x 980
-    [{ 'preprocessor_config.json': qwenPreprocessor(1_003_520) }, '1,227'],
+    [{ 'preprocessor_config.json': await qwenPreprocessor(1_003_520) }, '1,227'],
     // no preprocessor_config.json in the repository
     [{}, '2,118'],
   ]) {
