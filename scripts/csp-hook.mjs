@@ -36,6 +36,13 @@ function withIntegrity(html, name, bytes) {
   return `${html.slice(0, at)}integrity=${attr[1]}${sri}${attr[1]}${html.slice(at + attr[0].length)}`;
 }
 
+/** `source`, an ES module (the file `name`), minified by terser. */
+async function minified(source, name) {
+  const { code } = await minify(source, { module: true, compress: true, mangle: true });
+  if (!code) throw new Error(`terser returned nothing for ${name}`);
+  return code;
+}
+
 // (KEEP_GLUE=1 keeps the names, for a profile of the bundle's functions)
 if (process.env.TRUNK_PROFILE === 'release' && !process.env.KEEP_GLUE) {
   const files = await readdir(staging);
@@ -78,8 +85,7 @@ if (process.env.TRUNK_PROFILE === 'release' && !process.env.KEEP_GLUE) {
   glue = glue.replace(/^export class IntoUnderlying\w+ \{\n[\s\S]*?^\}\n/gm, '');
   glue = glue.replace(/^if \(Symbol\.dispose\) IntoUnderlying\w+\.prototype.*\n/gm, '');
   glue = glue.replace(/^const IntoUnderlying\w+Finalization = [\s\S]*?;\n/gm, '');
-  const { code } = await minify(glue, { module: true, compress: true, mangle: true });
-  if (!code) throw new Error(`terser returned nothing for ${jsName}`);
+  const code = await minified(glue, jsName);
   await writeFile(join(staging, jsName), code);
   html = withIntegrity(html, jsName, code);
   html = withIntegrity(html, wasmName, await readFile(wasmPath));
@@ -93,8 +99,7 @@ if (process.env.TRUNK_PROFILE === 'release') {
     .filter((name) => name.endsWith('.js'));
   for (const name of scripts) {
     const path = join(snippets, name);
-    const { code } = await minify(await readFile(path, 'utf8'), { module: true, compress: true, mangle: true });
-    if (!code) throw new Error(`terser returned nothing for ${path}`);
+    const code = await minified(await readFile(path, 'utf8'), path);
     await writeFile(path, code);
     // (Trunk preloads each snippet with its hash)
     if (html.includes(`snippets/${name}`)) html = withIntegrity(html, `snippets/${name}`, code);
