@@ -1,97 +1,118 @@
 #!/usr/bin/env python3
-"""Re-measure rows of the reference data and print measured vs reference peak.
+"""Measure fixture rows again from their own `config` and say, field by field, whether the harness
+still gives the same bytes.
 
-  python validation/reproduce.py [--ref ../shared/reference/pytorch-measured.jsonl] [--out rows.jsonl]
+  validation/.venv/bin/python validation/reproduce.py core/tests/fixtures/peft-measured.jsonl [--pick 0,3,7]
+  validation/.venv/bin/python validation/reproduce.py --sample 2            # two rows of every fixture file
+  validation/.venv/bin/python validation/reproduce.py --ref ../shared/reference/pytorch-measured.jsonl --all
+
+Each row goes to the recipe that measured it (RECIPES: the first whose test holds for its config),
+run as `recipe.py --from-row ROW` in its own process; the row it prints is compared with the
+fixture in every field but `time_s` and `versions`. Exit status 1 if any row differs or fails.
 """
-import argparse, json, os, sys
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import measure as M  # noqa: E402
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# (model, batch, seq, precision, optimizer, attn, gc)
-ROWS = [
-    ("gpt2", 1, 1024, "fp32", "adamw", "sdpa", False),
-    ("gpt2", 1, 1024, "amp_bf16", "adamw", "sdpa", False),
-    ("gpt2", 1, 1024, "bf16", "none", "sdpa", False),
-    ("gpt2", 1, 1024, "fp32", "adamw", "eager", False),
-    ("gpt2", 1, 1024, "amp_bf16", "adamw", "sdpa", True),
-    ("bert-base", 8, 512, "fp32", "adamw", "sdpa", False),
-    ("llama-1b", 1, 2048, "bf16", "adamw", "sdpa", False),
-    # extra rows
-    ("gpt2", 1, 1024, "amp_bf16", "none", "sdpa", False),
-    ("gpt2", 4, 1024, "amp_bf16", "adamw", "eager", False),
-    ("bert-base", 8, 512, "amp_bf16", "adamw", "eager", False),
-    ("bert-base", 8, 512, "bf16", "sgd", "sdpa", False),
-    ("llama-1b", 1, 2048, "amp_bf16", "adamw", "sdpa", False),
-    ("llama-1b", 1, 2048, "amp_bf16", "adamw", "sdpa", True),
-    # fp32 + grouped-query attention: the efficient kernel with un-expanded K/V (torch >= 2.14)
-    ("llama3-8b", 1, 2048, "fp32", "adamw", "sdpa", False),
-]
-
-
-def key(c):
-    return (c["model"], c["batch"], c["seq"], c["precision"], c["optimizer"], c["attn"], c["gc"])
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", default=os.path.join(HERE, "..", "..", "shared", "reference", "pytorch-measured.jsonl"))
-    ap.add_argument("--out")
-    ap.add_argument("--only", help="substring filter on the model name")
-    ap.add_argument("--first", type=int, help="only the first N rows")
-    ap.add_argument("--all", action="store_true",
-                    help="every reference row whose model has a config in configs/ (not the vision models)")
-    ap.add_argument("--skip", default="", help="comma-separated model names to leave out with --all")
-    a = ap.parse_args()
-    if not os.path.exists(a.ref):
-        a.ref = "/work/shared/reference/pytorch-measured.jsonl"
-    ref = {key(r["config"]): r for r in map(json.loads, open(a.ref))}
-    print(f"{'model':10} {'b':>2} {'seq':>5} {'prec':8} {'opt':5} {'attn':5} {'gc':5} "
-          f"{'measured':>14} {'reference':>14} {'diff %':>8} phase(m/r)")
-    rows = ROWS
-    if a.all:
-        skip = set(filter(None, a.skip.split(",")))
-        rows = [k for k in ref if os.path.exists(os.path.join(HERE, "configs", k[0] + ".json"))
-                and k[0] not in skip]
-    n = same_peak = same_all = 0
-    worst = 0.0
-    for row in rows[: a.first or len(rows)]:
-        if a.only and a.only not in row[0]:
-            continue
-        m, b, s, p, o, at, gc = row
-        r = M.measure(os.path.join(HERE, "configs", m + ".json"), m, b, s, p, o, at, gc)
-        r.pop("sdpa_kernels", None)
-        rf = ref.get(row)
-        rp = rf["peak_bytes"] if rf else None
-        d = f"{100.0 * (r['peak_bytes'] - rp) / rp:+.3f}" if rp else "n/a"
-        print(f"{m:10} {b:>2} {s:>5} {p:8} {o:5} {at:5} {str(gc):5} {r['peak_bytes']:>14} "
-              f"{rp if rp else '-':>14} {d:>8} {r['peak_phase']}/{rf['peak_phase'] if rf else '-'}"
-              f"{'' if not rf else (' all fields equal' if _same(r, rf) else ' fields differ: ' + ','.join(_diff(r, rf)))}",
-              flush=True)
-        if rf:
-            n += 1
-            same_peak += r["peak_bytes"] == rp and r["peak_phase"] == rf["peak_phase"]
-            same_all += _same(r, rf)
-            worst = max(worst, abs(r["peak_bytes"] - rp) / rp * 100)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(json.dumps(r) + "\n")
-
-
-    print(f"{n} reference rows: {same_peak} with identical peak_bytes and peak_phase, {same_all} identical "
-          f"in every field (time_s and versions aside); largest |peak diff| {worst:.3f}%")
-
-
+FIXTURES = os.path.join(HERE, "..", "core", "tests", "fixtures")
 IGNORED = {"time_s", "versions"}
 
 
-def _diff(r, rf):
-    return [k for k in rf if k not in IGNORED and r.get(k) != rf[k]]
+def _is_moe(c):
+    sys.path.insert(0, HERE)
+    from harness.grid import config_path
+    with open(config_path(c["model"])) as f:
+        d = json.load(f)
+    d = d.get("text_config", d)
+    return any(k in d for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
-def _same(r, rf):
-    return not _diff(r, rf)
+# (recipe, test on a row's config), first match wins
+RECIPES = [
+    ("distributed.py", lambda c: "strategy" in c),
+    ("pipeline.py", lambda c: "pp" in c),
+    ("rl.py", lambda c: "objective" in c),
+    ("compile.py", lambda c: "compile" in c),
+    ("vlm.py", lambda c: "images" in c),
+    ("peft.py", lambda c: "method" in c),
+    ("trainers.py", lambda c: "loss" in c),
+    ("moe.py", _is_moe),
+    ("measure.py", lambda c: True),
+]
+
+
+def recipe_of(config):
+    return next(name for name, test in RECIPES if test(config))
+
+
+def diff(measured, fixture):
+    """The fields of `fixture` that `measured` does not hold to the byte."""
+    return [k for k in fixture if k not in IGNORED and measured.get(k) != fixture[k]]
+
+
+def measure_again(row, python):
+    script = os.path.join(HERE, recipe_of(row["config"]))
+    r = subprocess.run([python, script, "--from-row", json.dumps(row)], capture_output=True, text=True)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return None, (r.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(lines[-1]), None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="fixture .jsonl files (default: every core/tests/fixtures/*.jsonl)")
+    ap.add_argument("--ref", help="a reference .jsonl (e.g. ../shared/reference/pytorch-measured.jsonl)")
+    ap.add_argument("--pick", help="comma-separated row indices (0-based) of each file")
+    ap.add_argument("--sample", type=int, help="N rows of each file, spread evenly")
+    ap.add_argument("--only", help="substring of the model name")
+    ap.add_argument("--all", action="store_true", help="every row (default: --sample 1)")
+    ap.add_argument("--skip", default="", help="comma-separated model names to leave out")
+    ap.add_argument("--out", help="append the measured rows to this .jsonl file")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the recipes")
+    a = ap.parse_args(argv)
+    files = a.files or ([a.ref] if a.ref else sorted(glob.glob(os.path.join(FIXTURES, "*-measured.jsonl"))))
+    skip = set(filter(None, a.skip.split(",")))
+    n = same = 0
+    for path in files:
+        rows = [json.loads(ln) for ln in open(path) if ln.strip()]
+        idx = range(len(rows))
+        if a.pick:
+            idx = [int(i) for i in a.pick.split(",")]
+        elif not a.all:
+            k = a.sample or 1
+            idx = sorted({round(i * (len(rows) - 1) / max(1, k - 1)) for i in range(k)}) if k > 1 else [0]
+        print(f"== {os.path.relpath(path)}", flush=True)
+        for i in idx:
+            row = rows[i]
+            c = row["config"]
+            if (a.only and a.only not in c["model"]) or c["model"] in skip:
+                continue
+            t0 = time.time()
+            m, err = measure_again(row, a.python)
+            n += 1
+            label = f"  [{i}] {recipe_of(c):15} {c['model']} b{c['batch']} s{c['seq']} {c['precision']}"
+            if m is None:
+                print(f"{label}: FAILED ({err})", flush=True)
+                continue
+            d = diff(m, row)
+            same += not d
+            verdict = "same bytes in every field" if not d else "DIFFERS in " + ", ".join(d)
+            print(f"{label}: peak {m['peak_bytes']} vs {row['peak_bytes']}: {verdict} ({time.time() - t0:.0f} s)",
+                  flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+    print(f"{same} of {n} rows measured again hold the same bytes in every field (time_s and versions aside)")
+    return 0 if same == n else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The measuring harness: one environment, one step, one row format.
+
+A recipe (measure.py, peft.py, trainers.py, ...) builds what it varies (a loss, adapters, an
+engine, a compiled graph, images) and hands the rest to this package:
+
+- `env`: threads, the allocator's 512-byte rounding, the CUDA emulation on fake CPU tensors;
+- `tracker`: MemTracker with per-phase peaks (`PhaseTracker`, `PhaseTrackerMixin` for
+  FSDPMemTracker and the like);
+- `model`: a model from a config.json, its optimizer, activation checkpointing;
+- `step`: the warm-up step and the measured step (gradient accumulation included), on a tracker
+  or on a real GPU (`CudaMeter`);
+- `rows`: the row format and its writer; `grid`: a grid of runs, one process each;
+- `ranks`: rank by rank on a fake process group.
+
+See validation/README.md, "The harness", for how to add a measurement in one file.
+"""
+from .env import (ROUND_BYTES, SDPA_LOG, install_cuda_emulation, install_frozen_param_hook_guard,
+                  nullctx, quiet, rnd, versions)
+from .grid import add_run_args, config_path, dispatch, flags, resolve_config, row_config, run_grid
+from .model import (GC_LAYERS, OPT_IMPLS, apply_gc_policy, build_model, load_config, make_optimizer,
+                    text_vocab)
+from .rows import PHASES, base_config, emit, gib, step_row
+from .step import (CudaMeter, LossOnly, StepMemory, measured_step, peak_summary, prepare_step,
+                   storage_bytes, warm_up)
+from .tracker import CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, flat, param_storages
+
+__all__ = [
+    "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
+    "quiet", "rnd", "versions",
+    "add_run_args", "config_path", "dispatch", "flags", "resolve_config", "row_config", "run_grid",
+    "GC_LAYERS", "OPT_IMPLS", "apply_gc_policy", "build_model", "load_config", "make_optimizer",
+    "text_vocab",
+    "PHASES", "base_config", "emit", "gib", "step_row",
+    "CudaMeter", "LossOnly", "StepMemory", "measured_step", "peak_summary", "prepare_step",
+    "storage_bytes", "warm_up",
+    "CATS", "CPU_SIDE_OUTPUTS", "PhaseTracker", "PhaseTrackerMixin", "flat", "param_storages",
+]

@@ -1,0 +1,98 @@
+"""A grid: a JSON list of entries, each measured by a recipe's command line in its own process
+(a fresh interpreter: no state of one measurement leaks into the next)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def resolve_config(path, here):
+    """A grid's config path: as given if it exists (or is absolute), else relative to the grid."""
+    if not os.path.isabs(path) and not os.path.exists(path) and os.path.exists(os.path.join(here, path)):
+        return os.path.join(here, path)
+    return path
+
+
+def flags(entry, names, on_off=()):
+    """Command-line flags for the keys of `entry` in `names` ({key: flag}, or a list of keys
+    spelled as `--key-with-dashes`): booleans as a bare flag when true (or `on`/`off` for keys in
+    `on_off`), other values as `flag value`; missing or None keys give nothing."""
+    if not isinstance(names, dict):
+        names = {k: "--" + k.replace("_", "-") for k in names}
+    argv = []
+    for k, flag in names.items():
+        v = entry.get(k)
+        if v is None:
+            continue
+        if k in on_off:
+            argv += [flag, "on" if v else "off"]
+        elif isinstance(v, bool):
+            if v:
+                argv.append(flag)
+        else:
+            argv += [flag, str(v)]
+    return argv
+
+
+def run_grid(script, grid_path, argv_of, out=None, extra=()):
+    """Run `script` once per entry of the grid at `grid_path` with `--config PATH` +
+    `argv_of(entry)` (+ `--out out` + `extra`), stdout discarded (the rows go to `out`).
+    Returns 1 if any entry failed."""
+    with open(grid_path) as f:
+        grid = json.load(f)
+    here = os.path.dirname(os.path.abspath(grid_path))
+    fails = 0
+    for g in grid:
+        cmd = [sys.executable, os.path.abspath(script), "--config", resolve_config(g["config"], here),
+               *argv_of(g), *extra]
+        if out:
+            cmd += ["--out", out]
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+        if r.returncode != 0:
+            fails += 1
+            print(f"[grid] FAILED: {g}", file=sys.stderr)
+    return 1 if fails else 0
+
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIRS = (os.path.join(HERE, "configs"),
+               os.path.join(HERE, "..", "core", "tests", "fixtures", "configs"))
+
+
+def config_path(model):
+    """The config.json of a row's `model`: validation/configs/, then the fixtures' configs/."""
+    for d in CONFIG_DIRS:
+        p = os.path.join(d, model + ".json")
+        if os.path.exists(p):
+            return os.path.normpath(p)
+    raise SystemExit(f"no config for model {model!r} in {', '.join(map(os.path.normpath, CONFIG_DIRS))}")
+
+
+def row_config(text):
+    """The `config` of a row given as JSON text (a whole row, or its config alone)."""
+    d = json.loads(text)
+    return d.get("config", d)
+
+
+def add_run_args(ap):
+    """The flags every recipe shares: --out, --grid, --from-row."""
+    ap.add_argument("--out", help="append the row(s) to this .jsonl file")
+    ap.add_argument("--grid", help="a JSON list of entries (the keys of a row's config; `config` is the "
+                    "path of the config.json, relative to the grid file); each is measured in its own process")
+    ap.add_argument("--from-row", metavar="JSON",
+                    help="measure again the row given as JSON (a whole row or its config): the model's "
+                    "config.json and every option are read from it (reproduce.py uses this)")
+
+
+def dispatch(a, script, argv_of, main, extra=()):
+    """What --grid and --from-row do for a recipe whose `argv_of(entry)` turns a grid entry or a
+    row's config into its command line (without --config); None when neither was given."""
+    if a.grid:
+        return run_grid(script, a.grid, argv_of, a.out, extra)
+    if a.from_row:
+        c = row_config(a.from_row)
+        return main(["--config", config_path(c["model"]), *argv_of(c), *extra,
+                     *(["--out", a.out] if a.out else [])])
+    return None
