@@ -117,8 +117,12 @@ def measured_step(meter, fwd, opt, train=True, amp=False, micro_batches=1, recor
     step.start = meter.snap()
     fwd_peak = bwd_peak = None
     out = None
-    for _ in range(micro_batches if train else 1):
-        step.fwd_start = meter.snap() if step.end_fwd is not None else step.start
+    for i in range(micro_batches if train else 1):
+        if i:
+            # MemTracker refuses a root module's second forward unless its per-module
+            # statistics (which no row uses) are cleared; the global figures are unaffected.
+            getattr(meter, "reset_mod_stats", lambda: None)()
+        step.fwd_start = meter.snap() if i else step.start
         meter.reset_peak()
         meter.record_copies = record
         with (fwd_ctx() if fwd_ctx else nullctx()):
