@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """List every tensor autograd saves for backward in one training forward (+ loss).
 
-Runs the same emulated-CUDA forward as measure.py (FakeTensorMode, 512-byte rounding, CUDA SDPA
-kernel choice, CUDA autocast lists) and reports, deduplicated by storage:
+Runs the same emulated-CUDA forward as measure.py (the harness's environment: FakeTensorMode,
+512-byte rounding, CUDA SDPA kernel choice, CUDA autocast lists) and reports, deduplicated by storage:
 
   * each saved tensor: the decoder layer it was created in (module hooks), the module path that
     created it, the autograd node(s) + attribute that save it, shape, dtype, storage bytes rounded
@@ -24,26 +24,21 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import os
 import re
 import sys
 import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import measure as M  # noqa: E402
+import harness as H  # noqa: E402
+from harness.model import mlm_or_clm_labels  # noqa: E402
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 
-R = M.ROUND_BYTES
 LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
-
-
-def rnd(n):
-    return int(math.ceil(n / R) * R)
 
 
 def layer_of(path):
@@ -82,6 +77,41 @@ def small_config(cfg: dict, n_layers: int | None, overrides: dict) -> dict:
     return d
 
 
+def load_small(config_path, n_layers, overrides, attn):
+    """The config at `config_path` cut to `n_layers` (small_config) with `overrides`: (the dict,
+    the transformers config, the architecture)."""
+    with open(config_path) as f:
+        d = small_config(json.load(f), n_layers, overrides or {})
+    with H.config_file(d) as path:
+        cfg, arch = H.load_config(path, attn)
+    return d, cfg, arch
+
+
+def module_stack(model):
+    """A list that holds, while the model runs, the paths of the modules being called (the
+    innermost last): forward pre- and post-hooks on every module."""
+    stack = []
+    for name, mod in model.named_modules():
+        def pre(mod, args, name=name):
+            stack.append(name)
+
+        def post(mod, args, out):
+            stack.pop()
+        mod.register_forward_pre_hook(pre)
+        mod.register_forward_hook(post)
+    return stack
+
+
+def storage_names(model, buffers=True):
+    """{storage: name} of the model's parameters (and buffers, named "buffer:NAME")."""
+    names = WeakIdKeyDictionary()
+    for n, p in model.named_parameters():
+        names[p.untyped_storage()] = n
+    for n, b in (model.named_buffers() if buffers else ()):
+        names[b.untyped_storage()] = "buffer:" + n
+    return names
+
+
 def representative(v, n):
     """First n entries, but keep one of each distinct value when the first n do not."""
     out = list(v[:n])
@@ -91,83 +121,71 @@ def representative(v, n):
     return out
 
 
-class Recorder(TorchDispatchMode):
-    """Remembers, for each storage, the op and module path that created it."""
+class OpOutputs(TorchDispatchMode):
+    """A dispatch mode that hands every tensor an op returns to `on_output(tensor, storage, op,
+    module path)` (the path from `module_stack`), then calls `after_op()`."""
 
     def __init__(self, stack):
         super().__init__()
         self.stack = stack
-        self.created = WeakIdKeyDictionary()
-        self.model_level = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         res = func(*args, **(kwargs or {}))
         path = self.stack[-1] if self.stack else ""
-        for t in _tensors(res):
+        op = str(func.overloadpacket.__name__) + "." + func._overloadname
+        for t in H.tensors_in(res):
             try:
                 st = t.untyped_storage()
             except Exception:
                 continue
-            if st not in self.created:
-                self.created[st] = (str(func.overloadpacket.__name__) + "." + func._overloadname, path)
-                if layer_of(path) is None and st.nbytes() > 0:
-                    # model-level tensors (masks, rotary tables, embeddings, loss pieces): remember them
-                    # to report the ones that die before the end of the forward (transients)
-                    self.model_level.append((weakref.ref(st), self.created[st][0], path, tuple(t.shape),
-                                             str(t.dtype).replace("torch.", ""), st.nbytes()))
+            self.on_output(t, st, op, path)
+        self.after_op()
         return res
 
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _tensors(y)
+    def after_op(self):
+        pass
 
 
-def run(config_path, batch, seq, precision, attn, n_layers=2, overrides=None, gc=False):
-    M.install_cuda_emulation()
-    with open(config_path) as f:
-        raw = json.load(f)
-    d = small_config(raw, n_layers, overrides or {})
-    tmp = os.path.join("/tmp", f"dump_cfg_{os.getpid()}.json")
-    with open(tmp, "w") as f:
-        json.dump(d, f)
-    cfg, arch = M.load_config(tmp, attn)
-    os.unlink(tmp)
+class Recorder(OpOutputs):
+    """Remembers, for each storage, the op and module path that created it."""
+
+    def __init__(self, stack):
+        super().__init__(stack)
+        self.created = WeakIdKeyDictionary()
+        self.model_level = []
+
+    def on_output(self, t, st, op, path):
+        if st not in self.created:
+            self.created[st] = (op, path)
+            if layer_of(path) is None and st.nbytes() > 0:
+                # model-level tensors (masks, rotary tables, embeddings, loss pieces): remember them
+                # to report the ones that die before the end of the forward (transients)
+                self.model_level.append((weakref.ref(st), op, path, tuple(t.shape),
+                                         str(t.dtype).replace("torch.", ""), st.nbytes()))
+
+
+def run(config_path, batch, seq, precision, attn, n_layers=2, overrides=None, gc=False, build=None):
+    """The forward (+ loss) of the model of `config_path` cut to `n_layers`, under saved-tensor hooks
+    and the harness's tracker: (info, saved tensors, alive-not-saved). `build(cfg, arch, attn,
+    dtype)` makes the model (default: the harness's build_model)."""
+    H.install_cuda_emulation()
+    d, cfg, arch = load_small(config_path, n_layers, overrides, attn)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     amp = precision == "amp_bf16"
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    stack = []
-    saved = collections.OrderedDict()  # storage-key -> info
     packed = []  # (tensor, module path at pack time)
     with fake:
-        model = M.build_model(cfg, arch, attn, dtype)
+        model = (build or H.build_model)(cfg, arch, attn, dtype)
         if gc:
             model.gradient_checkpointing_enable()
         model.train(True)
-        vocab = M.text_vocab(cfg)
+        vocab = H.text_vocab(cfg)
         ids = torch.randint(0, vocab, (batch, seq), dtype=torch.long)
-        names = {}
-        for name, mod in model.named_modules():
-            names[mod] = name
-
-            def pre(mod, args, name=name):
-                stack.append(name)
-
-            def post(mod, args, out):
-                stack.pop()
-            mod.register_forward_pre_hook(pre)
-            mod.register_forward_hook(post)
-        param_st = WeakIdKeyDictionary()
-        for n, p in model.named_parameters():
-            param_st[p.untyped_storage()] = n
-        for n, b in model.named_buffers():
-            param_st[b.untyped_storage()] = "buffer:" + n
+        stack = module_stack(model)
+        param_st = storage_names(model)
         rec = Recorder(stack)
         rec.created[ids.untyped_storage()] = ("(input ids)", "")
-        mt = M.PhaseTracker({p.untyped_storage()._cdata for p in model.parameters()})
+        mt = H.PhaseTracker(H.param_storages(model))
         mt.track_external(model, ids)
 
         def pack(t):
@@ -186,9 +204,9 @@ def run(config_path, batch, seq, precision, attn, n_layers=2, overrides=None, gc
             start = mt.snap()
             mt.record_copies = amp
             with rec, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else M._nullctx()
+                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else H.nullctx()
                 with ctx:
-                    out = model(input_ids=ids, labels=M.mlm_or_clm_labels(cfg, arch, ids))
+                    out = model(input_ids=ids, labels=mlm_or_clm_labels(cfg, arch, ids))
                 loss = out.loss
                 del out
             mt.record_copies = False
@@ -258,7 +276,7 @@ def run(config_path, batch, seq, precision, attn, n_layers=2, overrides=None, gc
                     "saved_in": sorted(set(e["pack_paths"])),
                     "sites": sorted(set(f"{n}.{a}" for n, a in e["sites"])),
                     "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                    "storage_bytes": st.nbytes(), "bytes": rnd(st.nbytes()) if tracked is None else tracked,
+                    "storage_bytes": st.nbytes(), "bytes": H.rnd(st.nbytes()) if tracked is None else tracked,
                     "kind": kind, "amp_copy": any(st is a for a in amp_copies),
                 })
             saved_keys = set(id(s) for s in order)
@@ -275,16 +293,16 @@ def run(config_path, batch, seq, precision, attn, n_layers=2, overrides=None, gc
                               "storage_bytes": st.nbytes(), "bytes": w.mem_consumed,
                               "amp_copy": any(st is a for a in amp_copies),
                               "reftype": str(w.reftype).split(".")[-1]})
-    transient = [{"created_in": p, "op": op, "shape": list(sh), "dtype": dt, "bytes": rnd(nb)}
+    transient = [{"created_in": p, "op": op, "shape": list(sh), "dtype": dt, "bytes": H.rnd(nb)}
                  for (r, op, p, sh, dt, nb) in rec.model_level if r() is None]
     info = {
         "config": os.path.basename(config_path), "model_type": cfg.model_type, "arch": arch,
         "batch": batch, "seq": seq, "precision": precision, "attn": attn,
         "n_layers": n_layers, "overrides": overrides or {},
         "saved_act_bytes": end["total"] - start["total"], "amp_weight_copy_bytes": amp_copy_bytes,
-        "sdpa_kernels": dict(M.SDPA_LOG), "small_config": d,
+        "sdpa_kernels": dict(H.SDPA_LOG), "small_config": d,
     }
-    M.SDPA_LOG.clear()
+    H.SDPA_LOG.clear()
     info["model_level_transients"] = transient
     return info, rows, alive
 
@@ -332,6 +350,18 @@ def fmt_report(info, rows, alive):
     return "\n".join(L) + "\n"
 
 
+def overrides(sets):
+    """`--set key=value` options as config overrides: the value as JSON, else as a string."""
+    ov = {}
+    for s in sets:
+        k, _, v = s.partition("=")
+        try:
+            ov[k] = json.loads(v)
+        except json.JSONDecodeError:
+            ov[k] = v
+    return ov
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
@@ -345,14 +375,8 @@ def main(argv=None):
     ap.add_argument("--out", help="write the report here (default stdout)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     a = ap.parse_args(argv)
-    ov = {}
-    for s in a.set:
-        k, _, v = s.partition("=")
-        try:
-            ov[k] = json.loads(v)
-        except json.JSONDecodeError:
-            ov[k] = v
-    info, rows, alive = run(a.config, a.batch, a.seq, a.precision, a.attn, a.layers or None, ov, a.gc)
+    info, rows, alive = run(a.config, a.batch, a.seq, a.precision, a.attn, a.layers or None, overrides(a.set),
+                            a.gc)
     text = fmt_report(info, rows, alive)
     if a.out:
         with open(a.out, "w") as f:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Mixture-of-experts support for the measurement harness (measure.py / dump_saved.py).
+"""Mixture-of-experts models: the recipe of measure.py with what MoE runs vary (the experts
+implementation, real CPU tensors to check the fake mode, scaled-down configs).
 
 What transformers 5.24 does with MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 /
 Moonlight, gpt-oss), and what this module provides:
@@ -26,22 +27,27 @@ Moonlight, gpt-oss), and what this module provides:
   trainable (``Mxfp4HfQuantizer.is_trainable`` is False) unless dequantized
   (``Mxfp4Config(dequantize=True)``), which gives the same dense bf16 tensors.
 
-No patch of measure.py is needed for the default ("grouped_mm") path: ``measure.measure`` runs MoE
-configs as they are. This module adds:
+Nothing special is needed for the default ("grouped_mm") path: ``measure.measure`` runs MoE
+configs as they are, and ``moe.py`` without its own options gives measure.py's row (the rows of
+``core/tests/fixtures/moe-measured.jsonl``, from ``grid-moe.json``; ``reproduce.py`` sends them here).
+This module adds:
 
-* ``measure_moe(...)``: ``measure.measure`` with a chosen experts implementation and a choice of
-  fake (FakeTensorMode, the harness default) or real CPU tensors (to check that fake mode gives
-  the same bytes; use attn="eager" in real mode: the emulated flash / mem-efficient SDPA kernels
-  are CUDA-only ops with no CPU kernel);
+* ``measure_moe(...)``: ``measure.measure`` with a chosen experts implementation (its
+  ``adapt_model``; written to ``config.experts_impl`` when given) and a choice of fake
+  (FakeTensorMode, the harness default) or real CPU tensors (``device="real-cpu"``, to check that
+  fake mode gives the same bytes; use attn="eager" in real mode: the emulated flash /
+  mem-efficient SDPA kernels are CUDA-only ops with no CPU kernel);
 * ``param_counts(cfg)``: total parameters and active parameters per token (routed experts counted
   k/E) of a model built on the meta device;
 * ``small_config(d, ...)``: a scaled-down copy of a MoE config (layers, experts, widths) that keeps
-  one dense and one MoE layer where the model has both, and one sliding + one full layer (gpt-oss).
+  one dense and one MoE layer where the model has both, and one sliding + one full layer (gpt-oss);
+  ``--layers`` / ``--experts`` / ``--top-k`` are written to the row's config when given.
 
 Usage:
   python validation/moe.py --config validation/configs/qwen3-30b-a3b.json --layers 2 --experts 8 \
       --batch 1 --seq 64 --precision bf16 --attn sdpa [--experts-impl grouped_mm] [--real]
   python validation/moe.py --count validation/configs/deepseek-v3.json
+  python validation/moe.py --grid validation/grid-moe.json --out rows.jsonl
 """
 from __future__ import annotations
 
@@ -50,9 +56,9 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
 import measure as M  # noqa: E402
 
 import torch  # noqa: E402
@@ -84,53 +90,18 @@ def set_experts_implementation(model, impl: str | None):
     return model
 
 
-class _NoFake:
-    """Stand-in for FakeTensorMode(allow_non_fake_inputs=True): real tensors."""
-
-    def __init__(self, *a, **k):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
-@contextlib.contextmanager
-def _patched_measure(experts_impl: str | None, real: bool):
-    orig_build, orig_fake = M.build_model, M.FakeTensorMode
-
-    def build_model(cfg, arch, attn, dtype):
-        return set_experts_implementation(orig_build(cfg, arch, attn, dtype), experts_impl)
-
-    M.build_model = build_model
-    if real:
-        M.FakeTensorMode = _NoFake
-    try:
-        yield
-    finally:
-        M.build_model, M.FakeTensorMode = orig_build, orig_fake
-
-
 def measure_moe(config, model_name="moe", batch=1, seq=64, precision="bf16", optimizer="adamw",
-                attn="sdpa", gc=False, experts_impl: str | None = "grouped_mm", real=False):
-    """measure.measure() on a config path or dict, with the experts implementation forced and
-    optionally real CPU tensors instead of FakeTensorMode. Returns the row (same format)."""
-    tmp = None
-    if isinstance(config, dict):
-        fd, tmp = tempfile.mkstemp(suffix=".json", prefix="moe_cfg_")
-        with os.fdopen(fd, "w") as f:
-            json.dump(config, f)
-        config = tmp
-    try:
-        with _patched_measure(experts_impl, real):
-            row = M.measure(config, model_name, batch, seq, precision, optimizer, attn, gc)
-    finally:
-        if tmp:
-            os.unlink(tmp)
-    row["config"]["mode"] = "real" if real else "fake"
-    row["config"]["experts_impl"] = experts_impl
+                attn="sdpa", gc=False, experts_impl: str | None = None, real=False, **measure_kw):
+    """measure.measure() on a config path or dict, the experts implementation set on the built model
+    (None: the model's own, grouped_mm, and no config.experts_impl) and, with `real`, real CPU
+    tensors instead of FakeTensorMode (config.mode "real-cpu"). `measure_kw`: measure.measure's
+    other options (opt_impl, weight_decay, micro_batches). Returns the row (measure.py's format)."""
+    adapt = None if experts_impl is None else (lambda model: set_experts_implementation(model, experts_impl))
+    with H.config_file(config) if isinstance(config, dict) else contextlib.nullcontext(config) as path:
+        row = M.measure(path, model_name, batch, seq, precision, optimizer, attn, gc,
+                        device="real-cpu" if real else "fake", adapt_model=adapt, **measure_kw)
+    if experts_impl is not None:
+        row["config"]["experts_impl"] = experts_impl
     return row
 
 
@@ -144,15 +115,10 @@ def param_counts(config) -> dict:
             config = json.load(f)
     d = dict(config)
     d.pop("quantization_config", None)
-    fd, tmp = tempfile.mkstemp(suffix=".json", prefix="moe_cnt_")
-    with os.fdopen(fd, "w") as f:
-        json.dump(d, f)
-    try:
-        cfg, arch = M.load_config(tmp, "eager")
-    finally:
-        os.unlink(tmp)
+    with H.config_file(d) as path:
+        cfg, arch = H.load_config(path, "eager")
     with torch.device("meta"):
-        model = M.build_model(cfg, arch, "eager", None)
+        model = H.build_model(cfg, arch, "eager", None)
     E = n_experts(cfg)
     k = getattr(cfg, "num_experts_per_tok", None)
     total = routed = 0
@@ -219,40 +185,59 @@ def small_config(d: dict, n_layers=2, experts=None, top_k=None, hidden=None, int
     return d
 
 
+# measure.py's flags that a MoE row may hold (gc_policy aside), and this recipe's own
+GRID_FLAGS = {**{k: v for k, v in M.GRID_FLAGS.items() if k not in ("gc_policy", "mode")},
+              "experts_impl": "--experts-impl", "layers": "--layers", "experts": "--experts", "top_k": "--top-k"}
+
+
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or a row's config (measure.py's rows of
+    MoE models included)."""
+    if entry.get("gc_policy") is not None:
+        raise SystemExit("moe.py does not take --gc-policy: measure this row with measure.py")
+    return H.flags(entry, GRID_FLAGS) + (["--real"] if entry.get("mode") == "real-cpu" else [])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config")
+    H.add_step_args(ap, seq=64, precision="bf16")
     ap.add_argument("--count", help="print total / active parameter counts of this config and exit")
     ap.add_argument("--layers", type=int, default=0, help="scale down to this many layers (0 = keep)")
     ap.add_argument("--experts", type=int, help="scale down the number of routed experts")
     ap.add_argument("--top-k", type=int)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default="bf16")
-    ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
-    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    ap.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "none"], default="adamw")
+    ap.add_argument("--optimizer-impl", choices=list(H.OPT_IMPLS), default="foreach")
+    ap.add_argument("--weight-decay", type=float, default=None)
+    ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--gc", action="store_true")
-    ap.add_argument("--experts-impl", choices=EXPERTS_IMPLS, default="grouped_mm")
+    ap.add_argument("--experts-impl", choices=EXPERTS_IMPLS, default=None,
+                    help="set the experts implementation (default: the model's own, grouped_mm; written to "
+                    "config.experts_impl when given)")
     ap.add_argument("--real", action="store_true", help="real CPU tensors instead of FakeTensorMode")
+    H.add_run_args(ap)
     a = ap.parse_args(argv)
     if a.count:
         print(json.dumps(param_counts(a.count)))
         return 0
+    done = H.dispatch(a, __file__, argv_of, main)
+    if done is not None:
+        return done
     if not a.config:
-        ap.error("--config or --count is required")
+        ap.error("--config, --count, --grid or --from-row is required")
     with open(a.config) as f:
         d = json.load(f)
-    if a.layers or a.experts or a.top_k:
+    scale = {k: v for k, v in (("layers", a.layers), ("experts", a.experts), ("top_k", a.top_k)) if v}
+    if scale:
         d = small_config(d, a.layers or d["num_hidden_layers"], a.experts, a.top_k)
-    name = os.path.splitext(os.path.basename(a.config))[0]
-    row = measure_moe(d, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc,
-                      a.experts_impl, a.real)
+    name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
+    row = measure_moe(d if scale else a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc,
+                      a.experts_impl, a.real, opt_impl=a.optimizer_impl, weight_decay=a.weight_decay,
+                      micro_batches=a.micro_batches)
+    row["config"].update(scale)
     kernels = row.pop("sdpa_kernels", {})
-    print(json.dumps(row))
-    print(f"[moe] {name} {row['config']['mode']} {a.experts_impl} b{a.batch} s{a.seq} {a.precision} "
-          f"{a.attn}: saved_act {row['saved_act_bytes']} peak {row['peak_bytes']} ({row['peak_phase']}), "
-          f"sdpa {kernels}", file=sys.stderr)
-    return 0
+    return H.emit(row, a.out, f"[moe] {name} {row['config']['mode']} {a.experts_impl or 'default'} b{a.batch} "
+                  f"s{a.seq} {a.precision} {a.attn}: saved_act {row['saved_act_bytes']} peak {row['peak_bytes']} "
+                  f"({row['peak_phase']}), sdpa {kernels}")
 
 
 if __name__ == "__main__":

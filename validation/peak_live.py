@@ -14,24 +14,25 @@ out: the op and module that created each, its shape, dtype and bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dump_saved as D  # noqa: E402
-import measure as M  # noqa: E402
+import harness as H  # noqa: E402
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 
-class Live(TorchDispatchMode):
+class Live(D.OpOutputs):
+    """Every storage an op creates, alive until it is freed (parameters, buffers and the input in
+    `skip` left out), and the set alive when their total is highest."""
+
     def __init__(self, stack, skip):
-        super().__init__()
-        self.stack, self.skip = stack, skip
+        super().__init__(stack)
+        self.skip = skip
         self.alive = {}  # id -> info
         self.refs = {}
         self.total = 0
@@ -44,63 +45,41 @@ class Live(TorchDispatchMode):
             self.total -= info[-1]
         self.refs.pop(key, None)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        res = func(*args, **(kwargs or {}))
-        path = self.stack[-1] if self.stack else ""
-        for t in D._tensors(res):
-            try:
-                st = t.untyped_storage()
-            except Exception:
-                continue
-            key = st._cdata
-            if key in self.skip or key in self.alive or st.nbytes() == 0:
-                continue
-            info = (func.overloadpacket.__name__ + "." + func._overloadname, path, tuple(t.shape),
-                    str(t.dtype).replace("torch.", ""), D.rnd(st.nbytes()))
-            self.alive[key] = info
-            self.refs[key] = weakref.ref(st, lambda _r, k=key: self._gone(k))
-            self.total += info[-1]
+    def on_output(self, t, st, op, path):
+        key = st._cdata
+        if key in self.skip or key in self.alive or st.nbytes() == 0:
+            return
+        info = (op, path, tuple(t.shape), str(t.dtype).replace("torch.", ""), H.rnd(st.nbytes()))
+        self.alive[key] = info
+        self.refs[key] = weakref.ref(st, lambda _r, k=key: self._gone(k))
+        self.total += info[-1]
+
+    def after_op(self):
         if self.total > self.peak:
             self.peak = self.total
             self.peak_set = list(self.alive.values())
-        return res
 
 
 def run(config_path, batch, seq, precision, attn, n_layers, overrides):
-    M.install_cuda_emulation()
-    with open(config_path) as f:
-        raw = json.load(f)
-    d = D.small_config(raw, n_layers, overrides)
-    tmp = os.path.join("/tmp", f"peak_live_cfg_{os.getpid()}.json")
-    with open(tmp, "w") as f:
-        json.dump(d, f)
-    cfg, arch = M.load_config(tmp, attn)
-    os.unlink(tmp)
+    H.install_cuda_emulation()
+    _, cfg, arch = D.load_small(config_path, n_layers, overrides, attn)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     amp = precision == "amp_bf16"
-    stack = []
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = M.build_model(cfg, arch, attn, dtype)
+        model = H.build_model(cfg, arch, attn, dtype)
         model.train(False)
-        for name, mod in model.named_modules():
-            def pre(mod, args, name=name):
-                stack.append(name)
-
-            def post(mod, args, out):
-                stack.pop()
-            mod.register_forward_pre_hook(pre)
-            mod.register_forward_hook(post)
-        ids = torch.randint(0, M.text_vocab(cfg), (batch, seq), dtype=torch.long)
-        skip = {p.untyped_storage()._cdata for p in model.parameters()}
+        stack = D.module_stack(model)
+        ids = torch.randint(0, H.text_vocab(cfg), (batch, seq), dtype=torch.long)
+        skip = H.param_storages(model)
         skip |= {b.untyped_storage()._cdata for b in model.buffers()}
         skip.add(ids.untyped_storage()._cdata)
 
         def fwd():
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else M._nullctx()
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else H.nullctx()
             with ctx, torch.no_grad():
                 return model(input_ids=ids)
 
-        fwd()  # warm-up, untracked
+        H.warm_up(fwd, None, False)  # untracked
         live = Live(stack, skip)
         with live:
             out = fwd()
@@ -118,11 +97,7 @@ def main(argv=None):
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
     ap.add_argument("--set", action="append", default=[], help="key=json value override")
     a = ap.parse_args(argv)
-    overrides = {}
-    for kv in a.set:
-        k, v = kv.split("=", 1)
-        overrides[k] = json.loads(v)
-    live = run(a.config, a.batch, a.seq, a.precision, a.attn, a.layers, overrides)
+    live = run(a.config, a.batch, a.seq, a.precision, a.attn, a.layers, D.overrides(a.set))
     print(f"peak of the no-grad forward beyond parameters, buffers and input: {live.peak} bytes")
     for op, path, shape, dt, n in sorted(live.peak_set, key=lambda x: -x[-1]):
         print(f"{n:>14} {dt:>9} {str(list(shape)):<28} {op:<40} {path}")

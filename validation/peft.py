@@ -2,8 +2,9 @@
 """Measure one parameter-efficient fine-tuning step (LoRA, QLoRA, 8-bit / paged optimizers, Adafactor,
 offloaded activation checkpointing) the way measure.py measures a full training step.
 
-Same method as measure.py (FakeTensorMode, MemTracker, CUDA emulation: 512-byte rounding, CUDA SDPA
-kernel choice, CUDA autocast lists, native_dropout), plus:
+A recipe of the harness (validation/harness/: FakeTensorMode, MemTracker, CUDA emulation: 512-byte
+rounding, CUDA SDPA kernel choice, CUDA autocast lists, native_dropout; the step and the row
+format); what it varies:
 
   * LoRA: peft's real ``get_peft_model`` / ``LoraConfig`` on the real transformers model (built under
     FakeTensorMode as measure.py does); adapters fp32 (peft's ``autocast_adapter_dtype=True``) or in
@@ -38,41 +39,31 @@ Example:
   python validation/peft.py --config validation/configs/llama-1b.json --method lora --lora-r 16 \
       --lora-targets all-linear --batch 4 --seq 2048 --precision bf16 --optimizer adamw --gc none
   python validation/peft.py --dump /tmp/peft-dumps/x.json --layers 2 --seq 64 ... (saved tensors)
+  python validation/peft.py --grid validation/grid-peft.json --out rows.jsonl
+  python validation/peft.py --from-row "$(sed -n 1p core/tests/fixtures/peft-measured.jsonl)"  # one row again
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-import warnings
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-warnings.filterwarnings("ignore")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# this file is called peft.py: make sure "import peft" finds the library, not this file
-if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
-    sys.path.pop(0)
-import peft as _peft_lib  # noqa: E402
-sys.path.append(_HERE)
-import measure as M  # noqa: E402
+# this file is called peft.py: make sure "import peft" finds the library, not this file (validation/
+# goes last on the path, where the harness is still found)
+sys.path[:] = [q for q in sys.path if os.path.abspath(q or ".") != _HERE] + [_HERE]
+import harness as H  # noqa: E402  (first: it sets the threads before torch is loaded)
+
+H.quiet()
+import peft as _peft_lib  # noqa: E402,F401
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.distributed._tools import mem_tracker as _mt  # noqa: E402
-
-R = M.ROUND_BYTES
-
-
-def rnd(n):
-    return int(math.ceil(n / R) * R)
-
 
 # ----------------------------------------------------------------------------------------------
 # bitsandbytes 4-bit emulation
@@ -387,38 +378,17 @@ class EmuSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 # ----------------------------------------------------------------------------------------------
 # Tracker: device = "cpu" (the emulated GPU); "meta" holds paged optimizer state
 # ----------------------------------------------------------------------------------------------
-class _NoHandle:
-    def remove(self):
-        pass
-
-
-def _install_frozen_param_hook_guard():
-    """MemTracker registers a grad hook on every parameter it meets (mem_tracker.py
-    _track_module_params_and_buffers); a frozen parameter (requires_grad=False) raises there. It can
-    never get a gradient, so a no-op handle is the same."""
-    if getattr(torch.Tensor, "_peft_guard", False):
-        return
-    for name in ("register_hook", "register_post_accumulate_grad_hook"):
-        orig = getattr(torch.Tensor, name)
-
-        def make(orig):
-            def f(self, hook):
-                if not self.requires_grad:
-                    return _NoHandle()
-                return orig(self, hook)
-            return f
-        setattr(torch.Tensor, name, make(orig))
-    torch.Tensor._peft_guard = True
-
-
-_install_frozen_param_hook_guard()
+H.install_frozen_param_hook_guard()  # LoRA and QLoRA freeze the base weights
 
 
 def _dev_only(snap):
     return {d: v for d, v in snap.items() if str(d).startswith("cpu")}
 
 
-class PeftTracker(M.PhaseTracker):
+class PeftTracker(H.PhaseTracker):
+    """The harness's tracker on the emulated GPU ("cpu") alone, the offloaded bytes remembered at
+    each new peak."""
+
     def __init__(self, param_storages):
         super().__init__(param_storages)
         self.offload_at_peak = 0
@@ -434,14 +404,14 @@ class PeftTracker(M.PhaseTracker):
                 self.offload_at_peak = OFFLOAD["cur"]
 
     def snap(self):
-        return M._flat(_dev_only(self.get_tracker_snapshot("current")))
+        return H.flat(_dev_only(self.get_tracker_snapshot("current")))
 
     def reset_peak(self):
         super().reset_peak()
         self.offload_at_peak = OFFLOAD["cur"]
 
     def peak(self):
-        return M._flat(_dev_only(self.get_tracker_snapshot("peak")))
+        return H.flat(_dev_only(self.get_tracker_snapshot("peak")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -468,34 +438,12 @@ def resolve_targets(cfg, spec):
     return names
 
 
-class _SwapViaSetData:
-    """nn.Module._apply() swaps FakeTensor parameters with torch.utils.swap_tensors, which refuses
-    tensors that have a weakref (FakeTensorMode keeps some). Fall back to `param.data = new` (what
-    _apply does for ordinary tensors): the same parameter object with the converted storage."""
-
-    def __enter__(self):
-        import torch.utils as tu
-        self._orig = tu.swap_tensors
-        orig = self._orig
-
-        def swap(t1, t2):
-            try:
-                return orig(t1, t2)
-            except RuntimeError:
-                t1.data = t2.data
-                t1.requires_grad_(t2.requires_grad)
-        tu.swap_tensors = swap
-        return self
-
-    def __exit__(self, *a):
-        import torch.utils as tu
-        tu.swap_tensors = self._orig
-        return False
+_SwapViaSetData = H.SwapViaSetData  # rl.py reads it from here
 
 
 def build_peft_model(cfg, arch, attn, o):
     """o: namespace of options. Returns the model to train (a PeftModel for lora/qlora)."""
-    with _SwapViaSetData():
+    with H.SwapViaSetData():
         return _build_peft_model(cfg, arch, attn, o)
 
 
@@ -510,7 +458,7 @@ def _build_peft_model(cfg, arch, attn, o):
         base_dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
     else:
         base_dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
-    model = M.build_model(cfg, arch, attn, base_dtype)
+    model = H.build_model(cfg, arch, attn, base_dtype)
     if o.method == "qlora":
         quantize_model_4bit(model, o.quant, o.double_quant, torch.bfloat16, base_dtype)
     if o.kbit_prepare:
@@ -545,144 +493,82 @@ def logical_params(model):
 # Measure
 # ----------------------------------------------------------------------------------------------
 def measure(o):
-    M.install_cuda_emulation()
-    import transformers
-    import peft
-    import bitsandbytes
+    """The harness's step of the model `build_peft_model` makes, with the optimizers above; the
+    row adds trainable_params, paged_bytes and the offloaded bytes."""
+    H.install_cuda_emulation()
     t0 = time.time()
     torch.manual_seed(0)
-    cfg, arch = M.load_config(o.config, o.attn)
+    cfg, arch = H.load_config(o.config, o.attn)
     amp = o.precision == "amp_bf16"
     OFFLOAD.update(cur=0, max=0, count=0)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake:
+    offloaded = {}  # phase -> offloaded bytes at its peak; "end_fwd"
+
+    def on_phase(name, meter, step):
+        offloaded[name] = meter.offload_at_peak
+        if name == "fwd":
+            offloaded["end_fwd"] = OFFLOAD["cur"]
+
+    def optimizer_step():
+        with _FakeItem():
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
         model = build_peft_model(cfg, arch, o.attn, o)
         model.train(True)
         model.config.use_cache = False
-        ids = torch.randint(0, M.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
-        labels = ids
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt, opt_impl = make_optimizer(o.optimizer, params)
+        ids = torch.randint(0, H.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
+        opt, opt_impl = make_optimizer(o.optimizer, [p for p in model.parameters() if p.requires_grad])
 
         def fwd():
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else M._nullctx()
-            with ctx:
-                return model(input_ids=ids, labels=labels)
+            with torch.autocast("cpu", dtype=torch.bfloat16) if amp else H.nullctx():
+                return model(input_ids=ids, labels=ids)
 
-        M.warm_up(fwd, opt, True, _FakeItem())
+        H.warm_up(fwd, opt, True, _FakeItem())
+        meter = PeftTracker(H.param_storages(model))
+        meter.track_external(model, ids)
+        meter.track_external(opt)
+        with meter:
+            step = H.measured_step(meter, fwd, opt, True, amp, on_phase=on_phase,
+                                   optimizer_step=optimizer_step)
 
-        param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
-        mt = PeftTracker(param_cdata)
-        mt.track_external(model, ids)
-        mt.track_external(opt)
-        phase_peaks, off_peak = {}, {}
-        with mt:
-            start = mt.snap()
-            mt.reset_peak()
-            mt.record_copies = amp
-            out = M._LossOnly(fwd().loss)
-            mt.record_copies = False
-            end_fwd = mt.snap()
-            off_end_fwd = OFFLOAD["cur"]
-            amp_copy = mt.alive_copy_bytes() if amp else 0
-            phase_peaks["fwd"] = mt.peak()
-            off_peak["fwd"] = mt.offload_at_peak
-            loss = out.loss
-            mt.reset_peak()
-            loss.backward()
-            del loss, out
-            phase_peaks["bwd"] = mt.peak()
-            off_peak["bwd"] = mt.offload_at_peak
-            after_bwd = mt.snap()
-            mt.reset_peak()
-            with _FakeItem():
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            phase_peaks["opt"] = mt.peak()
-            off_peak["opt"] = mt.offload_at_peak
-            end = mt.snap()
-
-    n_params = logical_params(model)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
-    opt_state_bytes = start["optstate"]
-    grad_bytes = after_bwd["gradient"]
-    peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(phase_peaks, opt_state_bytes)
-    gcv = {"none": False, "full": True, "offload": "offload"}[o.gc]
-    row = {
-        "config": {
-            "model": o.model_name, "batch": o.batch, "seq": o.seq, "image": 224,
-            "precision": o.precision, "optimizer": o.optimizer, "attn": o.attn, "gc": gcv,
-            "mode": "fake", "tracker": "memtracker", "emulate_cuda": True,
-            "round_bytes": R, "opt_impl": opt_impl, "warmup_steps": 1,
-            "method": o.method,
-            "lora_r": o.lora_r if o.method != "full" else None,
-            "lora_alpha": o.lora_alpha if o.method != "full" else None,
-            "lora_dropout": o.lora_dropout if o.method != "full" else None,
-            "lora_targets": o.lora_targets if o.method != "full" else None,
-            "lora_dtype": o.lora_dtype if o.method != "full" else None,
-            "quant": o.quant if o.method == "qlora" else None,
-            "double_quant": bool(o.double_quant) if o.method == "qlora" else False,
-            "kbit_prepare": bool(o.kbit_prepare),
-            "compute_dtype": "bf16" if o.method == "qlora" else None,
-        },
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "torchvision": M._torchvision_version(), "peft": peft.__version__,
-                     "bitsandbytes": bitsandbytes.__version__},
-        "n_params": n_params,
-        "trainable_params": trainable,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "input_bytes": input_bytes,
-        "grad_bytes": grad_bytes,
-        "opt_state_bytes": opt_state_bytes,
-        "paged_bytes": int(getattr(opt, "paged_bytes", 0)),
-        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
-        "peak_bytes": pk["total"],
-        "peak_phase": peak_phase,
-        "at_peak": at_peak,
-        "act_temp_at_peak": pk["activation"] + pk["temp"] + opt_step_temp,
-        "saved_act_bytes": end_fwd["total"] - start["total"],
-        "amp_weight_copy_bytes": amp_copy,
-        "offloaded_bytes": int(off_peak[peak_phase]),
-        "offloaded_end_fwd_bytes": int(off_end_fwd),
-        "phase_peak_bytes": {k: phase_peaks[k]["total"] for k in ("fwd", "bwd", "opt")},
-        "phase_peaks": {k: phase_peaks[k] for k in ("fwd", "bwd", "opt")},
-        "start_bytes": start["total"],
-        "end_bytes": end["total"],
-        "after_bwd_bytes": after_bwd["total"],
-        "time_s": round(time.time() - t0, 2),
-        "sdpa_kernels": dict(M.SDPA_LOG),
-    }
-    M.SDPA_LOG.clear()
+    lora, qlora = o.method != "full", o.method == "qlora"
+    gc = {"none": False, "full": True, "offload": "offload"}[o.gc]
+    config = H.base_config(
+        o.model_name, o.batch, o.seq, o.precision, o.optimizer, o.attn, gc, opt_impl,
+        method=o.method, **{k: getattr(o, k) if lora else None for k in LORA_KEYS},
+        quant=o.quant if qlora else None, double_quant=bool(o.double_quant) if qlora else False,
+        kbit_prepare=bool(o.kbit_prepare), compute_dtype="bf16" if qlora else None)
+    config["gc"] = gc  # "offload" too
+    row = H.step_row(
+        config, H.versions(("peft", "peft"), ("bitsandbytes", "bitsandbytes")), logical_params(model), step,
+        t0, after_params={"trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)},
+        after_opt_state={"paged_bytes": int(getattr(opt, "paged_bytes", 0))},
+        after={"amp_weight_copy_bytes": {"offloaded_bytes": None,
+                                         "offloaded_end_fwd_bytes": int(offloaded["end_fwd"])}})
+    row["offloaded_bytes"] = int(offloaded[row["peak_phase"]])
+    row["sdpa_kernels"] = dict(H.SDPA_LOG)
+    H.SDPA_LOG.clear()
     return row
 
 
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_dtype")
+
+
 # ----------------------------------------------------------------------------------------------
-# Saved-tensor dump (reuses dump_saved.run with the PEFT model builder)
+# Saved-tensor dump (dump_saved.run with the PEFT model builder)
 # ----------------------------------------------------------------------------------------------
 def dump(o):
     import dump_saved as D
-    orig = M.build_model
     o2 = argparse.Namespace(**vars(o))
+    o2.gc = "none"  # dump_saved enables gc itself when asked
 
-    def builder(cfg, arch, attn, dtype):
-        M.build_model = orig
-        try:
-            o2.gc = "none"  # dump_saved enables gc itself when asked
-            return build_peft_model(cfg, arch, attn, o2)
-        finally:
-            M.build_model = builder
+    def build(cfg, arch, attn, dtype):
+        return build_peft_model(cfg, arch, attn, o2)
 
-    M.build_model = builder
-    prec = o.precision
-    try:
-        info, rows, alive = D.run(o.config, o.batch, o.seq, prec, o.attn, o.layers, {}, o.gc == "full")
-    finally:
-        M.build_model = orig
-    info["peft"] = {k: getattr(o, k) for k in ("method", "lora_r", "lora_alpha", "lora_dropout",
-                                               "lora_targets", "lora_dtype", "quant", "double_quant",
-                                               "kbit_prepare")}
+    info, rows, alive = D.run(o.config, o.batch, o.seq, o.precision, o.attn, o.layers, {}, o.gc == "full",
+                              build=build)
+    info["peft"] = {k: getattr(o, k) for k in ("method", *LORA_KEYS, "quant", "double_quant", "kbit_prepare")}
     text = D.fmt_report(info, rows, alive)
     os.makedirs(os.path.dirname(os.path.abspath(o.dump)), exist_ok=True)
     with open(o.dump, "w") as f:
@@ -698,12 +584,7 @@ def dump(o):
 # ----------------------------------------------------------------------------------------------
 def parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config")
-    ap.add_argument("--model-name")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default="bf16")
-    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    H.add_step_args(ap, seq=1024, precision="bf16")
     ap.add_argument("--method", choices=["full", "lora", "qlora"], default="lora")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=int, default=None, help="default 2*r")
@@ -717,51 +598,33 @@ def parser():
     ap.add_argument("--optimizer", default="adamw",
                     choices=["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "adafactor-hf"])
     ap.add_argument("--gc", choices=["none", "full", "offload"], default="none")
-    ap.add_argument("--grid")
-    ap.add_argument("--out")
+    H.add_run_args(ap)
     ap.add_argument("--keep-kernel-log", action="store_true")
     ap.add_argument("--dump", help="write the saved-tensor dump (JSON, + .txt) here instead of a row")
     ap.add_argument("--layers", type=int, default=2, help="layers of the dump's config copy")
     return ap
 
 
-def grid_args(g, here):
-    cfgp = g["config"]
-    if not os.path.isabs(cfgp) and not os.path.exists(cfgp):
-        cfgp = os.path.join(here, cfgp)
-    a = ["--config", cfgp, "--model-name", g["model"], "--batch", str(g["batch"]), "--seq", str(g["seq"]),
-         "--precision", g.get("precision", "bf16"), "--attn", g.get("attn", "sdpa"),
-         "--method", g.get("method", "lora"), "--optimizer", g.get("optimizer", "adamw"),
-         "--gc", {False: "none", True: "full"}.get(g.get("gc", False), g.get("gc"))]
-    for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_dtype", "quant"):
-        if g.get(k) is not None:
-            a += ["--" + k.replace("_", "-"), str(g[k])]
-    if g.get("double_quant"):
-        a.append("--double-quant")
-    if g.get("kbit_prepare"):
-        a.append("--kbit-prepare")
-    return a
+GRID_FLAGS = {"model": "--model-name", **{k: "--" + k.replace("_", "-") for k in (
+    "batch", "seq", "precision", "attn", "method", "optimizer", "gc", *LORA_KEYS, "quant", "double_quant",
+    "kbit_prepare")}}
+GC_FLAG = {False: "none", True: "full", "offload": "offload"}
+
+
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or a row's config (gc false / true /
+    "offload"; the lora keys are null in a row of --method full)."""
+    return H.flags({**entry, "gc": GC_FLAG[entry.get("gc", False)]}, GRID_FLAGS)
 
 
 def main(argv=None):
-    a = parser().parse_args(argv)
-    if a.grid:
-        import subprocess
-        with open(a.grid) as f:
-            grid = json.load(f)
-        here = os.path.dirname(os.path.abspath(a.grid))
-        fails = 0
-        for g in grid:
-            cmd = [sys.executable, os.path.abspath(__file__)] + grid_args(g, here)
-            if a.out:
-                cmd += ["--out", a.out]
-            r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-            if r.returncode != 0:
-                fails += 1
-                print(f"[grid] FAILED: {g}", file=sys.stderr)
-        return 1 if fails else 0
+    ap = parser()
+    a = ap.parse_args(argv)
+    done = H.dispatch(a, __file__, argv_of, main, ["--keep-kernel-log"] if a.keep_kernel_log else [])
+    if done is not None:
+        return done
     if not a.config:
-        parser().error("--config or --grid is required")
+        ap.error("--config, --grid or --from-row is required")
     if a.lora_alpha is None:
         a.lora_alpha = 2 * a.lora_r
     a.model_name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
@@ -771,18 +634,12 @@ def main(argv=None):
     kernels = row.pop("sdpa_kernels")
     if a.keep_kernel_log:
         row["sdpa_kernels"] = kernels
-    line = json.dumps(row)
-    print(line)
     c = row["config"]
-    print(f"[peft] {a.model_name} b{a.batch} s{a.seq} {a.precision} {a.method} r={c['lora_r']} "
-          f"{c['lora_targets']} q={c['quant']} dq={c['double_quant']} kbit={c['kbit_prepare']} "
-          f"{a.optimizer} gc={a.gc}: peak {row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']}, "
-          f"trainable {row['trainable_params']}, paged {row['paged_bytes']}, offloaded {row['offloaded_bytes']}, "
-          f"sdpa {kernels}, {row['time_s']} s", file=sys.stderr)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
-    return 0
+    return H.emit(row, a.out, f"[peft] {a.model_name} b{a.batch} s{a.seq} {a.precision} {a.method} r={c['lora_r']} "
+                  f"{c['lora_targets']} q={c['quant']} dq={c['double_quant']} kbit={c['kbit_prepare']} "
+                  f"{a.optimizer} gc={a.gc}: peak {H.gib(row['peak_bytes'])} in {row['peak_phase']}, "
+                  f"trainable {row['trainable_params']}, paged {row['paged_bytes']}, "
+                  f"offloaded {row['offloaded_bytes']}, sdpa {kernels}, {row['time_s']} s")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Measure one fine-tuning step of a vision-language model (images + text) the way measure.py
-measures a text model: FakeTensorMode on the CPU with CUDA emulated (512-byte rounding, CUDA SDPA
-kernel choice, CUDA autocast lists, native_dropout), MemTracker phases, one untracked warm-up step.
+"""Measure one fine-tuning step of a vision-language model (images + text): the recipe of the
+harness (validation/harness/: FakeTensorMode on the CPU with CUDA emulated, the tracker's phases,
+one untracked warm-up step, the row format) that varies the images, the family's processor and
+which of tower / projector / language model is trained.
 See validation/VLM.md for the token arithmetic, what each tower keeps for backward and the rows.
 
 Families (transformers 5.24 classes, built from the config with random weights):
@@ -39,6 +40,7 @@ Example:
       --batch 1 --images 1 --image-size 448 448 --text-tokens 256 --precision bf16 --vision frozen \\
       --projector trained --out rows.jsonl
   python validation/vlm.py --grid validation/grid-vlm.json --out core/tests/fixtures/vlm-measured.jsonl
+  python validation/vlm.py --from-row "$(sed -n 1p core/tests/fixtures/vlm-measured.jsonl)"  # one row again
   python validation/vlm.py --check-processors        # token arithmetic vs the real image processors
   python validation/vlm.py --dump ... (same options)  # saved-for-backward tensors by module
 """
@@ -46,17 +48,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
 import sys
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import measure as M  # noqa: E402
+import harness as H  # noqa: E402
 
 import torch  # noqa: E402
 from torch._subclasses import fake_impls as _FI  # noqa: E402
@@ -64,46 +64,23 @@ from torch._subclasses import fake_tensor as _FT  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
-R = M.ROUND_BYTES
 CONST_LIMIT = 1 << 26
-
-
-def rnd(n):
-    return int(math.ceil(n / R) * R)
 
 
 # ----------------------------------------------------------------------------------------------
 # Fake-mode support for data-dependent multimodal code
 # ----------------------------------------------------------------------------------------------
-class _NoHandle:
-    def remove(self):
-        pass
-
-
 _INSTALLED = False
 _FAKE = {"mode": None}
 
 
 def install():
-    """measure.py's CUDA emulation + what the multimodal models need under FakeTensorMode."""
+    """The harness's CUDA emulation + what the multimodal models need under FakeTensorMode."""
     global _INSTALLED
-    M.install_cuda_emulation()
+    H.install_cuda_emulation()
     if _INSTALLED:
         return
-    # MemTracker registers a grad hook on every parameter; a frozen one raises there (peft.py does
-    # the same): it never gets a gradient, a no-op handle is equivalent.
-    if not getattr(torch.Tensor, "_peft_guard", False) and not getattr(torch.Tensor, "_vlm_guard", False):
-        for name in ("register_hook", "register_post_accumulate_grad_hook"):
-            orig = getattr(torch.Tensor, name)
-
-            def make(orig):
-                def f(self, hook):
-                    if not self.requires_grad:
-                        return _NoHandle()
-                    return orig(self, hook)
-                return f
-            setattr(torch.Tensor, name, make(orig))
-        torch.Tensor._vlm_guard = True
+    H.install_frozen_param_hook_guard()  # frozen towers, projectors, LoRA's base weights
     # constant propagation for the index tensors (grid_thw, input_ids, masks)
     _FT.CONSTANT_NUMEL_LIMIT = CONST_LIMIT
     orig_ms = _FI.op_implementations_dict[torch.ops.aten.masked_select.default]
@@ -631,7 +608,7 @@ def build_inputs(fam, batch, images, image_size, text_tokens):
     return lays, ids, labels, extra, pix
 
 
-def make_step(fam, model, cfg, batch, images, image_size, text_tokens, optimizer, amp, gc, vision,
+def make_step(fam, model, batch, images, image_size, text_tokens, optimizer, amp, gc, vision,
               projector, lora_r=0):
     with _disable_current_modes():  # real index tensors, made fake constants below
         lays, ids, labels, extra, pix = build_inputs(fam, batch, images, image_size, text_tokens)
@@ -662,10 +639,10 @@ def make_step(fam, model, cfg, batch, images, image_size, text_tokens, optimizer
         else:
             inputs[k] = const(ones[k])
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = M.make_optimizer(optimizer, params) if optimizer != "none" else None
+    opt = H.make_optimizer(optimizer, params) if optimizer != "none" else None
 
     def fwd():
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else M._nullctx()
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else H.nullctx()
         with ctx:
             if optimizer != "none":
                 return model(**inputs)
@@ -705,27 +682,15 @@ def apply_lora(model, r, alpha):
     layers (q/k/v/o, MLP; Mllama's cross-attention too), not on the tower, the projector or the
     LM head. Adapters fp32 (autocast_adapter_dtype=True, peft's default). FakeTensor parameters
     refuse torch.utils.swap_tensors (used by Module._apply when peft casts the adapters), so
-    `param.data = new` is used as in peft.py."""
+    `param.data = new` is used (the harness's SwapViaSetData)."""
     peft = _import_peft()
-    import torch.utils as tu
     lm = lm_module(model)
     prefix = {id(m): n for n, m in model.named_modules()}[id(lm)]
     targets = [f"{prefix}.{n}" for n, m in lm.named_modules()
                if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"]
-    orig = tu.swap_tensors
-
-    def swap(t1, t2):
-        try:
-            return orig(t1, t2)
-        except RuntimeError:
-            t1.data = t2.data
-            t1.requires_grad_(t2.requires_grad)
-    tu.swap_tensors = swap
-    try:
+    with H.SwapViaSetData():
         lc = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets, bias="none")
         pm = peft.get_peft_model(model, lc, autocast_adapter_dtype=True)
-    finally:
-        tu.swap_tensors = orig
     return pm, len(targets), peft.__version__
 
 
@@ -745,87 +710,60 @@ def build_vlm(cfg, arch, attn, dtype):
         TI.TORCH_INIT_FUNCTIONS["trunc_normal_"] = orig
 
 
-def measure_vlm(config_path, model_name, batch, images, image_size, text_tokens, precision,
-                optimizer, attn="sdpa", gc=False, vision="frozen", projector="trained", lora_r=0):
+@contextlib.contextmanager
+def vlm_model(config_path, precision, attn):
+    """The model of `config_path` built under a fresh FakeTensorMode, entered for the with-block
+    (the one `const` makes constants in): yields (family, model)."""
     install()
-    import transformers
-    t0 = time.time()
     torch.manual_seed(0)
     cfg, arch, pre = load_vlm_config(config_path, attn)
     fam = family_of(cfg, pre)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    amp = precision == "amp_bf16"
-    train = optimizer != "none"
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     _FAKE["mode"] = fake
     with fake:
-        model = build_vlm(cfg, arch, attn, dtype)
-        lays, ids, inputs, opt, fwd, model, base = make_step(fam, model, cfg, batch, images, image_size,
+        yield fam, build_vlm(cfg, arch, attn, torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+def measure_vlm(config_path, model_name, batch, images, image_size, text_tokens, precision,
+                optimizer, attn="sdpa", gc=False, vision="frozen", projector="trained", lora_r=0):
+    t0 = time.time()
+    amp = precision == "amp_bf16"
+    train = optimizer != "none"
+    with vlm_model(config_path, precision, attn) as (fam, model):
+        lays, ids, inputs, opt, fwd, model, base = make_step(fam, model, batch, images, image_size,
                                                              text_tokens, optimizer, amp, gc, vision,
                                                              projector, lora_r)
-        M.warm_up(fwd, opt, train)
-        M.SDPA_LOG.clear()
-        start, end_fwd, amp_copy, phase_peaks, after_bwd, end = M.measured_step(
-            model, tuple(inputs.values()), fwd, opt, train, amp)
-    n_params = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        H.warm_up(fwd, opt, train)
+        H.SDPA_LOG.clear()
+        meter = H.PhaseTracker(H.param_storages(model))
+        meter.track_external(model, *inputs.values())
+        if opt is not None:
+            meter.track_external(opt)
+        with meter:
+            step = H.measured_step(meter, fwd, opt, train, amp)
+
     def count(ms):
         return sum(m.numel() if isinstance(m, torch.nn.Parameter) else sum(p.numel() for p in m.parameters())
                    for m in ms)
-    vis_params = count(fam.tower(base))
-    proj_params = count(fam.projector(base))
-    param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
-    opt_state_bytes = start["optstate"]
-    grad_bytes = after_bwd["gradient"] if after_bwd else 0
-    peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(phase_peaks, opt_state_bytes)
-    seq = int(ids.shape[1])
-    image_tokens = sum(l["tokens"] for l in lays)
-    markup = sum(l["markup"] for l in lays)
-    row = {
-        "config": {
-            "model": model_name, "batch": batch, "seq": seq, "image": int(image_size[0]),
-            "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
-            "mode": "fake", "tracker": "memtracker", "emulate_cuda": True,
-            "round_bytes": R, "opt_impl": "foreach", "warmup_steps": 1,
-            "images": images, "image_size": [int(image_size[0]), int(image_size[1])],
-            "vision": vision, "projector": projector, "lm": "lora" if lora_r else "full",
-            "text_tokens": text_tokens,
-            **({"method": "lora", "lora_r": lora_r, "lora_alpha": 2 * lora_r, "lora_dropout": 0.0,
-                "lora_targets": "lm-all-linear", "lora_dtype": "fp32"} if lora_r else {}),
-        },
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "torchvision": M._torchvision_version(),
-                     **({"peft": _import_peft().__version__} if lora_r else {})},
-        "family": fam.name,
-        "image_tokens": image_tokens,
-        "vision_patches": sum(l["patches"] for l in lays),
-        "image_markup_tokens": markup,
-        "image_layout": lays[0],
-        "n_params": n_params,
-        "trainable_params": trainable,
-        "vision_params": vis_params,
-        "projector_params": proj_params,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "input_bytes": input_bytes,
-        "grad_bytes": grad_bytes,
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
-        "peak_bytes": pk["total"],
-        "peak_phase": peak_phase,
-        "at_peak": at_peak,
-        "act_temp_at_peak": pk["activation"] + pk["temp"] + opt_step_temp,
-        "saved_act_bytes": end_fwd["total"] - start["total"],
-        "amp_weight_copy_bytes": amp_copy,
-        "phase_peak_bytes": {k: phase_peaks[k]["total"] for k in ("fwd", "bwd", "opt") if k in phase_peaks},
-        "phase_peaks": {k: phase_peaks[k] for k in ("fwd", "bwd", "opt") if k in phase_peaks},
-        "start_bytes": start["total"],
-        "end_bytes": end["total"],
-        "after_bwd_bytes": after_bwd["total"] if after_bwd else None,
-        "time_s": round(time.time() - t0, 2),
-        "sdpa_kernels": dict(M.SDPA_LOG),
-    }
-    M.SDPA_LOG.clear()
+    config = H.base_config(
+        model_name, batch, int(ids.shape[1]), precision, optimizer, attn, gc,
+        images=images, image_size=[int(image_size[0]), int(image_size[1])], vision=vision,
+        projector=projector, lm="lora" if lora_r else "full", text_tokens=text_tokens,
+        **({"method": "lora", "lora_r": lora_r, "lora_alpha": 2 * lora_r, "lora_dropout": 0.0,
+            "lora_targets": "lm-all-linear", "lora_dtype": "fp32"} if lora_r else {}))
+    config["image"] = int(image_size[0])  # the image's width (224 in the text rows)
+    versions = H.versions()
+    if lora_r:
+        versions["peft"] = _import_peft().__version__
+    row = H.step_row(
+        config, versions, sum(p.numel() for p in model.parameters()), step, t0,
+        after={"versions": {"family": fam.name, "image_tokens": sum(l["tokens"] for l in lays),
+                            "vision_patches": sum(l["patches"] for l in lays),
+                            "image_markup_tokens": sum(l["markup"] for l in lays), "image_layout": lays[0]}},
+        after_params={"trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                      "vision_params": count(fam.tower(base)), "projector_params": count(fam.projector(base))})
+    row["sdpa_kernels"] = dict(H.SDPA_LOG)
+    H.SDPA_LOG.clear()
     return row
 
 
@@ -987,36 +925,19 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
     layer / projector; plus what is alive at the end of the forward without being saved."""
     import dump_saved as DS
     from torch.utils.weak import WeakIdKeyDictionary
-    install()
-    torch.manual_seed(0)
-    cfg, arch, pre = load_vlm_config(config_path, attn)
-    fam = family_of(cfg, pre)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     amp = precision == "amp_bf16"
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    _FAKE["mode"] = fake
-    stack, packed = [], []
+    packed = []
     lines = []
-    with fake:
-        model = build_vlm(cfg, arch, attn, dtype)
-        lays, ids, inputs, opt, fwd, model, base = make_step(fam, model, cfg, batch, images, image_size,
+    with vlm_model(config_path, precision, attn) as (fam, model):
+        lays, ids, inputs, opt, fwd, model, base = make_step(fam, model, batch, images, image_size,
                                                              text_tokens, "adamw", amp, gc, vision,
                                                              projector, lora_r)
-        for name, mod in model.named_modules():
-            def pre_h(mod, args, name=name):
-                stack.append(name)
-
-            def post_h(mod, args, out):
-                stack.pop()
-            mod.register_forward_pre_hook(pre_h)
-            mod.register_forward_hook(post_h)
-        param_st = WeakIdKeyDictionary()
-        for n, p in model.named_parameters():
-            param_st[p.untyped_storage()] = n
+        stack = DS.module_stack(model)
+        param_st = DS.storage_names(model, buffers=False)
         rec = DS.Recorder(stack)
         for k, v in inputs.items():
             rec.created[v.untyped_storage()] = (f"(input {k})", "")
-        mt = M.PhaseTracker({p.untyped_storage()._cdata for p in model.parameters()})
+        mt = H.PhaseTracker(H.param_storages(model))
         mt.track_external(model, *inputs.values())
 
         import weakref
@@ -1029,7 +950,7 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
 
         def unpack(t):
             return t
-        M.SDPA_LOG.clear()
+        H.SDPA_LOG.clear()
         with mt:
             start = mt.snap()
             mt.record_copies = amp
@@ -1059,7 +980,7 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
                 else:
                     kind = "act"
                 w = mt._WINFO.get(st, (None, None))[0]
-                b = w.mem_consumed if w is not None else rnd(st.nbytes())
+                b = w.mem_consumed if w is not None else H.rnd(st.nbytes())
                 g = _group(cpath)
                 amp_copy = any(st is c for c in copies if c is not None)
                 if kind == "act":
@@ -1080,7 +1001,7 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
     al = sum(a[3] for a in alive)
     lines.append(f"# {os.path.basename(config_path)} b{batch} {images}x{image_size} text {text_tokens} "
                  f"{precision} vision={vision} projector={projector} gc={gc}: seq {ids.shape[1]}, "
-                 f"layout {lays[0]}, kernels {dict(M.SDPA_LOG)}")
+                 f"layout {lays[0]}, kernels {dict(H.SDPA_LOG)}")
     lines.append(f"saved activations {tot} + alive-not-saved {al} = {tot + al}; MemTracker saved_act_bytes "
                  f"{end['total'] - start['total']}")
     lines.append("## saved bytes per component (created in)")
@@ -1093,7 +1014,7 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
     for g, cpath, op, b in alive:
         lines.append(f"  {g:<28} {cpath} :: {op} | {b}")
     text = "\n".join(lines) + "\n"
-    M.SDPA_LOG.clear()
+    H.SDPA_LOG.clear()
     if out:
         with open(out, "w") as f:
             f.write(text)
@@ -1106,23 +1027,18 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
 # ----------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config")
-    ap.add_argument("--model-name")
-    ap.add_argument("--batch", type=int, default=1)
+    H.add_step_args(ap, seq=None, precision="bf16")  # the sequence: text tokens + the images' tokens
     ap.add_argument("--images", type=int, default=1, help="images per sample")
     ap.add_argument("--image-size", type=int, nargs=2, default=[448, 448], metavar=("W", "H"))
     ap.add_argument("--text-tokens", type=int, default=256, help="text tokens per sample")
-    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default="bf16")
     ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
-    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true", help="gradient checkpointing (vision blocks and LM layers)")
     ap.add_argument("--vision", choices=["frozen", "trained"], default="frozen")
     ap.add_argument("--projector", choices=["frozen", "trained"], default="trained")
     ap.add_argument("--lora-r", type=int, default=0,
                     help="LoRA (peft) of rank R, alpha 2R, on every Linear of the language model's layers; "
                     "the LM base weights, embeddings and head frozen (default 0: full LM fine-tuning)")
-    ap.add_argument("--out")
-    ap.add_argument("--grid")
+    H.add_run_args(ap)
     ap.add_argument("--keep-kernel-log", action="store_true")
     ap.add_argument("--dump", metavar="FILE", help="list the saved-for-backward tensors of the forward "
                     "(by vision block / LM layer / projector) to FILE ('-' = stdout) instead of measuring")
@@ -1136,58 +1052,33 @@ def main(argv=None):
         dump_saved(a.config, a.batch, a.images, a.image_size, a.text_tokens, a.precision, a.attn, a.gc,
                    a.vision, a.projector, None if a.dump == "-" else a.dump, a.lora_r)
         return 0
-    if a.grid:
-        return run_grid(a.grid, a.out, a.keep_kernel_log)
+    done = H.dispatch(a, __file__, argv_of, main, ["--keep-kernel-log"] if a.keep_kernel_log else [])
+    if done is not None:
+        return done
     if not a.config:
-        ap.error("--config or --grid is required")
+        ap.error("--config, --grid or --from-row is required")
     name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
     row = measure_vlm(a.config, name, a.batch, a.images, a.image_size, a.text_tokens, a.precision,
                       a.optimizer, a.attn, a.gc, a.vision, a.projector, a.lora_r)
     kernels = row.pop("sdpa_kernels")
     if a.keep_kernel_log:
         row["sdpa_kernels"] = kernels
-    line = json.dumps(row)
-    print(line)
-    print(f"[vlm] {name} b{a.batch} {a.images}x{a.image_size[0]}x{a.image_size[1]} text {a.text_tokens} "
-          f"seq {row['config']['seq']} {a.precision} vision={a.vision} projector={a.projector} gc={a.gc}"
-          f"{' lora r' + str(a.lora_r) if a.lora_r else ''}: "
-          f"peak {row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']}, saved "
-          f"{row['saved_act_bytes'] / 2**30:.3f} GiB, kernels {kernels}, {row['time_s']} s", file=sys.stderr)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
-    return 0
+    return H.emit(row, a.out, f"[vlm] {name} b{a.batch} {a.images}x{a.image_size[0]}x{a.image_size[1]} "
+                  f"text {a.text_tokens} seq {row['config']['seq']} {a.precision} vision={a.vision} "
+                  f"projector={a.projector} gc={a.gc}{' lora r' + str(a.lora_r) if a.lora_r else ''}: "
+                  f"peak {H.gib(row['peak_bytes'])} in {row['peak_phase']}, saved "
+                  f"{H.gib(row['saved_act_bytes'])}, kernels {kernels}, {row['time_s']} s")
 
 
-def run_grid(grid_path, out, keep_log):
-    import subprocess
-    with open(grid_path) as f:
-        grid = json.load(f)
-    here = os.path.dirname(os.path.abspath(grid_path))
-    fails = 0
-    for g in grid:
-        cfgp = g["config"]
-        if not os.path.isabs(cfgp) and not os.path.exists(cfgp):
-            cfgp = os.path.join(here, cfgp)
-        cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp, "--model-name", g["model"],
-               "--batch", str(g["batch"]), "--images", str(g["images"]),
-               "--image-size", str(g["image_size"][0]), str(g["image_size"][1]),
-               "--text-tokens", str(g["text_tokens"]), "--precision", g["precision"],
-               "--optimizer", g.get("optimizer", "adamw"), "--attn", g.get("attn", "sdpa"),
-               "--vision", g["vision"], "--projector", g["projector"]]
-        if g.get("gc"):
-            cmd.append("--gc")
-        if g.get("lora_r"):
-            cmd += ["--lora-r", str(g["lora_r"])]
-        if out:
-            cmd += ["--out", out]
-        if keep_log:
-            cmd.append("--keep-kernel-log")
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        if r.returncode != 0:
-            fails += 1
-            print(f"[grid] FAILED: {g}", file=sys.stderr)
-    return 1 if fails else 0
+GRID_FLAGS = {"model": "--model-name", "batch": "--batch", "images": "--images", "text_tokens": "--text-tokens",
+              "precision": "--precision", "optimizer": "--optimizer", "attn": "--attn", "vision": "--vision",
+              "projector": "--projector", "gc": "--gc", "lora_r": "--lora-r"}
+
+
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or a row's config (its `seq` follows
+    from the images and the text tokens)."""
+    return H.flags(entry, GRID_FLAGS) + ["--image-size", *map(str, entry["image_size"])]
 
 
 if __name__ == "__main__":

@@ -16,22 +16,26 @@ See validation/README.md, "The harness", for how to add a measurement in one fil
 """
 from .env import (ROUND_BYTES, SDPA_LOG, install_cuda_emulation, install_frozen_param_hook_guard,
                   nullctx, quiet, rnd, versions)
-from .grid import add_run_args, config_path, dispatch, flags, resolve_config, row_config, run_grid
-from .model import (GC_LAYERS, OPT_IMPLS, apply_gc_policy, build_model, load_config, make_optimizer,
-                    text_vocab)
-from .rows import PHASES, base_config, emit, gib, step_row
+from .grid import (add_run_args, add_step_args, config_path, dispatch, flags, resolve_config, row_config,
+                   run_grid)
+from .model import (GC_LAYERS, OPT_IMPLS, SwapViaSetData, apply_gc_policy, build_model, config_file,
+                    load_config, make_optimizer, text_vocab)
+from .rows import PHASES, base_config, emit, gib, place_after, step_row
 from .step import (CudaMeter, LossOnly, StepMemory, measured_step, peak_summary, prepare_step,
                    storage_bytes, warm_up)
-from .tracker import CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, flat, param_storages
+from .tracker import (CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, flat, param_storages,
+                      tensors_in)
 
 __all__ = [
     "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
     "quiet", "rnd", "versions",
-    "add_run_args", "config_path", "dispatch", "flags", "resolve_config", "row_config", "run_grid",
-    "GC_LAYERS", "OPT_IMPLS", "apply_gc_policy", "build_model", "load_config", "make_optimizer",
-    "text_vocab",
-    "PHASES", "base_config", "emit", "gib", "step_row",
+    "add_run_args", "add_step_args", "config_path", "dispatch", "flags", "resolve_config", "row_config",
+    "run_grid",
+    "GC_LAYERS", "OPT_IMPLS", "SwapViaSetData", "apply_gc_policy", "build_model", "config_file",
+    "load_config", "make_optimizer", "text_vocab",
+    "PHASES", "base_config", "emit", "gib", "place_after", "step_row",
     "CudaMeter", "LossOnly", "StepMemory", "measured_step", "peak_summary", "prepare_step",
     "storage_bytes", "warm_up",
     "CATS", "CPU_SIDE_OUTPUTS", "PhaseTracker", "PhaseTrackerMixin", "flat", "param_storages",
+    "tensors_in",
 ]

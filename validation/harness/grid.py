@@ -76,6 +76,18 @@ def row_config(text):
     return d.get("config", d)
 
 
+def add_step_args(ap, seq=1024, precision="fp32"):
+    """The flags of the model and its inputs that recipes share: --config, --model-name, --batch,
+    --seq (left out with seq=None), --precision, --attn, with these defaults."""
+    ap.add_argument("--config", help="path to a Hugging Face config.json")
+    ap.add_argument("--model-name", help="name written to the row (default: the config's file stem)")
+    ap.add_argument("--batch", type=int, default=1)
+    if seq is not None:
+        ap.add_argument("--seq", type=int, default=seq)
+    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default=precision)
+    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+
+
 def add_run_args(ap):
     """The flags every recipe shares: --out, --grid, --from-row."""
     ap.add_argument("--out", help="append the row(s) to this .jsonl file")

@@ -114,6 +114,15 @@ class PhaseTracker(PhaseTrackerMixin, MemTracker):
         super().__init__(param_storages=param_storages)
 
 
+def tensors_in(x):
+    """The tensors of an op's result: a tensor, or those in nested tuples / lists."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            yield from tensors_in(y)
+
+
 def param_storages(model):
     """The storages of `model`'s parameters, as PhaseTracker's `param_storages`."""
     return {p.untyped_storage()._cdata for p in model.parameters()}
