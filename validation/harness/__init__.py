@@ -15,8 +15,9 @@ engine, a compiled graph, images) and hands the rest to this package:
 See validation/README.md, "The harness", for how to add a measurement in one file.
 """
 from .env import (ROUND_BYTES, SDPA_LOG, install_cuda_emulation, install_frozen_param_hook_guard,
-                  nullctx, quiet, rnd, versions)
-from .grid import add_run_args, config_path, dispatch, flags, resolve_config, row_config, run_grid
+                  nullctx, quiet, rnd, swap_via_set_data, versions)
+from .grid import (add_model_args, add_run_args, config_path, dispatch, flags, model_name, resolve_config,
+                   row_config, run_grid)
 from .model import (GC_LAYERS, OPT_IMPLS, apply_gc_policy, build_model, load_config, make_optimizer,
                     text_vocab)
 from .rows import PHASES, base_config, emit, gib, step_row
@@ -26,8 +27,9 @@ from .tracker import CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, fl
 
 __all__ = [
     "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
-    "quiet", "rnd", "versions",
-    "add_run_args", "config_path", "dispatch", "flags", "resolve_config", "row_config", "run_grid",
+    "quiet", "rnd", "swap_via_set_data", "versions",
+    "add_model_args", "add_run_args", "config_path", "dispatch", "flags", "model_name", "resolve_config",
+    "row_config", "run_grid",
     "GC_LAYERS", "OPT_IMPLS", "apply_gc_policy", "build_model", "load_config", "make_optimizer",
     "text_vocab",
     "PHASES", "base_config", "emit", "gib", "step_row",

@@ -26,17 +26,18 @@ def base_config(model, batch, seq, precision, optimizer, attn, gc, opt_impl="for
 
 
 def step_row(config, versions, n_params, step, t0, after_params=None, after_opt_state=None,
-             phases=PHASES):
+             phases=PHASES, after=None):
     """The row of a step measured under a harness tracker: `config`, `versions`, then the
     figures of `step` (a `step.StepMemory`). `after_params` / `after_opt_state` are dicts of
-    recipe keys placed after `n_params` / `opt_state_bytes` (the fixtures' key order)."""
+    recipe keys placed after `n_params` / `opt_state_bytes` (the fixtures' key order); `after`
+    ({row key: dict of recipe keys}) places recipe keys after any other key of the row."""
     start, after_bwd = step.start, step.after_bwd
     param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
     opt_state_bytes = start["optstate"]
     grad_bytes = after_bwd["gradient"] if after_bwd else 0
     peak_phase, pk, opt_step_temp, at_peak = peak_summary(step.phase_peaks, opt_state_bytes)
     pp = step.phase_peaks
-    return {
+    row = {
         "config": config,
         "versions": versions,
         "n_params": n_params,
@@ -61,6 +62,13 @@ def step_row(config, versions, n_params, step, t0, after_params=None, after_opt_
         "after_bwd_bytes": after_bwd["total"] if after_bwd else None,
         "time_s": round(time.time() - t0, 2),
     }
+    if after:
+        placed = {}
+        for k, v in row.items():
+            placed[k] = v
+            placed.update(after.get(k, {}))
+        row = placed
+    return row
 
 
 def gib(n):

@@ -114,6 +114,6 @@ class PhaseTracker(PhaseTrackerMixin, MemTracker):
         super().__init__(param_storages=param_storages)
 
 
-def param_storages(model):
-    """The storages of `model`'s parameters, as PhaseTracker's `param_storages`."""
-    return {p.untyped_storage()._cdata for p in model.parameters()}
+def param_storages(*models):
+    """The storages of the parameters of `models` (None skipped), as PhaseTracker's `param_storages`."""
+    return {p.untyped_storage()._cdata for m in models if m is not None for p in m.parameters()}
