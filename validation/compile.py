@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What torch.compile changes in one training step's memory (see validation/COMPILE.md).
 
-The same step as measure.py (FakeTensorMode, MemTracker, 512-byte rounding, CUDA SDPA kernel choice and
-autocast lists, one untracked warm-up step, then forward+loss, backward, AdamW foreach step, zero_grad), with
-the model compiled by torch.compile:
+A recipe of the harness (validation/harness/): its step (FakeTensorMode, MemTracker, 512-byte rounding, CUDA
+SDPA kernel choice and autocast lists, one untracked warm-up step, then forward+loss, backward, AdamW foreach
+step, zero_grad); what it varies is how the model is compiled by torch.compile:
 
   --compile model   : the whole HF model (`torch.compile(model)`, what HF Trainer's `torch_compile=True` does
                       through accelerate 1.16's `Accelerator.prepare_model`; the HF loss, computed inside the
@@ -11,7 +11,7 @@ the model compiled by torch.compile:
   --compile layers  : every decoder block `block.compile(backend, fullgraph=True)` (torchtitan apply_compile,
                       torchtune compile_model) and the loss function compiled on its own (torchtune
                       compile_loss, torchtitan BaseLoss._maybe_compile); embeddings, final norm, LM head eager;
-  --compile off     : plain measure.py.
+  --compile off     : no compile (measure.py's row; with --real, the eager reference of the inductor check).
 
 Backend: `aot_eager_decomp_partition` by default = AOTAutograd with inductor's decomposition table and
 inductor's min-cut rematerialization partitioner, the fw/bw graphs then run op by op (fx codegen frees every
@@ -22,31 +22,26 @@ The tracker declares `ignore_compile_internals()`: Dynamo refuses to compile (fa
 non-infra TorchDispatchMode is on the stack (torch/_dynamo/convert_frame.py, "non-infra torch dispatch mode
 present"); with the flag it compiles with the mode switched off and runs the compiled artefact with it on,
 so MemTracker sees exactly the runtime ops of the compiled graphs.
+
+  python validation/compile.py --from-row '<a row of core/tests/fixtures/compile-measured.jsonl>'
 """
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import json
-import math
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-import measure as M  # noqa: E402
+import harness as H  # noqa: E402
+import measure  # noqa: E402
+from harness import env as _env  # noqa: E402
 
 import torch  # noqa: E402
 import torch._inductor.config  # noqa: E402,F401
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-
-R = M.ROUND_BYTES
-
-
-def rnd(n):
-    return int(math.ceil(n / R) * R)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,17 +105,17 @@ def get_backend(name):
 
 
 def install_compile_sdpa():
-    """measure.py's SDPA dispatcher without its kernel-log line: Dynamo guards on the log dict's contents
+    """The harness's SDPA dispatcher without its kernel-log line: Dynamo guards on the log dict's contents
     (`SDPA_LOG['flash'] == 1`) and would recompile every block on every call. The function body is
-    otherwise measure.py's own (re-executed from its source with that one line removed)."""
+    otherwise the harness's own (re-executed from its source with that one line removed)."""
     import inspect
     import torch.nn.functional as F
-    src = inspect.getsource(M._cuda_sdpa)
+    src = inspect.getsource(_env._cuda_sdpa)
     line = "    SDPA_LOG[kind] = SDPA_LOG.get(kind, 0) + 1\n"
     if line not in src:
-        raise RuntimeError("measure._cuda_sdpa changed: kernel-log line not found")
-    ns = dict(M.__dict__)
-    exec(compile(src.replace(line, ""), M.__file__, "exec"), ns)
+        raise RuntimeError("harness.env._cuda_sdpa changed: kernel-log line not found")
+    ns = dict(_env.__dict__)
+    exec(compile(src.replace(line, ""), _env.__file__, "exec"), ns)
     F.scaled_dot_product_attention = ns["_cuda_sdpa"]
     return ns["_cuda_sdpa"]
 
@@ -132,13 +127,13 @@ def install_real_cpu_sdpa():
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if torch.is_autocast_enabled("cpu"):
-            # SDPA is on CUDA autocast's lower-precision list (measure._cuda_sdpa casts the same way)
+            # SDPA is on CUDA autocast's lower-precision list (harness.env._cuda_sdpa casts the same way)
             adt = torch.get_autocast_dtype("cpu")
             query, key, value = (t.to(adt) if t.dtype != adt else t for t in (query, key, value))
             with torch.autocast("cpu", enabled=False):
                 return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         # torch 2.15's CPU flash op takes grouped K/V (Hkv < Hq) directly, like the CUDA flash op
-        # measure.py dispatches to (checked: forward and backward, grads of K/V in Hkv heads)
+        # the harness dispatches to (checked: forward and backward, grads of K/V in Hkv heads)
         if attn_mask is not None:
             raise RuntimeError("real-tensor check supports only SDPA without a mask")
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
@@ -182,7 +177,7 @@ def _quiet_mod_tracker_under_dynamo():
     ModTracker._quiet_under_dynamo = True
 
 
-class CompileTracker(M.PhaseTracker):
+class CompileTracker(H.PhaseTracker):
     """PhaseTracker that Dynamo lets compile / run compiled code under (see module docstring)."""
 
     @classmethod
@@ -235,7 +230,7 @@ def apply_compile(model, mode, backend):
 
 
 # ----------------------------------------------------------------------------------------------
-# The measured step (measure.measure with compile)
+# The measured step (the harness's, with the model compiled)
 # ----------------------------------------------------------------------------------------------
 def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, attn, gc, mode,
                      backend="aot_eager_decomp_partition", real=False, cfg_dict=None, gc_nesting="titan"):
@@ -248,11 +243,11 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
         raise SystemExit("gc_nesting=titan needs --compile layers (torchtitan compiles per block)")
     if mode == "off" and not real and cfg_dict is None:
         # the eager reference row: measure.py itself
-        row = M.measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc)
+        row = measure.measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc)
         row["config"]["compile"] = "off"
         row["config"]["backend"] = None
         return row, None
-    M.install_cuda_emulation()
+    H.install_cuda_emulation()
     if mode != "off":
         install_compile_sdpa()
     if real:
@@ -260,7 +255,6 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
         make_inductor_buffers_visible()
         torch._inductor.config.fx_graph_cache = False
         torch._functorch.config.enable_autograd_cache = False
-    import transformers
     t0 = time.time()
     torch.manual_seed(0)
     torch._dynamo.reset()
@@ -270,107 +264,33 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
         with open(tmp, "w") as f:
             json.dump(cfg_dict, f)
         config_path = tmp
-    cfg, arch = M.load_config(config_path, attn)
+    cfg, arch = H.load_config(config_path, attn)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     amp = precision == "amp_bf16"
     train = optimizer != "none"
-    fake = M._nullctx() if real else FakeTensorMode(allow_non_fake_inputs=True)
-    with fake:
-        model = M.build_model(cfg, arch, attn, dtype)
-        ids, labels, opt, _fwd = M.prepare_step(cfg, arch, model, batch, seq, optimizer, amp,
-                                                gc and not titan_ac, "cpu")
+    with H.nullctx() if real else FakeTensorMode(allow_non_fake_inputs=True):
+        model = H.build_model(cfg, arch, attn, dtype)
         if titan_ac:
             apply_titan_ac(model)
             _quiet_mod_tracker_under_dynamo()
-        runner = apply_compile(model, mode, backend)
-
-        def fwd():
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else M._nullctx()
-            with ctx:
-                if train:
-                    return runner(input_ids=ids, labels=labels)
-                return runner(input_ids=ids)
-
-        M.warm_up(fwd, opt, train)  # untracked; compiles
+        ids, labels, opt, fwd = H.prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc and not titan_ac,
+                                               "cpu", runner=apply_compile(model, mode, backend))
+        H.warm_up(fwd, opt, train)  # untracked; compiles
         n_graphs_warm = len(GRAPHS)
-
-        param_cdata = {p.untyped_storage()._cdata for p in model.parameters()}
-        mt = CompileTracker(param_cdata)
-        mt.track_external(model, ids)
-        if opt is not None:
-            mt.track_external(opt)
-        phase_peaks = {}
+        mt = CompileTracker(H.param_storages(model))
+        mt.track_external(model, ids, opt)  # (None is skipped)
         with mt:
-            start = mt.snap()
-            mt.reset_peak()
-            mt.record_copies = amp
-            if train:
-                out = M._LossOnly(fwd().loss)
-            else:
-                with torch.no_grad():
-                    out = fwd()
-            mt.record_copies = False
-            end_fwd = mt.snap()
-            amp_copy = mt.alive_copy_bytes() if amp else 0
-            phase_peaks["fwd"] = mt.peak()
-            after_bwd = None
-            if train:
-                loss = out.loss
-                mt.reset_peak()
-                loss.backward()
-                del loss, out
-                phase_peaks["bwd"] = mt.peak()
-                after_bwd = mt.snap()
-                mt.reset_peak()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                phase_peaks["opt"] = mt.peak()
-            else:
-                del out
-            end = mt.snap()
+            step = H.measured_step(mt, fwd, opt, train, amp)
     recompiles = len(GRAPHS) - n_graphs_warm
-    n_params = sum(p.numel() for p in model.parameters())
-    param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
-    opt_state_bytes = start["optstate"]
-    grad_bytes = after_bwd["gradient"] if after_bwd else 0
-    peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(phase_peaks, opt_state_bytes)
-    phase_order = ["fwd", "bwd", "opt"]
-    row = {
-        "config": {
-            "model": model_name, "batch": batch, "seq": seq, "image": 224,
-            "precision": precision, "optimizer": optimizer, "attn": attn, "gc": bool(gc),
-            "mode": "real-cpu" if real else "fake", "tracker": "memtracker", "emulate_cuda": True,
-            "round_bytes": R, "opt_impl": "foreach", "warmup_steps": 1,
-            "compile": mode, "backend": backend if mode != "off" else None,
-        },
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "torchvision": M._torchvision_version()},
-        "n_params": n_params,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "input_bytes": input_bytes,
-        "grad_bytes": grad_bytes,
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
-        "peak_bytes": pk["total"],
-        "peak_phase": peak_phase,
-        "at_peak": at_peak,
-        "act_temp_at_peak": pk["activation"] + pk["temp"] + opt_step_temp,
-        "saved_act_bytes": end_fwd["total"] - start["total"],
-        "amp_weight_copy_bytes": amp_copy,
-        "phase_peak_bytes": {k: phase_peaks[k]["total"] for k in phase_order if k in phase_peaks},
-        "phase_peaks": {k: phase_peaks[k] for k in phase_order if k in phase_peaks},
-        "start_bytes": start["total"],
-        "end_bytes": end["total"],
-        "after_bwd_bytes": after_bwd["total"] if after_bwd else None,
-        "time_s": round(time.time() - t0, 2),
-        "compiled_graphs": n_graphs_warm,
-        "recompiles_in_measured_step": recompiles,
-        "sdpa_kernels": dict(M.SDPA_LOG),
-    }
-    if gc and mode != "off":
-        row["config"]["gc_nesting"] = gc_nesting
-    M.SDPA_LOG.clear()
+    config = H.base_config(model_name, batch, seq, precision, optimizer, attn, gc,
+                           mode="real-cpu" if real else "fake", compile=mode,
+                           backend=backend if mode != "off" else None,
+                           **({"gc_nesting": gc_nesting} if gc and mode != "off" else {}))
+    row = H.step_row(config, H.versions(), sum(p.numel() for p in model.parameters()), step, t0)
+    row["compiled_graphs"] = n_graphs_warm
+    row["recompiles_in_measured_step"] = recompiles
+    row["sdpa_kernels"] = dict(H.SDPA_LOG)
+    H.SDPA_LOG.clear()
     return row, model
 
 
@@ -431,29 +351,28 @@ def dump_graphs(path_prefix):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config")
-    ap.add_argument("--model-name")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default="bf16")
+    H.add_model_args(ap, precision="bf16")
     ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
-    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true")
     ap.add_argument("--compile", choices=["off", "layers", "model"], default="layers")
     ap.add_argument("--gc-nesting", choices=["titan", "hf"], default="titan",
                     help="with --gc: checkpoint inside the compiled block (torchtitan) or around it (HF)")
     ap.add_argument("--backend", default="aot_eager_decomp_partition")
-    ap.add_argument("--layers", type=int, default=0, help="cut the config to N layers (dump_saved.small_config)")
+    ap.add_argument("--layers", type=int, default=0, help="cut the config to N layers (dump_saved.small_config; "
+                    "in a --grid such an entry's row is not appended to --out)")
     ap.add_argument("--saved", help="write the per-region saved list (JSON) here")
     ap.add_argument("--graphs", help="write the fw/bw graphs as text with this path prefix")
     ap.add_argument("--real", action="store_true", help="real CPU tensors (inductor cross-check)")
     ap.add_argument("--set", action="append", default=[], help="key=json config override (with --layers)")
-    ap.add_argument("--out")
-    ap.add_argument("--grid")
+    ap.add_argument("--source", help="where the row's figures also come from (written to config.source)")
+    H.add_run_args(ap)
     a = ap.parse_args(argv)
-    if a.grid:
-        return run_grid(a.grid, a.out)
-    name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
+    done = H.dispatch(a, __file__, argv_of, main, to_out=lambda entry: not entry.get("layers"))
+    if done is not None:
+        return done
+    if not a.config:
+        ap.error("--config, --grid or --from-row is required")
+    name = H.model_name(a)
     cfg_dict = None
     if a.layers:
         import dump_saved
@@ -463,6 +382,8 @@ def main(argv=None):
     row, _ = measure_compiled(a.config, name, a.batch, a.seq, a.precision, a.optimizer, a.attn, a.gc,
                               a.compile, a.backend, real=a.real, cfg_dict=cfg_dict, gc_nesting=a.gc_nesting)
     kernels = row.pop("sdpa_kernels")
+    if a.source is not None:
+        row["config"]["source"] = a.source
     if a.saved:
         tokens = a.batch * a.seq
         regions = []
@@ -474,50 +395,26 @@ def main(argv=None):
             json.dump(regions, f, indent=1)
     if a.graphs:
         dump_graphs(a.graphs)
-    line = json.dumps(row)
-    print(line)
-    print(f"[compile] {name} b{a.batch} s{a.seq} {a.precision} gc={a.gc} compile={a.compile}: peak "
-          f"{row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']}, saved_act {row['saved_act_bytes'] / 2**30:.3f} GiB, "
-          f"graphs {row.get('compiled_graphs')} (+{row.get('recompiles_in_measured_step')}), sdpa {kernels}, {row['time_s']} s",
-          file=sys.stderr)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
-    return 0
+    return H.emit(row, a.out, f"[compile] {name} b{a.batch} s{a.seq} {a.precision} gc={a.gc} compile={a.compile}: "
+                  f"peak {H.gib(row['peak_bytes'])} in {row['peak_phase']}, saved_act {H.gib(row['saved_act_bytes'])}, "
+                  f"graphs {row.get('compiled_graphs')} (+{row.get('recompiles_in_measured_step')}), sdpa {kernels}, "
+                  f"{row['time_s']} s")
 
 
-def run_grid(grid_path, out):
-    import subprocess
-    with open(grid_path) as f:
-        grid = json.load(f)
-    here = os.path.dirname(os.path.abspath(grid_path))
-    fails = 0
-    for g in grid:
-        cfgp = g["config"]
-        if not os.path.isabs(cfgp) and not os.path.exists(cfgp) and os.path.exists(os.path.join(here, cfgp)):
-            cfgp = os.path.join(here, cfgp)
-        cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp, "--model-name", g["model"],
-               "--batch", str(g["batch"]), "--seq", str(g["seq"]), "--precision", g["precision"],
-               "--optimizer", g.get("optimizer", "adamw"), "--attn", g.get("attn", "sdpa"),
-               "--compile", g.get("compile", "layers"), "--backend", g.get("backend", "aot_eager_decomp_partition")]
-        if g.get("gc"):
-            cmd.append("--gc")
-            if g.get("gc_nesting"):
-                cmd += ["--gc-nesting", g["gc_nesting"]]
-        if g.get("real"):
-            cmd.append("--real")
-        for k in ("layers", "saved", "graphs"):
-            if g.get(k):
-                cmd += ["--" + k, str(g[k])]
-        for kv in g.get("set", []):
-            cmd += ["--set", kv]
-        if out and not g.get("layers"):
-            cmd += ["--out", out]
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        if r.returncode != 0:
-            fails += 1
-            print(f"[grid] FAILED: {g}", file=sys.stderr)
-    return 1 if fails else 0
+GRID_FLAGS = {"model": "--model-name", "batch": "--batch", "seq": "--seq", "precision": "--precision",
+              "optimizer": "--optimizer", "attn": "--attn", "gc": "--gc", "compile": "--compile",
+              "backend": "--backend", "gc_nesting": "--gc-nesting", "real": "--real", "layers": "--layers",
+              "saved": "--saved", "graphs": "--graphs", "source": "--source"}
+
+
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or a row's config (`mode` real-cpu: --real;
+    a grid's `set` list: one --set each)."""
+    real = bool(entry.get("real")) or entry.get("mode") == "real-cpu"
+    argv = H.flags({**entry, "real": real}, GRID_FLAGS)
+    for kv in entry.get("set", []):
+        argv += ["--set", kv]
+    return argv
 
 
 if __name__ == "__main__":

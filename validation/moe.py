@@ -200,7 +200,7 @@ def argv_of(entry):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    H.add_step_args(ap, seq=64, precision="bf16")
+    H.add_model_args(ap, seq=64, precision="bf16")
     ap.add_argument("--count", help="print total / active parameter counts of this config and exit")
     ap.add_argument("--layers", type=int, default=0, help="scale down to this many layers (0 = keep)")
     ap.add_argument("--experts", type=int, help="scale down the number of routed experts")

@@ -438,12 +438,11 @@ def resolve_targets(cfg, spec):
     return names
 
 
-_SwapViaSetData = H.SwapViaSetData  # rl.py reads it from here
 
 
 def build_peft_model(cfg, arch, attn, o):
     """o: namespace of options. Returns the model to train (a PeftModel for lora/qlora)."""
-    with H.SwapViaSetData():
+    with H.swap_via_set_data():
         return _build_peft_model(cfg, arch, attn, o)
 
 
@@ -584,7 +583,7 @@ def dump(o):
 # ----------------------------------------------------------------------------------------------
 def parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    H.add_step_args(ap, seq=1024, precision="bf16")
+    H.add_model_args(ap, seq=1024, precision="bf16")
     ap.add_argument("--method", choices=["full", "lora", "qlora"], default="lora")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=int, default=None, help="default 2*r")

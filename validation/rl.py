@@ -2,9 +2,10 @@
 """Measure one step of TRL 1.16.0's DPOTrainer and GRPOTrainer: per phase (generation, scoring, training)
 peak memory, with TRL's own loss / log-prob / generation code running under FakeTensorMode.
 
-Same method as measure.py (FakeTensorMode, MemTracker, the CUDA emulation: 512-byte rounding, CUDA SDPA
-kernel choice, CUDA autocast lists, native_dropout; imported from measure.py, whose behaviour is not
-changed) and trainers.py (accelerate's bf16 wrapper of model.forward, the all-ones attention-mask skip).
+A recipe of the harness (validation/harness/: FakeTensorMode, MemTracker, the CUDA emulation: 512-byte
+rounding, CUDA SDPA kernel choice, CUDA autocast lists, native_dropout; the training step with its gradient
+accumulation, the row and its writer) and of trainers.py (accelerate's bf16 wrapper of model.forward, the
+all-ones attention-mask skip); what it varies is the RL objective, its phases and TRL's code in them.
 TRL 1.16.0 is not the venv's trl (1.13.0, used by trainers.py): it is installed on its own with
 `pip install --no-deps --target validation/.venv/trl-1.16.0-rl trl==1.16.0` and put first on sys.path
 by this script only (RL_TRL_DIR overrides the folder). See validation/RL.md.
@@ -36,12 +37,14 @@ Example:
   python validation/rl.py --objective grpo --config validation/configs/qwen3-0.6b.json --model-name qwen3-0.6b \
       --prompts 1 --generations 8 --max-prompt 256 --max-completion 1024 --beta 0.0
   python validation/rl.py --grid validation/grid-rl.json --out core/tests/fixtures/rl-measured.jsonl
+  python validation/rl.py --from-row '<a row of core/tests/fixtures/rl-measured.jsonl>'
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -49,11 +52,6 @@ import os
 import sys
 import time
 import types
-import warnings
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-warnings.filterwarnings("ignore")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 TRL_VERSION = "1.16.0"
@@ -64,25 +62,23 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 if os.path.isdir(TRL_DIR):
     sys.path.insert(0, TRL_DIR)
 sys.path.append(_HERE)
-import trainers as T  # noqa: E402  (must come before measure.install_cuda_emulation(): it reads transformers' originals)
-import measure as M  # noqa: E402
+import trainers as T  # noqa: E402  (must come before harness.install_cuda_emulation(): it reads transformers' originals)
+import harness as H  # noqa: E402
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
+from torch.distributed._tools import mem_tracker as _mt  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 
-R = M.ROUND_BYTES
 aten = torch.ops.aten
-
-
-def rnd(n):
-    return int(math.ceil(n / R) * R)
+GRID = os.path.join(_HERE, "grid-rl.json")  # names the config.json of rows named otherwise (llama-3.2-1b)
+H.quiet()
 
 
 def _load_validation_peft():
-    """validation/peft.py (its frozen-parameter hook guard and _SwapViaSetData), loaded under another name."""
+    """validation/peft.py (for its public resolve_targets), loaded under another name."""
     spec = importlib.util.spec_from_file_location("validation_peft", os.path.join(_HERE, "peft.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -374,12 +370,12 @@ class RLTracker(T.TrainerTracker):
     def _update_peak_stats(self, peak_state):
         super()._update_peak_stats(peak_state)
         if self.open:
-            tot = sum(v[M._mt._TOTAL_KEY] for v in self._curr_mem_snap.values())
+            tot = sum(v[_mt._TOTAL_KEY] for v in self._curr_mem_snap.values())
             for name in self.open:
                 w = self.windows[name]
                 if tot > w["peak"]:
                     w["peak"] = tot
-                    w["snap"] = M._flat(self.get_tracker_snapshot("current"))
+                    w["snap"] = H.flat(self.get_tracker_snapshot("current"))
                     if self.dump:
                         self.lists["window:" + name] = self.alive()
 
@@ -485,14 +481,15 @@ def build_policy(cfg, arch, o):
     targets q_proj/v_proj unless --lora-targets), trl's disable_dropout_in_model (DPO default), Trainer's
     gradient checkpointing (+ enable_input_require_grads for PEFT, as DPOTrainer.__init__ does)."""
     from trl.trainer.utils import disable_dropout_in_model
-    model = M.build_model(cfg, arch, o.attn, model_dtype(o))
+    model = H.build_model(cfg, arch, o.attn, model_dtype(o))
     if o.lora:
         from peft import LoraConfig, get_peft_model
-        vp = _load_validation_peft()
-        targets = None if o.lora_targets in (None, "default") else vp.resolve_targets(cfg, o.lora_targets)
+        H.install_frozen_param_hook_guard()  # the frozen base weights
+        targets = None if o.lora_targets in (None, "default") else \
+            _load_validation_peft().resolve_targets(cfg, o.lora_targets)
         lc = LoraConfig(r=o.lora_r, lora_alpha=2 * o.lora_r, lora_dropout=0.05, target_modules=targets,
                         bias="none", task_type="CAUSAL_LM")
-        with vp._SwapViaSetData():
+        with H.swap_via_set_data():
             model = get_peft_model(model, lc)  # autocast_adapter_dtype=True: fp32 adapters
     if o.objective == "dpo" or o.disable_dropout:
         disable_dropout_in_model(model)
@@ -503,7 +500,7 @@ def build_policy(cfg, arch, o):
     model.train(True)
     model.config.use_cache = False
     # from_pretrained's generation_config: use_cache=True (GenerationConfig.from_model_config of the published
-    # config.json; measure.load_config sets config.use_cache=False before the model is built, which would make
+    # config.json; harness.load_config sets config.use_cache=False before the model is built, which would make
     # generate() re-run the whole sequence at every token)
     base_of(model).generation_config.use_cache = True
     return model
@@ -514,7 +511,7 @@ def build_ref(cfg, arch, o):
     parameters left requiring grad (TRL does not freeze them; every reference forward runs under no_grad),
     from_pretrained's eval mode."""
     from trl.trainer.utils import disable_dropout_in_model
-    ref = M.build_model(cfg, arch, o.attn, model_dtype(o))
+    ref = H.build_model(cfg, arch, o.attn, model_dtype(o))
     ref.eval()
     if o.objective == "dpo" or o.disable_dropout:
         disable_dropout_in_model(ref)
@@ -566,7 +563,7 @@ def kv_bytes(cache):
     for layer in getattr(cache, "layers", []):
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor) and t.numel():
-                tot += rnd(t.untyped_storage().nbytes())
+                tot += H.rnd(t.untyped_storage().nbytes())
                 dts.add(str(t.dtype).replace("torch.", ""))
     kd = vd = None
     if getattr(cache, "layers", None):
@@ -576,44 +573,32 @@ def kv_bytes(cache):
     return tot, kd, vd
 
 
-def train_phases(mt, o, fwd, opt, amp, micro_batches=1):
-    """fwd(i) -> loss of micro-batch i. Trainer.training_step: compute_loss, backward (per micro-batch), then
-    optimizer.step() + zero_grad(set_to_none=True) (Trainer's defaults)."""
-    ph = {}
-    copies = 0
-    saved = None
-    for i in range(micro_batches):
-        s0 = mt.snap()
-        mt.reset_peak()
-        mt.record_copies = amp
-        mt.phase = "fwd"
-        loss = fwd(i)
-        mt.record_copies = False
-        e = mt.snap()
-        if i == 0:
-            saved = e["total"] - s0["total"]
-            copies = mt.alive_copy_bytes() if mt.copy_refs else 0
-        _max_into(ph, "fwd", mt.peak())
-        mt.keep(f"fwd[{i}]")
-        mt.phase = "bwd"
-        mt.reset_peak()
-        loss.backward()
-        del loss
-        _max_into(ph, "bwd", mt.peak())
-        mt.keep(f"bwd[{i}]")
-    after_bwd = mt.snap()
-    mt.phase = "opt"
-    mt.reset_peak()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    ph["opt"] = mt.peak()
-    mt.keep("opt")
-    return ph, saved, copies, after_bwd
+def training_step(mt, loss_of, opt, amp, micro_batches=1):
+    """Trainer.training_step on the harness's step: compute_loss (`loss_of(i)`: the loss of micro-batch i) and
+    backward per micro-batch, then optimizer.step() + zero_grad(set_to_none=True) (Trainer's defaults). The
+    step's `extra` holds the first micro-batch's saved-activation and autocast-copy bytes (the row's)."""
+    i = [0]
+
+    def fwd():
+        return H.LossOnly(loss_of(i[0]))
+
+    def on_phase(name, meter, step):
+        if name == "fwd" and i[0] == 0:
+            step.extra.update(saved=step.saved_act_bytes, copies=step.amp_copy)
+        meter.keep("opt" if name == "opt" else f"{name}[{i[0]}]")
+        if name == "bwd":
+            i[0] += 1
+        meter.phase = "bwd" if name == "fwd" else "fwd" if i[0] < micro_batches else "opt"
+    mt.phase = "fwd"
+    return H.measured_step(mt, fwd, opt, True, amp, micro_batches=micro_batches, on_phase=on_phase)
 
 
-def _max_into(d, k, snap):
-    if k not in d or snap["total"] > d[k]["total"]:
-        d[k] = snap
+def reference_bytes(row, ref):
+    """The row's reference_param_bytes (the separate reference model's parameters and buffers) and
+    policy_param_bytes (the tracked parameters less the reference's)."""
+    ref_params = H.storage_bytes(ref.parameters()) if ref is not None else 0
+    row["reference_param_bytes"] = ref_params + (H.storage_bytes(ref.buffers()) if ref is not None else 0)
+    row["policy_param_bytes"] = row["param_bytes"] - ref_params
 
 
 # ----------------------------------------------------------------------------------------------
@@ -625,11 +610,11 @@ def measure_dpo(o):
     from trl.trainer.utils import add_fused_lm_head
     t0 = time.time()
     torch.manual_seed(0)
-    cfg, arch = M.load_config(o.config, o.attn)
+    cfg, arch = H.load_config(o.config, o.attn)
     amp = o.precision == "amp_bf16"
     B, P, C = o.batch, o.max_prompt, o.max_completion
     S = P + C
-    vocab = M.text_vocab(cfg)
+    vocab = H.text_vocab(cfg)
     g = torch.Generator().manual_seed(0)
     ids = _ids(vocab, (2 * B, S), eos_ids(cfg), g)  # [chosen (B rows); rejected (B rows)], no padding
     completion_mask = torch.zeros(2 * B, S, dtype=torch.long)
@@ -660,7 +645,7 @@ def measure_dpo(o):
         inputs = fake_inputs(fake, shadow, real)
         stub = dpo_stub(policy, ref, o)
         params = [p for p in policy.parameters() if p.requires_grad]
-        opt = M.make_optimizer("adamw", params, o.opt_impl)
+        opt = H.make_optimizer("adamw", params, o.opt_impl)
 
         orig_dgc = dt.disable_gradient_checkpointing
         holder = {}
@@ -687,7 +672,7 @@ def measure_dpo(o):
         if o.reference == "precomputed":
             # DPOTrainer.__init__ -> _precompute_ref_logps -> compute_ref_log_probs(self.model, batch) per batch of
             # precompute_ref_batch_size (default per_device_train_batch_size), before training: weights only.
-            pmt = RLTracker({p.untyped_storage()._cdata for p in policy.parameters()})
+            pmt = RLTracker(H.param_storages(policy))
             pmt.track_external(policy, *[v for v in inputs.values() if isinstance(v, torch.Tensor)])
             with pmt, shadow, ShadowScalars(shadow):
                 s = pmt.snap()
@@ -698,46 +683,31 @@ def measure_dpo(o):
                 scoring = _phase_record(pmt, pmt.peak(), s, pmt.snap())
                 scoring["what"] = "precompute_ref_log_probs pass (before training: weights only, no optimizer state)"
         with shadow, ShadowScalars(shadow):
-            # warm-up step (untracked): optimizer state, autocast caches
-            loss = fwd()
-            loss.backward()
-            del loss
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            H.warm_up(lambda: H.LossOnly(fwd()), opt, True)  # untracked: optimizer state, autocast caches
 
-        tracked = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
-        mt = RLTracker({p.untyped_storage()._cdata for m in (policy, ref) if m is not None for p in m.parameters()},
-                       dump=bool(o.dump))
-        mt.track_external(policy, *tracked)
-        if ref is not None:
-            mt.track_external(ref)
-        mt.track_external(opt)
+        mt = RLTracker(H.param_storages(policy, ref), dump=bool(o.dump))
+        mt.track_external(policy, *[v for v in inputs.values() if isinstance(v, torch.Tensor)])
+        mt.track_external(ref, opt)  # (None is skipped)
         holder["mt"] = mt
         with mt, shadow, ShadowScalars(shadow):
-            start = mt.snap()
-            ph, saved, copies, after_bwd = train_phases(mt, o, fwd, opt, amp)
-            end = mt.snap()
+            step = training_step(mt, lambda i: fwd(), opt, amp)
         holder.pop("mt")
         dt.disable_gradient_checkpointing = orig_dgc
         ref_window = mt.windows.get("reference")
-        ref_bytes = sum(rnd(p.untyped_storage().nbytes()) for p in ref.parameters()) if ref is not None else 0
-        ref_bufs = sum(rnd(b.untyped_storage().nbytes()) for b in ref.buffers()) if ref is not None else 0
 
     extra_cfg = {"objective": "dpo", "reference": o.reference, "generations": None, "max_prompt": P,
                  "max_completion": C, "generator": None, "sequences_per_forward": 2 * B,
                  "loss_type": "sigmoid", "beta": 0.1, "n_scored_tokens": n_scored}
-    training = {"fwd": ph["fwd"], "bwd": ph["bwd"], "opt": ph["opt"]}
     phases = {"generation": None, "scoring": scoring["peak_bytes"] if scoring else None,
-              "training": max(v["total"] for v in training.values())}
+              "training": max(v["total"] for v in step.phase_peaks.values())}
     details = {"scoring": scoring, "reference_forward": None}
     if ref_window:
         details["reference_forward"] = {
             "peak_bytes": ref_window["peak"], "at_peak": ref_window["snap"], "start_bytes": ref_window["start"],
             "end_bytes": ref_window.get("end"),
             "what": "inside fwd: the reference forward under no_grad (policy activations of this step alive)"}
-    row = assemble_row(o, cfg, policy, start, end, after_bwd, ph, saved, copies, phases, extra_cfg, details, t0)
-    row["reference_param_bytes"] = ref_bytes + ref_bufs
-    row["policy_param_bytes"] = row["param_bytes"] - ref_bytes
+    row = assemble_row(o, policy, step, phases, extra_cfg, details, t0)
+    reference_bytes(row, ref)
     return row, mt
 
 
@@ -785,14 +755,14 @@ def measure_grpo(o):
     from trl.trainer.utils import add_fused_lm_head, shuffle_sequence_dict, split_tensor_dict, use_adapter
     t0 = time.time()
     torch.manual_seed(0)
-    cfg, arch = M.load_config(o.config, o.attn)
+    cfg, arch = H.load_config(o.config, o.attn)
     amp = o.precision == "amp_bf16"
     Gt = o.prompts * o.generations  # generation batch (sequences): per_device_train_batch_size * steps_per_generation
     if Gt % o.steps_per_generation:
         raise SystemExit("prompts*generations must be divisible by --steps-per-generation")
     o.batch = Gt // o.steps_per_generation  # per_device_train_batch_size
     P, C = o.max_prompt, o.max_completion
-    vocab = M.text_vocab(cfg)
+    vocab = H.text_vocab(cfg)
     eos = eos_ids(cfg)
     g = torch.Generator().manual_seed(0)
     # the RepeatSampler repeats each prompt num_generations times: Gt prompt rows of P tokens (equal lengths: no
@@ -822,7 +792,7 @@ def measure_grpo(o):
             T.wrap_accelerate_amp(ref)
         stub = grpo_stub(policy, ref, o)
         params = [p for p in policy.parameters() if p.requires_grad]
-        opt = M.make_optimizer("adamw", params, o.opt_impl)
+        opt = H.make_optimizer("adamw", params, o.opt_impl)
         gcfg = generation_config(cfg, o)
         gen_kwargs = gcfg.to_diff_dict()
 
@@ -857,25 +827,19 @@ def measure_grpo(o):
                 return GRPOTrainer.compute_loss(stub, policy, parts[i])
             return fwd
 
-        with shadow, ShadowScalars(shadow):
-            # warm-up training step (untracked): optimizer state, autocast caches
+        def warm_up_loss():
             parts = micro_inputs(fb, torch.zeros(Gt, C) if old_logps else None,
                                  torch.zeros(Gt, C) if use_ref else None,
                                  {"sampling_per_token_logps": torch.zeros(Gt, C),
                                   "importance_sampling_ratio": torch.ones(Gt, 1)} if o.generator != "model" else None)
-            loss = fwd_factory(parts)(0)
-            loss.backward()
-            del loss, parts
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            return H.LossOnly(fwd_factory(parts)(0))
 
-        tracked = [v for v in fb.values()]
-        mt = RLTracker({p.untyped_storage()._cdata for m in (policy, ref) if m is not None for p in m.parameters()},
-                       dump=bool(o.dump))
-        mt.track_external(policy, *tracked)
-        if ref is not None:
-            mt.track_external(ref)
-        mt.track_external(opt)
+        with shadow, ShadowScalars(shadow):
+            H.warm_up(warm_up_loss, opt, True)  # untracked training step: optimizer state, autocast caches
+
+        mt = RLTracker(H.param_storages(policy, ref), dump=bool(o.dump))
+        mt.track_external(policy, *fb.values())
+        mt.track_external(ref, opt)  # (None is skipped)
         with mt, shadow, ShadowScalars(shadow):
             start = mt.snap()
             # ---------------- generation
@@ -976,8 +940,7 @@ def measure_grpo(o):
             # ---------------- training
             parts = micro_inputs(fb, old, refl, vllm_extra)
             del old, refl, vllm_extra
-            ph, saved, copies, after_bwd = train_phases(mt, o, fwd_factory(parts), opt, amp,
-                                                        micro_batches=o.steps_per_generation)
+            step = training_step(mt, fwd_factory(parts), opt, amp, micro_batches=o.steps_per_generation)
             del parts
             end = mt.snap()
 
@@ -990,17 +953,11 @@ def measure_grpo(o):
     if o.generator == "vllm-colocated":
         extra_cfg["vllm_gpu_memory_utilization"] = o.vllm_util
     phases = {"generation": gen["peak_bytes"], "scoring": scoring["peak_bytes"] if (old_logps or use_ref) else None,
-              "training": max(v["total"] for v in ph.values())}
-    gen_detail = {k: v for k, v in gen.items()}
-    details = {"generation": gen_detail, "scoring": scoring}
-    row = assemble_row(o, cfg, policy, start, end, after_bwd, ph, saved, copies, phases, extra_cfg, details, t0)
-    if ref is not None:
-        row["reference_param_bytes"] = sum(rnd(p.untyped_storage().nbytes()) for p in ref.parameters()) + \
-            sum(rnd(b.untyped_storage().nbytes()) for b in ref.buffers())
-    else:
-        row["reference_param_bytes"] = 0
-    row["policy_param_bytes"] = row["param_bytes"] - sum(
-        rnd(p.untyped_storage().nbytes()) for p in ref.parameters()) if ref is not None else row["param_bytes"]
+              "training": max(v["total"] for v in step.phase_peaks.values())}
+    details = {"generation": dict(gen), "scoring": scoring}
+    # the row's start is before generation, its end after the training step's inputs are freed
+    row = assemble_row(o, policy, dataclasses.replace(step, start=start, end=end), phases, extra_cfg, details, t0)
+    reference_bytes(row, ref)
     if o.generator == "vllm-colocated":
         row["vllm"] = vllm_reservation(o.vllm_total_gib, o.vllm_util)
     return row, mt
@@ -1032,65 +989,34 @@ def versions():
     return v
 
 
-def assemble_row(o, cfg, policy, start, end, after_bwd, ph, saved, copies, phases, extra_cfg, details, t0):
-    n_params = sum(p.numel() for p in policy.parameters())
-    opt_state_bytes = start["optstate"]
-    peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(ph, opt_state_bytes)
+def assemble_row(o, policy, step, phases, extra_cfg, details, t0):
+    """The harness's row of the training step (`step`; its start and end those of the whole RL step) with the
+    RL step's phases: peak_bytes and at_peak are those of the highest phase (generation, scoring, training),
+    training_at_peak the training step's own; saved_act_bytes / amp_weight_copy_bytes are the first
+    micro-batch's."""
     rl_phases = {k: v for k, v in phases.items() if v is not None}
     peak_phase_rl = max(rl_phases, key=lambda k: rl_phases[k])
-    # the step's overall peak and what is alive then
-    overall = pk
-    if peak_phase_rl == "generation":
-        overall = details["generation"]["at_peak"]
-    elif peak_phase_rl == "scoring" and o.objective == "grpo":
-        overall = details["scoring"]["at_peak"]
-    elif peak_phase_rl == "scoring":
-        overall = details["scoring"]["at_peak"]
-    ostep = max(0, overall["optstate"] - opt_state_bytes)
-    at_overall = {"parameter": overall["parameter"], "buffer": overall["buffer"], "gradient": overall["gradient"],
-                  "optstate": overall["optstate"] - ostep, "opt_step_temp": ostep,
-                  "activation": overall["activation"], "temp": overall["temp"], "other": overall["other"],
-                  "total": overall["total"]}
-    row = {
-        "config": {
-            "model": o.model_name, "batch": o.batch, "seq": o.max_prompt + o.max_completion, "image": 224,
-            "precision": o.precision, "optimizer": "adamw", "attn": o.attn, "gc": bool(o.gc),
-            "mode": "fake", "tracker": "memtracker", "emulate_cuda": True, "round_bytes": R,
-            "opt_impl": o.opt_impl, "warmup_steps": 1, "loss": "trl-fused", "packing": False, "padding": False,
-            "trainer_amp": True, "lora": ({"r": o.lora_r, "alpha": 2 * o.lora_r, "targets": o.lora_targets or "default",
-                                           "adapter_dtype": "float32"} if o.lora else None),
-            **extra_cfg,
-        },
-        "versions": versions(),
-        "n_params": n_params,
-        "param_bytes": start["parameter"],
-        "buffer_bytes": start["buffer"],
-        "input_bytes": start["other"],
-        "grad_bytes": after_bwd["gradient"],
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": start["parameter"] + start["buffer"] + after_bwd["gradient"] + opt_state_bytes,
-        "peak_bytes": max(rl_phases.values()),
-        "peak_phase": peak_phase,
-        "peak_phase_rl": peak_phase_rl,
-        "phases": phases,
-        "at_peak": at_overall,
-        "training_at_peak": at_peak,
-        "act_temp_at_peak": pk["activation"] + pk["temp"] + opt_step_temp,
-        "saved_act_bytes": saved,
-        "amp_weight_copy_bytes": copies,
-        "phase_peak_bytes": {k: ph[k]["total"] for k in ("fwd", "bwd", "opt")},
-        "phase_peaks": {k: ph[k] for k in ("fwd", "bwd", "opt")},
-        "phase_details": details,
-        "start_bytes": start["total"],
-        "end_bytes": end["total"],
-        "after_bwd_bytes": after_bwd["total"],
-        "time_s": round(time.time() - t0, 2),
-        "sdpa_kernels": dict(M.SDPA_LOG),
-        "value_fallbacks": dict(FALLBACKS),
-    }
+    lora = {"r": o.lora_r, "alpha": 2 * o.lora_r, "targets": o.lora_targets or "default",
+            "adapter_dtype": "float32"} if o.lora else None
+    config = H.base_config(o.model_name, o.batch, o.max_prompt + o.max_completion, o.precision, "adamw", o.attn,
+                           o.gc, o.opt_impl, loss="trl-fused", packing=False, padding=False, trainer_amp=True,
+                           lora=lora, **extra_cfg)
     if o.layers_note:
-        row["config"]["layers_note"] = o.layers_note
-    M.SDPA_LOG.clear()
+        config["layers_note"] = o.layers_note
+    row = H.step_row(config, versions(), sum(p.numel() for p in policy.parameters()), step, t0, after={
+        "peak_phase": {"peak_phase_rl": peak_phase_rl, "phases": phases},
+        "at_peak": {"training_at_peak": None},
+        "phase_peaks": {"phase_details": details}})
+    row["training_at_peak"] = row["at_peak"]
+    if peak_phase_rl != "training":
+        # what is alive at the generation's / the scoring's peak, split as the harness splits a phase's peak
+        row["at_peak"] = H.peak_summary({peak_phase_rl: details[peak_phase_rl]["at_peak"]},
+                                        row["opt_state_bytes"])[3]
+    row.update(peak_bytes=max(rl_phases.values()), saved_act_bytes=step.extra["saved"],
+               amp_weight_copy_bytes=step.extra["copies"])
+    row["sdpa_kernels"] = dict(H.SDPA_LOG)
+    row["value_fallbacks"] = dict(FALLBACKS)
+    H.SDPA_LOG.clear()
     return row
 
 
@@ -1107,7 +1033,7 @@ def parser():
                     "accelerate's bf16 autocast (the TRL configs' bf16=True)")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", choices=["on", "off"], default="on", help="gradient_checkpointing (TRL default: on)")
-    ap.add_argument("--opt-impl", choices=list(M.OPT_IMPLS), default="fused",
+    ap.add_argument("--opt-impl", choices=list(H.OPT_IMPLS), default="fused",
                     help="AdamW implementation (transformers 5.24 Trainer default optim=adamw_torch_fused)")
     ap.add_argument("--batch", type=int, default=1, help="DPO: per_device_train_batch_size (pairs; 2x rows per forward)")
     ap.add_argument("--max-prompt", type=int, default=512)
@@ -1134,23 +1060,24 @@ def parser():
     ap.add_argument("--full-generation", action="store_true", help="GRPO: no fast-forward (every token generated)")
     ap.add_argument("--layers-note", default=None)
     ap.add_argument("--dump", default=None, help="write what is alive at each phase's peak (storages >= 1 MiB)")
-    ap.add_argument("--out")
-    ap.add_argument("--grid")
+    H.add_run_args(ap)
     return ap
 
 
 def main(argv=None):
-    a = parser().parse_args(argv)
-    if a.grid:
-        return run_grid(a.grid, a.out)
+    ap = parser()
+    a = ap.parse_args(argv)
+    done = H.dispatch(a, __file__, argv_of, main, model_grid=GRID)
+    if done is not None:
+        return done
     if not (a.config and a.objective):
-        parser().error("--config and --objective (or --grid) are required")
+        ap.error("--config and --objective (or --grid, --from-row) are required")
     import trl
     if trl.__version__ != TRL_VERSION:
         raise SystemExit(f"rl.py needs trl {TRL_VERSION} in {TRL_DIR} (found {trl.__version__} at {trl.__file__}); "
                          f"pip install --no-deps --target {TRL_DIR} trl=={TRL_VERSION}")
     a.gc = a.gc == "on"
-    a.model_name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
+    a.model_name = H.model_name(a)
     if a.lora and a.reference == "separate":
         a.reference = "adapters-off"
     if a.reference == "adapters-off" and not a.lora:
@@ -1165,57 +1092,35 @@ def main(argv=None):
     if a.dump:
         with open(a.dump, "w") as f:
             json.dump({"row": row, "sdpa_kernels": kernels, "alive_at_peaks": mt.lists}, f, indent=1)
-    line = json.dumps(row)
-    print(line)
-    ph = row["phases"]
-    fmt = {k: (f"{v / 2**30:.3f}" if v is not None else "-") for k, v in ph.items()}
-    print(f"[rl] {a.model_name} {a.objective} ref={row['config']['reference']} b{row['config']['batch']} "
-          f"P{a.max_prompt} C{a.max_completion} {a.precision} gc={a.gc}: peak {row['peak_bytes'] / 2**30:.3f} GiB "
-          f"in {row['peak_phase_rl']} (gen {fmt['generation']}, score {fmt['scoring']}, train {fmt['training']} GiB; "
-          f"train peak in {row['peak_phase']}), sdpa {kernels}, fallbacks {row['value_fallbacks']}, {row['time_s']} s",
-          file=sys.stderr)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
-    return 0
+    fmt = {k: (f"{v / 2**30:.3f}" if v is not None else "-") for k, v in row["phases"].items()}
+    return H.emit(row, a.out, f"[rl] {a.model_name} {a.objective} ref={row['config']['reference']} "
+                  f"b{row['config']['batch']} P{a.max_prompt} C{a.max_completion} {a.precision} gc={a.gc}: peak "
+                  f"{H.gib(row['peak_bytes'])} in {row['peak_phase_rl']} (gen {fmt['generation']}, score "
+                  f"{fmt['scoring']}, train {fmt['training']} GiB; train peak in {row['peak_phase']}), sdpa {kernels}, "
+                  f"fallbacks {row['value_fallbacks']}, {row['time_s']} s")
 
 
-GRID_KEYS = {"objective": "--objective", "model": "--model-name", "batch": "--batch", "precision": "--precision",
-             "attn": "--attn", "max_prompt": "--max-prompt", "max_completion": "--max-completion",
-             "reference": "--reference", "lora_r": "--lora-r", "lora_targets": "--lora-targets",
-             "prompts": "--prompts", "generations": "--generations",
-             "steps_per_generation": "--steps-per-generation", "num_iterations": "--num-iterations",
-             "beta": "--beta", "loss_type": "--loss-type", "generator": "--generator", "vllm_util": "--vllm-util",
-             "vllm_total_gib": "--vllm-total-gib", "head_tokens": "--head-tokens", "tail_tokens": "--tail-tokens",
-             "opt_impl": "--opt-impl", "layers_note": "--layers-note"}
+GRID_FLAGS = {"objective": "--objective", "model": "--model-name", "batch": "--batch", "precision": "--precision",
+              "attn": "--attn", "gc": "--gc", "opt_impl": "--opt-impl", "max_prompt": "--max-prompt",
+              "max_completion": "--max-completion", "reference": "--reference", "lora": "--lora",
+              "lora_r": "--lora-r", "lora_targets": "--lora-targets", "prompts": "--prompts",
+              "generations": "--generations", "steps_per_generation": "--steps-per-generation",
+              "num_iterations": "--num-iterations", "beta": "--beta", "loss_type": "--loss-type",
+              "generator": "--generator", "vllm_util": "--vllm-util", "vllm_gpu_memory_utilization": "--vllm-util",
+              "vllm_total_gib": "--vllm-total-gib", "head_tokens": "--head-tokens", "tail_tokens": "--tail-tokens",
+              "full_generation": "--full-generation", "layers_note": "--layers-note"}
 
 
-def run_grid(grid_path, out):
-    import subprocess
-    with open(grid_path) as f:
-        grid = json.load(f)
-    here = os.path.dirname(os.path.abspath(grid_path))
-    fails = 0
-    for g in grid:
-        cfgp = g["config"]
-        if not os.path.isabs(cfgp) and not os.path.exists(cfgp):
-            cfgp = os.path.join(here, cfgp)
-        cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp]
-        for k, flag in GRID_KEYS.items():
-            if g.get(k) is not None:
-                cmd += [flag, str(g[k])]
-        cmd += ["--gc", "on" if g.get("gc", True) else "off"]
-        if g.get("lora"):
-            cmd.append("--lora")
-        if g.get("full_generation"):
-            cmd.append("--full-generation")
-        if out:
-            cmd += ["--out", out]
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        if r.returncode != 0:
-            fails += 1
-            print(f"[grid] FAILED: {g}", file=sys.stderr)
-    return 1 if fails else 0
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or a row's config: a row's `lora` is the adapters'
+    {r, alpha, targets, ...} (alpha is 2r), and GRPO's `generation_fast_forward: false` with the model
+    generating is --full-generation (with C <= head + tail tokens both generate every token)."""
+    e = dict(entry)
+    if isinstance(e.get("lora"), dict):
+        e.update(lora=True, lora_r=e["lora"]["r"], lora_targets=e["lora"]["targets"])
+    if e.get("generator") == "model" and e.get("generation_fast_forward") is False:
+        e["full_generation"] = True
+    return H.flags(e, GRID_FLAGS, on_off=("gc",))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Measure one training step whose LOSS is computed the way a trainer computes it.
 
-Same method as measure.py (FakeTensorMode, MemTracker, the CUDA emulation: 512-byte rounding, CUDA
-SDPA kernel choice, CUDA autocast lists, native_dropout; everything is imported from measure.py,
-whose behaviour is not changed), with the loss path of:
+A recipe of the harness (validation/harness/: FakeTensorMode, MemTracker, the CUDA emulation, the
+measured step, the row and its writer); what it varies is the loss path, the batch the trainer's
+collator makes and the optimizer's place:
 
-  --loss hf                 model(labels=...) -> transformers' ForCausalLMLoss (= measure.py).
+  --loss hf                 model(labels=...) -> transformers' ForCausalLMLoss (= measure.py's step).
   --loss trl-nll            TRL 1.13 SFTTrainer.compute_loss, loss_type="nll": TRL's own method is called
                             on a stub trainer (SFTTrainer.__new__ + the attributes it reads); it runs
                             transformers' Trainer.compute_loss (model(**inputs) with num_items_in_batch)
@@ -47,6 +47,7 @@ Example:
   python validation/trainers.py --config validation/configs/qwen3-0.6b.json --model-name qwen3-0.6b \
       --batch 4 --seq 2048 --precision bf16 --gc --loss trl-chunked --out rows.jsonl
   python validation/trainers.py ... --dump /tmp/x.json   (tensor-level view of the loss path, see --help)
+  python validation/trainers.py --from-row '<a row of core/tests/fixtures/trainers-measured.jsonl>'
 """
 from __future__ import annotations
 
@@ -61,32 +62,27 @@ import os
 import sys
 import time
 import types
-import warnings
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-warnings.filterwarnings("ignore")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # validation/peft.py would shadow the peft library that transformers.trainer_utils imports
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.append(_HERE)
-import measure as M  # noqa: E402
+import harness as H  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
+from torch.distributed._tools import mem_tracker as _mt  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 
-R = M.ROUND_BYTES
+H.quiet()
 LOSSES = ["hf", "trl-nll", "trl-chunked", "torchtune-chunked"]
 TRL_CHUNK = 256          # trl.trainer.sft_trainer._CHUNKED_LM_HEAD_CHUNK_SIZE
 TT_CHUNKS = 8            # torchtune recipes' num_output_chunks
 PAD_FRACTION = 0.10
-
-
-def rnd(n):
-    return int(math.ceil(n / R) * R)
+# config.opt_impl of --optimizer-in-bwd rows
+OPT_IN_BWD_IMPL = "foreach, one AdamW per parameter stepped in its post-accumulate-grad hook (torchtune 0.6.1)"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,11 +100,11 @@ _PATCHED = False
 
 
 def install_trainer_patches():
-    """On top of measure.install_cuda_emulation(): let the packed-sequence detection and the
-    all-ones-mask skip decide as they do on real tensors (measure.py's own patches assume
+    """On top of the harness's CUDA emulation: let the packed-sequence detection and the
+    all-ones-mask skip decide as they do on real tensors (the harness's own patches assume
     no packing and no mask)."""
     global _PATCHED
-    M.install_cuda_emulation()
+    H.install_cuda_emulation()
     if _PATCHED:
         return
     import transformers.masking_utils as mu
@@ -123,7 +119,7 @@ def install_trainer_patches():
         return None
 
     mu.find_packed_sequence_indices = find_packed_sequence_indices
-    prev_ignore = mu._ignore_causal_mask_sdpa  # measure.py's version
+    prev_ignore = mu._ignore_causal_mask_sdpa  # the harness's version
 
     def _ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offset,
                                  local_attention_size=None):
@@ -141,10 +137,10 @@ def install_trainer_patches():
 
 def _grab_orig_find():
     import transformers.masking_utils as mu
-    # measure.install_cuda_emulation() replaces it; read the function from the module's source object
+    # harness.install_cuda_emulation() replaces it; read the function from the module's source object
     f = mu.find_packed_sequence_indices
     if getattr(f, "__name__", "") == "<lambda>":
-        raise RuntimeError("trainers.py must be imported before measure.install_cuda_emulation() runs")
+        raise RuntimeError("trainers.py must be imported before harness.install_cuda_emulation() runs")
     return f
 
 
@@ -239,7 +235,7 @@ def make_trl_stub(model, loss_type):
 def wrap_accelerate_amp(model):
     """accelerate.Accelerator.prepare_model with native AMP (Trainer with bf16=True, SFTConfig's default):
     model.forward = convert_outputs_to_fp32(autocast(forward)). The autocast is the emulated CUDA one
-    (torch.autocast('cpu', bf16) + measure.py's CUDA lists); convert_outputs_to_fp32 is accelerate's own."""
+    (torch.autocast('cpu', bf16) + the harness's CUDA lists); convert_outputs_to_fp32 is accelerate's own."""
     from accelerate.utils.operations import convert_outputs_to_fp32
     model._original_forward = model.forward
     fn = model.forward.__func__ if hasattr(model.forward, "__func__") else model.forward
@@ -286,13 +282,12 @@ def _load_torchtune_loss():
 
 
 def versions():
-    import transformers
-    v = {"torch": torch.__version__, "transformers": transformers.__version__,
-         "torchvision": M._torchvision_version()}
+    """The harness's versions + `trainer_versions` (trl, accelerate, torchtune: installed distributions)."""
+    from importlib.metadata import version
+    v = H.versions()
     tv = {}
     for name in ("trl", "accelerate", "torchtune"):
         try:
-            from importlib.metadata import version
             tv[name] = version(name)
         except Exception:
             tv[name] = None
@@ -330,7 +325,7 @@ def real_inputs(vocab, batch, seq, loss, packing, padding, docs):
     if pos is not None:
         inp["position_ids"] = pos
     if loss == "hf" and not packing and not padding:
-        inp["labels"] = ids  # measure.py: labels = input ids, the same tensor
+        inp["labels"] = ids  # the harness's step: labels = input ids, the same tensor
     else:
         inp["labels"] = labels
     FACTS.all_ones_mask = bool(mask is not None and bool(mask.all()))
@@ -346,7 +341,7 @@ def real_inputs(vocab, batch, seq, loss, packing, padding, docs):
 DUMP_MIN = 1 << 20  # storages >= 1 MiB
 
 
-class TrainerTracker(M.PhaseTracker):
+class TrainerTracker(H.PhaseTracker):
     def __init__(self, param_storages, dump=False):
         super().__init__(param_storages)
         self.dump = dump
@@ -371,9 +366,9 @@ class TrainerTracker(M.PhaseTracker):
                     self.created[st] = {
                         "op": f"{func.overloadpacket.__name__}.{func._overloadname}",
                         "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                        "bytes": rnd(st.nbytes()), "phase": self.phase, "region": self.region}
+                        "bytes": H.rnd(st.nbytes()), "phase": self.phase, "region": self.region}
             if (self.phase == "fwd" and self.region == "loss") or (self.phase == "bwd" and not self.loss_bwd_done):
-                tot = sum(v[M._mt._TOTAL_KEY] for v in self._curr_mem_snap.values())
+                tot = sum(v[_mt._TOTAL_KEY] for v in self._curr_mem_snap.values())
                 if abs(tot - self._tl_last) >= DUMP_MIN and len(self.timeline) < 3000:
                     self._tl_last = tot
                     outs = [f"{list(t.shape)}:{str(t.dtype).replace('torch.', '')}" for t in _tensors(res)][:2]
@@ -404,11 +399,7 @@ class TrainerTracker(M.PhaseTracker):
 
 
 def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _tensors(y)
+    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,7 +408,7 @@ def _tensors(x):
 def enable_checkpointing(model, reentrant):
     """--gc: what transformers' Trainer does with args.activation_checkpointing: model.
     activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None) (gradient_checkpointing_enable
-    is its deprecated alias). kwargs None (--gc-reentrant default, = measure.py's plain
+    is its deprecated alias). kwargs None (--gc-reentrant default, = the harness's plain
     gradient_checkpointing_enable()) means {"use_reentrant": False} in transformers 5.24; either way transformers
     calls enable_input_require_grads() (input_ids models), so the embedding output requires grad, as
     reentrant checkpointing needs."""
@@ -430,7 +421,7 @@ def enable_checkpointing(model, reentrant):
 
 def make_optim_in_bwd(model):
     """torchtune 0.6.1 optimizer_in_bwd (full_finetune_single_device._setup_optimizer): one optimizer per
-    parameter, {p: AdamW([p]) for p in model.parameters()} (foreach=True, as measure.py's AdamW), and
+    parameter, {p: AdamW([p]) for p in model.parameters()} (foreach=True, as the harness's AdamW), and
     training.register_optim_in_bwd_hooks: a post-accumulate-grad hook on every trainable parameter that
     steps its optimizer and zero_grad()s it (set_to_none) as soon as the gradient is accumulated."""
     optim_dict = {p: torch.optim.AdamW([p], lr=1e-4, foreach=True) for p in model.parameters()}
@@ -444,7 +435,7 @@ def make_optim_in_bwd(model):
 
 
 def build_step(o, cfg, model, fake, inputs_real, amp):
-    """Returns (tracked input tensors, fwd) where fwd() -> object with .loss, as measure.py's."""
+    """Returns (tracked input tensors, fwd) where fwd() -> object with .loss, as the harness's step wants."""
     if o.gc:
         enable_checkpointing(model, o.gc_reentrant)
     model.train(True)
@@ -458,12 +449,12 @@ def build_step(o, cfg, model, fake, inputs_real, amp):
         inputs[k] = conv[id(v)]
     extra = []
     trainer_amp = o.loss.startswith("trl") and o.trainer_amp
-    amp_ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if (amp and not trainer_amp) else M._nullctx
+    amp_ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if (amp and not trainer_amp) else H.nullctx
 
     if o.loss == "hf":
         def fwd():
             with amp_ctx():
-                return M._LossOnly(model(**inputs).loss)
+                return H.LossOnly(model(**inputs).loss)
         return list(inputs.values()), fwd
 
     if o.loss.startswith("trl"):
@@ -483,7 +474,7 @@ def build_step(o, cfg, model, fake, inputs_real, amp):
             with amp_ctx(), FakeScalars(), TrlChunkCount():
                 loss = SFTTrainer.compute_loss(stub, model, batch, num_items_in_batch=num_items)
             del batch
-            return M._LossOnly(loss)
+            return H.LossOnly(loss)
         return list(inputs.values()) + extra, fwd
 
     if o.loss == "torchtune-chunked":
@@ -509,85 +500,48 @@ def build_step(o, cfg, model, fake, inputs_real, amp):
             loss = loss_fn(logits, labels)
             del logits, labels
             loss = loss * current_num_tokens
-            return M._LossOnly(loss)
+            return H.LossOnly(loss)
         return list(inputs.values()) + extra, fwd
     raise SystemExit(f"unknown loss {o.loss}")
 
 
 def measure(o):
     install_trainer_patches()
-    import transformers  # noqa: F401
     t0 = time.time()
     torch.manual_seed(0)
-    cfg, arch = M.load_config(o.config, o.attn)
+    cfg, arch = H.load_config(o.config, o.attn)
     dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
     amp = o.precision == "amp_bf16"
+    trainer_amp = o.loss.startswith("trl") and o.trainer_amp
     if o.packing and o.padding:
         raise SystemExit("--packing on and --padding on together are not supported (padding-free packing)")
-    inputs_real = real_inputs(M.text_vocab(cfg), o.batch, o.seq, o.loss, o.packing, o.padding, o.docs)
+    inputs_real = real_inputs(H.text_vocab(cfg), o.batch, o.seq, o.loss, o.packing, o.padding, o.docs)
     if o.real:
         # cross-check: the same step on real CPU tensors (same tracker and emulation patches)
         fake = types.SimpleNamespace(from_tensor=lambda t: t)
-        fake_ctx = M._nullctx()
+        fake_ctx = H.nullctx()
     else:
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         fake_ctx = fake
-    saved = []
     with fake_ctx:
-        model = M.build_model(cfg, arch, o.attn, dtype)
+        model = H.build_model(cfg, arch, o.attn, dtype)
         tracked_inputs, fwd = build_step(o, cfg, model, fake, inputs_real, amp)
-        params = [p for p in model.parameters() if p.requires_grad]
         if o.optimizer_in_bwd:
             optim_dict, register_opt_hooks = make_optim_in_bwd(model)
             opt_hooks = register_opt_hooks()
             out = fwd()  # warm-up (untracked): the per-parameter steps in backward create the states
             out.loss.backward()
             del out
-            opts = list(optim_dict.values())
+            opt, opts = None, list(optim_dict.values())
         else:
-            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-            M.warm_up(fwd, opt, True)  # untracked
+            opt = H.make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad])
+            H.warm_up(fwd, opt, True)  # untracked
             opts = [opt]
 
-        mt = TrainerTracker({p.untyped_storage()._cdata for p in model.parameters()}, dump=bool(o.dump))
+        mt = TrainerTracker(H.param_storages(model), dump=bool(o.dump))
         mt.track_external(model, *tracked_inputs)
         mt.track_external(*opts)
-        hooks = []
-        if o.dump:
-            backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-            hooks.append(backbone.register_forward_pre_hook(lambda m, a: setattr(mt, "region", "model")))
-            def after_backbone(m, a, r):
-                mt.region = "loss"
-                h = r[0] if isinstance(r, (tuple, list)) else getattr(r, "last_hidden_state", None)
-                if isinstance(h, torch.Tensor) and h.requires_grad and mt.phase == "fwd":
-                    def on_grad(g):
-                        # the gradient w.r.t. the backbone output is complete: the loss path's backward
-                        # is done; keep its peak and what was alive then
-                        if mt.phase == "bwd" and "loss_bwd" not in peak_lists:
-                            mt.loss_bwd_done = True
-                            peak_lists["loss_bwd"] = mt.peak_list
-                            loss_bwd_peak.update(mt.peak())
-                            peak_lists["loss_bwd_end_alive"] = mt.alive()
-                    h.register_hook(on_grad)
-            hooks.append(backbone.register_forward_hook(after_backbone))
-        phase_peaks = {}
-        peak_lists = {}
-        loss_bwd_peak = {}
-
-        def pack(t):
-            if mt.region == "loss":
-                try:
-                    st = t.untyped_storage()
-                    info = mt.created.get(st)
-                    saved.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                                  "storage_bytes": rnd(st.nbytes()),
-                                  "grad_fn": type(t.grad_fn).__name__ if t.grad_fn is not None else None,
-                                  "param": st._cdata in mt._param_cdata,
-                                  "created_by": info["op"] if info else None})
-                except Exception:
-                    pass
-            return t
-
+        dump = Dump(mt, model, o.optimizer_in_bwd) if o.dump else None
         with mt:
             if o.optimizer_in_bwd:
                 # MemTracker tags p.grad as a gradient in its own post-accumulate-grad hook, installed on entry
@@ -597,115 +551,121 @@ def measure(o):
                     h.remove()
                 mt._track_module_params_and_buffers(model, install_grad_hooks=True)
                 opt_hooks = register_opt_hooks()
-            start = mt.snap()
-            mt.reset_peak()
-            mt.record_copies = amp or (o.loss.startswith("trl") and o.trainer_amp)
-            if o.dump:
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    out = fwd()
-            else:
-                out = fwd()
-            mt.record_copies = False
-            end_fwd = mt.snap()
-            amp_copy = mt.alive_copy_bytes() if mt.copy_refs else 0
-            phase_peaks["fwd"] = mt.peak()
-            peak_lists["fwd"] = mt.peak_list
-            alive_end_fwd = mt.alive() if o.dump else None
-            mt.region = "model"
-            loss = out.loss
-            mt.phase = "bwd"
-            mt.reset_peak()
-            loss.backward()
-            del loss, out
-            phase_peaks["bwd"] = mt.peak()
-            peak_lists["bwd"] = mt.peak_list
-            after_bwd = mt.snap()
-            mt.phase = "opt"
-            mt.reset_peak()
-            if o.optimizer_in_bwd:
-                # no optimizer.step() phase: every parameter was stepped in backward
-                phase_peaks["opt"] = {k: 0 for k in phase_peaks["bwd"]}
-                peak_lists["opt"] = None
-            else:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                phase_peaks["opt"] = mt.peak()
-                peak_lists["opt"] = mt.peak_list
-            end = mt.snap()
-        for h in hooks:
+            step = H.measured_step(
+                mt, fwd, opt, True, amp, record_copies=amp or trainer_amp,
+                on_phase=dump.on_phase if dump else _next_phase,
+                # optimizer in backward: no optimizer.step() phase, every parameter was stepped in backward
+                optimizer_step=(lambda: False) if o.optimizer_in_bwd else None,
+                fwd_ctx=dump.saved_hooks if dump else None)
+        if dump:
+            dump.remove_hooks()
+
+    extra = {"loss": o.loss, "packing": bool(o.packing), "padding": bool(o.padding)}
+    if o.packing:
+        extra["docs_per_row"] = o.docs
+    if o.padding:
+        extra["pad_fraction"] = PAD_FRACTION
+    if o.loss == "trl-chunked":
+        extra["chunk_size"] = TRL_CHUNK
+        extra["chunks"] = FACTS.n_padded // TRL_CHUNK
+    if o.loss == "torchtune-chunked":
+        extra["num_output_chunks"] = TT_CHUNKS
+        extra["torchtune_loss_source"] = _load_torchtune_loss()[1]
+        extra["torchtune_decoder"] = "emulated: transformers model.model + lm_head per h.chunk(8, dim=1)"
+    if o.loss.startswith("trl"):
+        extra["trainer_amp"] = bool(o.trainer_amp)
+    if o.optimizer_in_bwd:
+        extra["optimizer_in_bwd"] = True
+    if o.gc and o.gc_reentrant is not None:
+        extra["gc_reentrant"] = bool(o.gc_reentrant)
+    extra["n_valid_tokens"] = FACTS.n_valid
+    extra["attn_mask"] = _mask_kind(o, cfg)
+    config = H.base_config(o.model_name, o.batch, o.seq, o.precision, "adamw", o.attn, o.gc,
+                           OPT_IN_BWD_IMPL if o.optimizer_in_bwd else "foreach",
+                           mode="real-cpu" if o.real else "fake", **extra)
+    row = H.step_row(config, versions(), sum(p.numel() for p in model.parameters()), step, t0)
+    row["sdpa_kernels"] = dict(H.SDPA_LOG)
+    H.SDPA_LOG.clear()
+    if dump:
+        dump.write(o.dump, row, step)
+    return row
+
+
+def _next_phase(name, meter, step):
+    """The tracker's phase label (what --dump records each tensor with) after phase `name`."""
+    meter.region = "model"
+    meter.phase = {"fwd": "bwd", "bwd": "opt"}.get(name, meter.phase)
+
+
+class Dump:
+    """--dump: the loss path's saved tensors (saved-tensor hooks on the forward), what is alive at the end of
+    the forward, at each phase's peak and at the peak of the loss path's backward (until the gradient of the
+    backbone output is complete), and the tracker's timeline of the loss path."""
+
+    def __init__(self, mt, model, opt_in_bwd):
+        self.mt = mt
+        self.opt_in_bwd = opt_in_bwd
+        self.saved = []
+        self.peak_lists = {}
+        self.loss_bwd_peak = {}
+        self.alive_end_fwd = None
+        backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.hooks = [backbone.register_forward_pre_hook(lambda m, a: setattr(mt, "region", "model")),
+                      backbone.register_forward_hook(self.after_backbone)]
+
+    def after_backbone(self, m, a, r):
+        mt = self.mt
+        mt.region = "loss"
+        h = r[0] if isinstance(r, (tuple, list)) else getattr(r, "last_hidden_state", None)
+        if isinstance(h, torch.Tensor) and h.requires_grad and mt.phase == "fwd":
+            def on_grad(g):
+                # the gradient w.r.t. the backbone output is complete: the loss path's backward
+                # is done; keep its peak and what was alive then
+                if mt.phase == "bwd" and "loss_bwd" not in self.peak_lists:
+                    mt.loss_bwd_done = True
+                    self.peak_lists["loss_bwd"] = mt.peak_list
+                    self.loss_bwd_peak.update(mt.peak())
+                    self.peak_lists["loss_bwd_end_alive"] = mt.alive()
+            h.register_hook(on_grad)
+
+    def pack(self, t):
+        mt = self.mt
+        if mt.region == "loss":
+            try:
+                st = t.untyped_storage()
+                info = mt.created.get(st)
+                self.saved.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                   "storage_bytes": H.rnd(st.nbytes()),
+                                   "grad_fn": type(t.grad_fn).__name__ if t.grad_fn is not None else None,
+                                   "param": st._cdata in mt._param_cdata,
+                                   "created_by": info["op"] if info else None})
+            except Exception:
+                pass
+        return t
+
+    def saved_hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    def on_phase(self, name, meter, step):
+        # no optimizer.step() phase with the optimizer in backward
+        self.peak_lists[name] = None if name == "opt" and self.opt_in_bwd else meter.peak_list
+        if name == "fwd":
+            self.alive_end_fwd = meter.alive()
+        _next_phase(name, meter, step)
+
+    def remove_hooks(self):
+        for h in self.hooks:
             h.remove()
 
-    n_params = sum(p.numel() for p in model.parameters())
-    param_bytes, buffer_bytes, input_bytes = start["parameter"], start["buffer"], start["other"]
-    opt_state_bytes = start["optstate"]
-    grad_bytes = after_bwd["gradient"]
-    peak_phase, pk, opt_step_temp, at_peak = M.peak_summary(phase_peaks, opt_state_bytes)
-    order = ["fwd", "bwd", "opt"]
-    trainer_amp = o.loss.startswith("trl") and o.trainer_amp
-    row = {
-        "config": {
-            "model": o.model_name, "batch": o.batch, "seq": o.seq, "image": 224,
-            "precision": o.precision, "optimizer": "adamw", "attn": o.attn, "gc": bool(o.gc),
-            "mode": "fake", "tracker": "memtracker", "emulate_cuda": True,
-            "round_bytes": R, "opt_impl": "foreach", "warmup_steps": 1,
-            "loss": o.loss, "packing": bool(o.packing), "padding": bool(o.padding),
-        },
-        "versions": versions(),
-        "n_params": n_params,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "input_bytes": input_bytes,
-        "grad_bytes": grad_bytes,
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
-        "peak_bytes": pk["total"],
-        "peak_phase": peak_phase,
-        "at_peak": at_peak,
-        "act_temp_at_peak": pk["activation"] + pk["temp"] + opt_step_temp,
-        "saved_act_bytes": end_fwd["total"] - start["total"],
-        "amp_weight_copy_bytes": amp_copy,
-        "phase_peak_bytes": {k: phase_peaks[k]["total"] for k in order},
-        "phase_peaks": {k: phase_peaks[k] for k in order},
-        "start_bytes": start["total"],
-        "end_bytes": end["total"],
-        "after_bwd_bytes": after_bwd["total"],
-        "time_s": round(time.time() - t0, 2),
-    }
-    c = row["config"]
-    if o.real:
-        c["mode"] = "real-cpu"
-    if o.packing:
-        c["docs_per_row"] = o.docs
-    if o.padding:
-        c["pad_fraction"] = PAD_FRACTION
-    if o.loss == "trl-chunked":
-        c["chunk_size"] = TRL_CHUNK
-        c["chunks"] = FACTS.n_padded // TRL_CHUNK
-    if o.loss == "torchtune-chunked":
-        c["num_output_chunks"] = TT_CHUNKS
-        c["torchtune_loss_source"] = _load_torchtune_loss()[1]
-        c["torchtune_decoder"] = "emulated: transformers model.model + lm_head per h.chunk(8, dim=1)"
-    if o.loss.startswith("trl"):
-        c["trainer_amp"] = bool(o.trainer_amp)
-    if o.optimizer_in_bwd:
-        c["optimizer_in_bwd"] = True
-        c["opt_impl"] = "foreach, one AdamW per parameter stepped in its post-accumulate-grad hook (torchtune 0.6.1)"
-    if o.gc and o.gc_reentrant is not None:
-        c["gc_reentrant"] = bool(o.gc_reentrant)
-    c["n_valid_tokens"] = FACTS.n_valid
-    c["attn_mask"] = _mask_kind(o, cfg)
-    row["sdpa_kernels"] = dict(M.SDPA_LOG)
-    M.SDPA_LOG.clear()
-    if o.dump:
-        dump = {"row_config": c, "saved_in_loss_region": _dedup_saved(saved),
-                "alive_end_fwd": alive_end_fwd, "at_peak": peak_lists,
-                "phase_peaks": row["phase_peaks"], "loss_bwd_peak": loss_bwd_peak,
-                "timeline_loss_path": mt.timeline,
-                "start": start, "end_fwd": end_fwd,
-                "after_bwd": after_bwd}
-        with open(o.dump, "w") as f:
+    def write(self, path, row, step):
+        dump = {"row_config": row["config"], "saved_in_loss_region": _dedup_saved(self.saved),
+                "alive_end_fwd": self.alive_end_fwd, "at_peak": self.peak_lists,
+                "phase_peaks": row["phase_peaks"], "loss_bwd_peak": self.loss_bwd_peak,
+                "timeline_loss_path": self.mt.timeline,
+                "start": step.start, "end_fwd": step.end_fwd,
+                "after_bwd": step.after_bwd}
+        with open(path, "w") as f:
             json.dump(dump, f, indent=1)
-    return row
 
 
 def _dedup_saved(saved):
@@ -735,13 +695,8 @@ def _mask_kind(o, cfg=None):
 # ----------------------------------------------------------------------------------------------
 def parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config")
-    ap.add_argument("--model-name")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--precision", choices=["amp_bf16", "bf16", "fp32"], default="bf16")
+    H.add_model_args(ap, precision="bf16")
     ap.add_argument("--optimizer", choices=["adamw"], default="adamw")
-    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true")
     ap.add_argument("--loss", choices=LOSSES, default="hf")
     ap.add_argument("--packing", choices=["on", "off"], default="off")
@@ -758,71 +713,47 @@ def parser():
     ap.add_argument("--real", action="store_true",
                     help="cross-check: real CPU tensors instead of FakeTensorMode (use --attn eager: the "
                     "emulated flash/efficient SDPA ops have no CPU kernels)")
-    ap.add_argument("--out")
-    ap.add_argument("--grid")
+    H.add_run_args(ap)
     ap.add_argument("--dump", help="write a JSON with the loss path's saved tensors, what is alive at the "
                     "end of the forward and at each phase's peak (storages >= 1 MiB)")
     return ap
 
 
+GRID_FLAGS = {"model": "--model-name", "batch": "--batch", "seq": "--seq", "precision": "--precision",
+              "attn": "--attn", "gc": "--gc", "loss": "--loss", "docs_per_row": "--docs",
+              "packing": "--packing", "padding": "--padding", "trainer_amp": "--trainer-amp",
+              "optimizer_in_bwd": "--optimizer-in-bwd", "gc_reentrant": "--gc-reentrant"}
+
+
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or a row's config (`mode` real-cpu: --real)."""
+    return H.flags(entry, GRID_FLAGS, on_off=("packing", "padding", "trainer_amp", "optimizer_in_bwd",
+                                              "gc_reentrant")) + \
+        (["--real"] if entry.get("real") or entry.get("mode") == "real-cpu" else [])
+
+
 def main(argv=None):
-    a = parser().parse_args(argv)
-    if a.grid:
-        return run_grid(a.grid, a.out)
+    ap = parser()
+    a = ap.parse_args(argv)
+    done = H.dispatch(a, __file__, argv_of, main)
+    if done is not None:
+        return done
     if not a.config:
-        parser().error("--config or --grid is required")
+        ap.error("--config, --grid or --from-row is required")
     a.packing = a.packing == "on"
     a.padding = a.padding == "on"
     a.trainer_amp = a.trainer_amp == "on"
     a.optimizer_in_bwd = a.optimizer_in_bwd == "on"
     a.gc_reentrant = None if a.gc_reentrant is None else a.gc_reentrant == "on"
     if a.gc_reentrant is not None and not a.gc:
-        parser().error("--gc-reentrant needs --gc")
-    a.model_name = a.model_name or os.path.splitext(os.path.basename(a.config))[0]
+        ap.error("--gc-reentrant needs --gc")
+    a.model_name = H.model_name(a)
     row = measure(a)
     kernels = row.pop("sdpa_kernels")
-    line = json.dumps(row)
-    print(line)
-    print(f"[trainers] {a.model_name} b{a.batch} s{a.seq} {a.precision} gc={a.gc} {a.attn} loss={a.loss} "
-          f"packing={a.packing} padding={a.padding} opt_in_bwd={a.optimizer_in_bwd} "
-          f"gc_reentrant={a.gc_reentrant}: peak {row['peak_bytes'] / 2**30:.3f} GiB in "
-          f"{row['peak_phase']}, sdpa {kernels}, mask {row['config']['attn_mask']}, {row['time_s']} s",
-          file=sys.stderr)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
-    return 0
-
-
-def run_grid(grid_path, out):
-    import subprocess
-    with open(grid_path) as f:
-        grid = json.load(f)
-    here = os.path.dirname(os.path.abspath(grid_path))
-    fails = 0
-    for g in grid:
-        cfgp = g["config"]
-        if not os.path.isabs(cfgp) and not os.path.exists(cfgp):
-            cfgp = os.path.join(here, cfgp)
-        cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp, "--model-name", g["model"],
-               "--batch", str(g["batch"]), "--seq", str(g["seq"]), "--precision", g["precision"],
-               "--attn", g.get("attn", "sdpa"), "--loss", g.get("loss", "hf"),
-               "--packing", "on" if g.get("packing") else "off",
-               "--padding", "on" if g.get("padding") else "off",
-               "--trainer-amp", "off" if g.get("trainer_amp") is False else "on"]
-        if g.get("gc"):
-            cmd.append("--gc")
-        if g.get("optimizer_in_bwd"):
-            cmd += ["--optimizer-in-bwd", "on"]
-        if g.get("gc_reentrant") is not None:
-            cmd += ["--gc-reentrant", "on" if g["gc_reentrant"] else "off"]
-        if out:
-            cmd += ["--out", out]
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        if r.returncode != 0:
-            fails += 1
-            print(f"[grid] FAILED: {g}", file=sys.stderr)
-    return 1 if fails else 0
+    return H.emit(row, a.out, f"[trainers] {a.model_name} b{a.batch} s{a.seq} {a.precision} gc={a.gc} {a.attn} "
+                  f"loss={a.loss} packing={a.packing} padding={a.padding} opt_in_bwd={a.optimizer_in_bwd} "
+                  f"gc_reentrant={a.gc_reentrant}: peak {H.gib(row['peak_bytes'])} in {row['peak_phase']}, "
+                  f"sdpa {kernels}, mask {row['config']['attn_mask']}, {row['time_s']} s")
 
 
 if __name__ == "__main__":

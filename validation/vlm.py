@@ -682,13 +682,13 @@ def apply_lora(model, r, alpha):
     layers (q/k/v/o, MLP; Mllama's cross-attention too), not on the tower, the projector or the
     LM head. Adapters fp32 (autocast_adapter_dtype=True, peft's default). FakeTensor parameters
     refuse torch.utils.swap_tensors (used by Module._apply when peft casts the adapters), so
-    `param.data = new` is used (the harness's SwapViaSetData)."""
+    `param.data = new` is used (the harness's swap_via_set_data)."""
     peft = _import_peft()
     lm = lm_module(model)
     prefix = {id(m): n for n, m in model.named_modules()}[id(lm)]
     targets = [f"{prefix}.{n}" for n, m in lm.named_modules()
                if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"]
-    with H.SwapViaSetData():
+    with H.swap_via_set_data():
         lc = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets, bias="none")
         pm = peft.get_peft_model(model, lc, autocast_adapter_dtype=True)
     return pm, len(targets), peft.__version__
@@ -1027,7 +1027,7 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
 # ----------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    H.add_step_args(ap, seq=None, precision="bf16")  # the sequence: text tokens + the images' tokens
+    H.add_model_args(ap, seq=None, precision="bf16")  # the sequence: text tokens + the images' tokens
     ap.add_argument("--images", type=int, default=1, help="images per sample")
     ap.add_argument("--image-size", type=int, nargs=2, default=[448, 448], metavar=("W", "H"))
     ap.add_argument("--text-tokens", type=int, default=256, help="text tokens per sample")

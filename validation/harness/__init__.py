@@ -15,11 +15,11 @@ engine, a compiled graph, images) and hands the rest to this package:
 See validation/README.md, "The harness", for how to add a measurement in one file.
 """
 from .env import (ROUND_BYTES, SDPA_LOG, install_cuda_emulation, install_frozen_param_hook_guard,
-                  nullctx, quiet, rnd, versions)
-from .grid import (add_run_args, add_step_args, config_path, dispatch, flags, resolve_config, row_config,
-                   run_grid)
-from .model import (GC_LAYERS, OPT_IMPLS, SwapViaSetData, apply_gc_policy, build_model, config_file,
-                    load_config, make_optimizer, text_vocab)
+                  nullctx, quiet, rnd, swap_via_set_data, versions)
+from .grid import (add_model_args, add_run_args, config_path, dispatch, flags, model_name, resolve_config,
+                   row_config, run_grid)
+from .model import (GC_LAYERS, OPT_IMPLS, apply_gc_policy, build_model, config_file, load_config,
+                    make_optimizer, text_vocab)
 from .rows import PHASES, base_config, emit, gib, place_after, step_row
 from .step import (CudaMeter, LossOnly, StepMemory, measured_step, peak_summary, prepare_step,
                    storage_bytes, warm_up)
@@ -28,11 +28,11 @@ from .tracker import (CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, f
 
 __all__ = [
     "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
-    "quiet", "rnd", "versions",
-    "add_run_args", "add_step_args", "config_path", "dispatch", "flags", "resolve_config", "row_config",
-    "run_grid",
-    "GC_LAYERS", "OPT_IMPLS", "SwapViaSetData", "apply_gc_policy", "build_model", "config_file",
-    "load_config", "make_optimizer", "text_vocab",
+    "quiet", "rnd", "swap_via_set_data", "versions",
+    "add_model_args", "add_run_args", "config_path", "dispatch", "flags", "model_name", "resolve_config",
+    "row_config", "run_grid",
+    "GC_LAYERS", "OPT_IMPLS", "apply_gc_policy", "build_model", "config_file", "load_config",
+    "make_optimizer", "text_vocab",
     "PHASES", "base_config", "emit", "gib", "place_after", "step_row",
     "CudaMeter", "LossOnly", "StepMemory", "measured_step", "peak_summary", "prepare_step",
     "storage_bytes", "warm_up",

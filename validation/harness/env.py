@@ -8,6 +8,7 @@ CUDA path is emulated"). Nothing here is installed on a real GPU run.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -285,6 +286,28 @@ def install_frozen_param_hook_guard():
             return f
         setattr(torch.Tensor, name, make(orig))
     torch.Tensor._frozen_hook_guard = True
+
+
+@contextlib.contextmanager
+def swap_via_set_data():
+    """nn.Module._apply() swaps FakeTensor parameters with torch.utils.swap_tensors, which refuses
+    tensors that have a weakref (FakeTensorMode keeps some). Inside this context it falls back to
+    `param.data = new` (what _apply does for ordinary tensors): the same parameter object with the
+    converted storage. For peft's get_peft_model under FakeTensorMode (it casts the adapters)."""
+    import torch.utils as tu
+    orig = tu.swap_tensors
+
+    def swap(t1, t2):
+        try:
+            return orig(t1, t2)
+        except RuntimeError:
+            t1.data = t2.data
+            t1.requires_grad_(t2.requires_grad)
+    tu.swap_tensors = swap
+    try:
+        yield
+    finally:
+        tu.swap_tensors = orig
 
 
 def quiet():

@@ -36,10 +36,11 @@ def flags(entry, names, on_off=()):
     return argv
 
 
-def run_grid(script, grid_path, argv_of, out=None, extra=()):
+def run_grid(script, grid_path, argv_of, out=None, extra=(), to_out=None):
     """Run `script` once per entry of the grid at `grid_path` with `--config PATH` +
-    `argv_of(entry)` (+ `--out out` + `extra`), stdout discarded (the rows go to `out`).
-    Returns 1 if any entry failed."""
+    `argv_of(entry)` (+ `--out out` + `extra`), stdout discarded (the rows go to `out`; with
+    `to_out`, only the rows of the entries for which `to_out(entry)` is true: a grid's diagnostic
+    runs, say). Returns 1 if any entry failed."""
     with open(grid_path) as f:
         grid = json.load(f)
     here = os.path.dirname(os.path.abspath(grid_path))
@@ -47,7 +48,7 @@ def run_grid(script, grid_path, argv_of, out=None, extra=()):
     for g in grid:
         cmd = [sys.executable, os.path.abspath(script), "--config", resolve_config(g["config"], here),
                *argv_of(g), *extra]
-        if out:
+        if out and (to_out is None or to_out(g)):
             cmd += ["--out", out]
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
         if r.returncode != 0:
@@ -61,13 +62,21 @@ CONFIG_DIRS = (os.path.join(HERE, "configs"),
                os.path.join(HERE, "..", "core", "tests", "fixtures", "configs"))
 
 
-def config_path(model):
-    """The config.json of a row's `model`: validation/configs/, then the fixtures' configs/."""
+def config_path(model, grid=None):
+    """The config.json of a row's `model`: validation/configs/, then the fixtures' configs/; then,
+    given `grid` (the path of a grid file), the config of that grid's first entry named `model`
+    (a row named otherwise than its config file: "llama-3.2-1b" from configs/llama-1b.json)."""
     for d in CONFIG_DIRS:
         p = os.path.join(d, model + ".json")
         if os.path.exists(p):
             return os.path.normpath(p)
-    raise SystemExit(f"no config for model {model!r} in {', '.join(map(os.path.normpath, CONFIG_DIRS))}")
+    if grid:
+        with open(grid) as f:
+            entry = next((g for g in json.load(f) if g.get("model") == model), None)
+        if entry is not None:
+            return os.path.normpath(resolve_config(entry["config"], os.path.dirname(os.path.abspath(grid))))
+    raise SystemExit(f"no config for model {model!r} in {', '.join(map(os.path.normpath, CONFIG_DIRS))}"
+                     + (f" or {grid}" if grid else ""))
 
 
 def row_config(text):
@@ -76,16 +85,21 @@ def row_config(text):
     return d.get("config", d)
 
 
-def add_step_args(ap, seq=1024, precision="fp32"):
-    """The flags of the model and its inputs that recipes share: --config, --model-name, --batch,
-    --seq (left out with seq=None), --precision, --attn, with these defaults."""
+def add_model_args(ap, seq=1024, precision="fp32", precisions=("fp32", "amp_bf16", "bf16")):
+    """The flags of what a recipe measures: --config, --model-name, --batch, --seq (left out with
+    seq=None), --precision (one of `precisions`, default `precision`), --attn."""
     ap.add_argument("--config", help="path to a Hugging Face config.json")
     ap.add_argument("--model-name", help="name written to the row (default: the config's file stem)")
     ap.add_argument("--batch", type=int, default=1)
     if seq is not None:
         ap.add_argument("--seq", type=int, default=seq)
-    ap.add_argument("--precision", choices=["fp32", "amp_bf16", "bf16"], default=precision)
+    ap.add_argument("--precision", choices=list(precisions), default=precision)
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+
+
+def model_name(a):
+    """The row's model name: --model-name, else the config file's stem."""
+    return a.model_name or os.path.splitext(os.path.basename(a.config))[0]
 
 
 def add_run_args(ap):
@@ -98,13 +112,15 @@ def add_run_args(ap):
                     "config.json and every option are read from it (reproduce.py uses this)")
 
 
-def dispatch(a, script, argv_of, main, extra=()):
+def dispatch(a, script, argv_of, main, extra=(), model_grid=None, to_out=None):
     """What --grid and --from-row do for a recipe whose `argv_of(entry)` turns a grid entry or a
-    row's config into its command line (without --config); None when neither was given."""
+    row's config into its command line (without --config); None when neither was given.
+    `model_grid`: the grid file that names the config.json of row models without a config file of
+    their own name (see config_path); `to_out`: see run_grid."""
     if a.grid:
-        return run_grid(script, a.grid, argv_of, a.out, extra)
+        return run_grid(script, a.grid, argv_of, a.out, extra, to_out)
     if a.from_row:
         c = row_config(a.from_row)
-        return main(["--config", config_path(c["model"]), *argv_of(c), *extra,
+        return main(["--config", config_path(c["model"], model_grid), *argv_of(c), *extra,
                      *(["--out", a.out] if a.out else [])])
     return None

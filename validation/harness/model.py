@@ -77,32 +77,6 @@ def build_model(cfg, arch, attn, dtype):
     return model
 
 
-class SwapViaSetData:
-    """nn.Module._apply() swaps FakeTensor parameters with torch.utils.swap_tensors, which refuses
-    tensors that have a weakref (FakeTensorMode keeps some). Fall back to `param.data = new` (what
-    _apply does for ordinary tensors): the same parameter object with the converted storage.
-    A context manager, around what casts a fake model's parameters (peft's get_peft_model)."""
-
-    def __enter__(self):
-        import torch.utils as tu
-        self._orig = tu.swap_tensors
-        orig = self._orig
-
-        def swap(t1, t2):
-            try:
-                return orig(t1, t2)
-            except RuntimeError:
-                t1.data = t2.data
-                t1.requires_grad_(t2.requires_grad)
-        tu.swap_tensors = swap
-        return self
-
-    def __exit__(self, *a):
-        import torch.utils as tu
-        tu.swap_tensors = self._orig
-        return False
-
-
 OPT_IMPLS = ("fused", "foreach", "forloop")
 
 

@@ -25,12 +25,13 @@ class LossOnly:
 
 
 def prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, autocast_device, device=None,
-                 opt_impl="foreach", gc_policy=None, weight_decay=None):
+                 opt_impl="foreach", gc_policy=None, weight_decay=None, runner=None):
     """The step's setup shared by the fake (CPU-emulated) and the real CUDA paths: checkpointing,
     train/eval mode, the input ids, the optimizer and the forward (with loss when training).
     `opt_impl` (fused / foreach / forloop), `gc_policy` (None or "full" = every layer, as before;
     "every:N", "ops": see apply_gc_policy) and `weight_decay` (None = torch's default) are the
-    options of OPTIMIZERS.md; their defaults give the step measured before they existed."""
+    options of OPTIMIZERS.md; their defaults give the step measured before they existed.
+    `runner` is what the forward calls (default: `model` itself; `torch.compile(model)`, say)."""
     train = optimizer != "none"
     if gc:
         if gc_policy in (None, "full"):
@@ -44,13 +45,14 @@ def prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, autocast_devi
     labels = mlm_or_clm_labels(cfg, arch, ids)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params, opt_impl, weight_decay) if train else None
+    call = model if runner is None else runner
 
     def fwd():
         ctx = torch.autocast(autocast_device, dtype=torch.bfloat16) if amp else nullctx()
         with ctx:
             if train:
-                return model(input_ids=ids, labels=labels)
-            return model(input_ids=ids)
+                return call(input_ids=ids, labels=labels)
+            return call(input_ids=ids)
 
     return ids, labels, opt, fwd
 

@@ -123,6 +123,6 @@ def tensors_in(x):
             yield from tensors_in(y)
 
 
-def param_storages(model):
-    """The storages of `model`'s parameters, as PhaseTracker's `param_storages`."""
-    return {p.untyped_storage()._cdata for p in model.parameters()}
+def param_storages(*models):
+    """The storages of the parameters of `models` (None skipped), as PhaseTracker's `param_storages`."""
+    return {p.untyped_storage()._cdata for m in models if m is not None for p in m.parameters()}
