@@ -20,9 +20,12 @@ from .grid import add_run_args, config_path, dispatch, flags, resolve_config, ro
 from .model import (GC_LAYERS, OPT_IMPLS, apply_gc_policy, build_model, load_config, make_optimizer,
                     text_vocab)
 from .rows import PHASES, base_config, emit, gib, step_row
+from .rows import cuda_row
 from .step import (CudaMeter, LossOnly, StepMemory, measured_step, peak_summary, prepare_step,
                    storage_bytes, warm_up)
 from .tracker import CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, flat, param_storages
+from .ranks import (device_mesh, fake_world, isolate_sharding_propagation, local_bytes, mesh_outside_fake,
+                    rank_row, run_ranks)
 
 __all__ = [
     "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
@@ -34,4 +37,7 @@ __all__ = [
     "CudaMeter", "LossOnly", "StepMemory", "measured_step", "peak_summary", "prepare_step",
     "storage_bytes", "warm_up",
     "CATS", "CPU_SIDE_OUTPUTS", "PhaseTracker", "PhaseTrackerMixin", "flat", "param_storages",
+    "cuda_row",
+    "device_mesh", "fake_world", "isolate_sharding_propagation", "local_bytes", "mesh_outside_fake",
+    "rank_row", "run_ranks",
 ]
