@@ -19,8 +19,9 @@ from .env import (ROUND_BYTES, SDPA_LOG, install_cuda_emulation, install_frozen_
 from .grid import add_run_args, config_path, dispatch, flags, resolve_config, row_config, run_grid
 from .model import (GC_LAYERS, OPT_IMPLS, apply_gc_policy, build_model, load_config, make_optimizer,
                     text_vocab)
+from .model import build_plain_model
 from .rows import PHASES, base_config, emit, gib, step_row
-from .rows import cuda_row
+from .rows import CUDA_TRACKER, cuda_row
 from .step import (CudaMeter, LossOnly, StepMemory, measured_step, peak_summary, prepare_step,
                    storage_bytes, warm_up)
 from .tracker import CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, flat, param_storages
@@ -37,7 +38,7 @@ __all__ = [
     "CudaMeter", "LossOnly", "StepMemory", "measured_step", "peak_summary", "prepare_step",
     "storage_bytes", "warm_up",
     "CATS", "CPU_SIDE_OUTPUTS", "PhaseTracker", "PhaseTrackerMixin", "flat", "param_storages",
-    "cuda_row",
+    "CUDA_TRACKER", "cuda_row", "build_plain_model",
     "device_mesh", "fake_world", "isolate_sharding_propagation", "local_bytes", "mesh_outside_fake",
     "rank_row", "run_ranks",
 ]

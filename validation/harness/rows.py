@@ -11,6 +11,7 @@ from .env import ROUND_BYTES
 from .step import peak_summary, storage_bytes
 
 PHASES = ("fwd", "bwd", "opt")
+CUDA_TRACKER = "torch.cuda.max_memory_allocated"  # config.tracker of a row measured on a real GPU
 
 
 def base_config(model, batch, seq, precision, optimizer, attn, gc, opt_impl="foreach", mode="fake",
@@ -59,7 +60,7 @@ def cuda_row(config, versions, n_params, step, t0, model, inputs, opt, device=No
     an `on_phase` sums after backward) and optimizer-state bytes summed from the tensors (those
     on `device` alone when given: see `storage_bytes`), `inputs` the step's input tensors; no
     split by category (null). `config` gets the GPU's tracker; its `mode` is the caller's."""
-    config.update(tracker="torch.cuda.max_memory_allocated", emulate_cuda=False)
+    config.update(tracker=CUDA_TRACKER, emulate_cuda=False)
     opt_state = [v for s in (opt.state.values() if opt else []) for v in s.values()]
     state = (storage_bytes(model.parameters(), device), storage_bytes(model.buffers(), device),
              storage_bytes(inputs, device), step.extra.get("grad_bytes", 0), storage_bytes(opt_state, device))
