@@ -1,59 +1,55 @@
 #!/usr/bin/env python3
-"""Per-rank peak memory of one distributed training step (FSDP2, tensor parallel, FSDP2 x TP),
-measured on the CPU with FakeTensorMode and a fake process group.
+"""Per-rank peak memory of one distributed training step (FSDP2, tensor parallel, FSDP2 x TP,
+context parallel), measured on the CPU with FakeTensorMode and a fake process group.
 
-Same conventions as measure.py (everything imported from it, its behaviour unchanged): the model is
-built from a config.json with random weights inside FakeTensorMode, the CUDA emulation is installed
-(512-byte rounding of every storage, CUDA SDPA kernel choice, native_dropout, CUDA autocast lists),
-one untracked warm-up step, then one tracked step: forward (+loss), backward, AdamW(foreach).step(),
+A recipe of the harness (validation/harness/): the model is built from a config.json with random
+weights inside FakeTensorMode, the CUDA emulation is installed (512-byte rounding of every storage,
+CUDA SDPA kernel choice, native_dropout, CUDA autocast lists), the harness's step: one untracked
+warm-up step, then one tracked step: forward (+loss), backward, AdamW(foreach).step(),
 zero_grad(set_to_none=True); the peak of each phase, the phase of the overall peak and the
-categories at the peak.
+categories at the peak. What it varies: the parallelism.
 
 The distributed part:
-  * dist.init_process_group("fake", rank=0, world_size=W, store=FakeStore()): a process group
-    whose collectives do nothing but whose shapes are those of rank 0 (the busiest rank when the
-    shards are uneven: torch.chunk gives rank 0 the ceiling). init_device_mesh("cpu", ...) over the
-    dims needed (dp, tp).
+  * the harness's fake world (harness/ranks.py): dist.init_process_group("fake", rank=0,
+    world_size=W, store=FakeStore()), a process group whose collectives do nothing but whose
+    shapes are those of rank 0 (the busiest rank when the shards are uneven: torch.chunk gives
+    rank 0 the ceiling). init_device_mesh("cpu", ...) over the dims needed (dp, tp, cp).
   * FSDP2: fully_shard(layer) for every decoder layer, then fully_shard(model), with
     reshard_after_forward True/False and for "mixed-bf16" MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32) on fp32 weights; "bf16" = bf16 weights, no policy.
-    Tracker: torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker (categories sharded /
-    unsharded params and grads, all-gather and reduce-scatter buffers), with measure.py's rounding.
+    Tracker: torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker with the harness's phase API
+    (harness.PhaseTrackerMixin; categories sharded / unsharded params and grads, all-gather and
+    reduce-scatter buffers) and rounding.
   * TP: torchtitan's (pre-0.3) Llama plan on the HF module names via parallelize_module (see
-    apply_tp); optional sequence parallel (sp) and loss parallel (lp). Tracker: measure.PhaseTracker
-    (a MemTracker: it lets DTensor desugar and counts only the local tensors).
+    apply_tp); optional sequence parallel (sp) and loss parallel (lp, around the loss and the
+    backward). Tracker: harness.PhaseTracker (a MemTracker: it lets DTensor desugar and counts only
+    the local tensors).
   * FSDP2 x TP: TP on the "tp" dim of a 2-D (dp, tp) mesh first, then fully_shard on "dp".
+  * CP: torch's context_parallel around every forward and backward (cp_context), FSDP2 over the
+    flattened (dp, cp) mesh with fsdp2-cp.
 
 Usage:
   python validation/distributed.py --config validation/configs/llama-1b.json --preset llama3.2-1b \
       --strategy tp --world 4 --tp 4 --batch 1 --seq 4096 --precision bf16 --gc [--sp] [--lp] [--out f.jsonl]
   python validation/distributed.py --config ... --strategy fsdp2 --world 8 --precision mixed-bf16 --raf 1
   python validation/distributed.py --grid validation/grid-distributed.json --out rows.jsonl
+  python validation/distributed.py --from-row "$(sed -n 1p core/tests/fixtures/distributed-measured.jsonl)"
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
-import json
-import math
 import os
 import sys
 import time
-import warnings
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-warnings.filterwarnings("ignore")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # validation/peft.py would shadow the peft library that transformers may import
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.append(_HERE)
-import measure as M  # noqa: E402
+import harness as H  # noqa: E402
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.distributed._tools import mem_tracker as _mt  # noqa: E402
@@ -61,11 +57,10 @@ import torch.distributed._tools.fake_collectives  # noqa: E402,F401  (fake kerne
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
-R = M.ROUND_BYTES
 DEBUG_C10D = os.environ.get("DIST_DEBUG_C10D") == "1"
 DEBUG_BIG = int(os.environ.get("DIST_DEBUG_BIG", "0"))  # print outputs of at least this many bytes
 
-# Row category name -> tracker reference types (MemTracker's and FSDPMemTracker's)
+# Row category name -> FSDPMemTracker reference types
 _FSDP_CATS = [
     ("parameter", _FSDPRefType.SHARDED_PARAM),
     ("unsharded_param", _FSDPRefType.UNSHARDED_PARAM),
@@ -81,19 +76,8 @@ _FSDP_CATS = [
 ]
 
 
-def _flat(snap, cats):
-    out = {k: 0 for k, _ in cats}
-    for dev_snap in snap.values():
-        for k, ref in cats:
-            out[k] += int(dev_snap.get(ref, 0))
-    out["total"] = sum(out[k] for k, _ in cats)
-    return out
-
-
-class _TrackerMixin:
-    """measure.PhaseTracker's additions: the fused attention kernels' philox seed/offset are CPU
-    tensors on a GPU (cost nothing); only the tracker-wide peak is kept (fast)."""
-    CATS = M.CATS
+class _DebugDispatch:
+    """With DIST_DEBUG_C10D=1, every c10d op; with DIST_DEBUG_BIG=N, every output of N bytes or more."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         res = super().__torch_dispatch__(func, types, args, kwargs)
@@ -107,41 +91,14 @@ class _TrackerMixin:
                     print(f"[big] {func} {tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes() / 2**20:.0f} MiB"
                           f" now {self._curr_mem_snap and sum(v[_mt._TOTAL_KEY] for v in self._curr_mem_snap.values()) / 2**30:.3f} GiB",
                           file=sys.stderr)
-        if func in M._CPU_SIDE_OUTPUTS and isinstance(res, tuple):
-            for i in M._CPU_SIDE_OUTPUTS[func]:
-                t = res[i]
-                if isinstance(t, torch.Tensor):
-                    w = self._WINFO.get(t.untyped_storage(), (None, None))[0]
-                    if w is not None and w.mem_consumed > 0:
-                        self._update_snap(_mt._UpdateType.DEL, w)
-                        w.mem_consumed = 0
-                        w.size = t.untyped_storage().size()
-                        w._calculate_mem_consumed = lambda: 0
         return res
 
-    def _update_peak_stats(self, peak_state):
-        for dev, dev_snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < dev_snap[_mt._TOTAL_KEY]:
-                self._peak_mem[dev] = dev_snap[_mt._TOTAL_KEY]
-                self._peak_mem_snap[dev] = copy.deepcopy(dev_snap)
 
-    def snap(self):
-        return _flat(self.get_tracker_snapshot("current"), self.CATS)
-
-    def reset_peak(self):
-        s = self.get_tracker_snapshot("current")
-        self._peak_mem = {d: v[_mt._TOTAL_KEY] for d, v in s.items()}
-        self._peak_mem_snap = s
-
-    def peak(self):
-        return _flat(self.get_tracker_snapshot("peak"), self.CATS)
+class TPTracker(_DebugDispatch, H.PhaseTracker):
+    pass
 
 
-class TPTracker(_TrackerMixin, _mt.MemTracker):
-    CATS = M.CATS
-
-
-class FSDPTracker(_TrackerMixin, FSDPMemTracker):
+class FSDPTracker(_DebugDispatch, H.PhaseTrackerMixin, FSDPMemTracker):
     """FSDPMemTracker tags the all-gather output / reduce-scatter input only when the collective is
     issued, after the buffer was allocated (as Activation / Temp): the peak snapshot taken at the
     allocation would show them under act/temp. Tag them at allocation instead (FSDP2 allocates
@@ -152,22 +109,6 @@ class FSDPTracker(_TrackerMixin, FSDPMemTracker):
 
     def _track(self, reftype, t):
         return super()._track(FSDPTracker.force_ref or reftype, t)
-
-
-def _install_mesh_outside_fake():
-    """FSDP2 on a TP-sharded parameter builds a (dp, tp) DeviceMesh while our FakeTensorMode is
-    active (DeviceMesh._concatenate): the mesh's rank tensor must be real (it calls nonzero())."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-    orig = DeviceMesh._concatenate
-    if getattr(orig, "_outside_fake", False):
-        return
-
-    def _concatenate(device_mesh_list):
-        with unset_fake_temporarily():
-            return orig(device_mesh_list)
-    _concatenate._outside_fake = True
-    DeviceMesh._concatenate = staticmethod(_concatenate)
 
 
 def _install_fsdp_alloc_tags():
@@ -253,7 +194,6 @@ def apply_tp(model, tp_mesh, sp, lp):
     """torchtitan's (<= 0.2) Llama TP plan (parallelize_llama.apply_tp) on HF module names."""
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
-    NoParallel = _no_parallel_style()
     tied = model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
     root_plan = {
         "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(),
@@ -272,13 +212,18 @@ def apply_tp(model, tp_mesh, sp, lp):
         # parallelize_module replaced embed_tokens.weight by a new DTensor Parameter; both are
         # Shard(0) over the vocab: re-tie so that the model keeps one (sharded) embedding matrix.
         model.lm_head.weight = model.model.embed_tokens.weight
-    # Modules the plan leaves alone (norms without SP, Qwen3's q_norm/k_norm): torchtitan's NoParallel
-    # (parameters replicated DTensors, input wrapped as a Replicate DTensor (a view), output back to a
-    # local tensor), so that foreach AdamW / FSDP2 see no plain-Tensor/DTensor mix. Same bytes.
-    for mod in model.modules():
+    replicate_the_rest(model, tp_mesh)
+    return tied
+
+
+def replicate_the_rest(root, tp_mesh):
+    """Modules the plan leaves alone (norms without SP, Qwen3's q_norm/k_norm): torchtitan's NoParallel
+    (parameters replicated DTensors, input wrapped as a Replicate DTensor (a view), output back to a
+    local tensor), so that foreach AdamW / FSDP2 see no plain-Tensor/DTensor mix. Same bytes."""
+    NoParallel = _no_parallel_style()
+    for mod in root.modules():
         if any(not isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
             NoParallel()._apply(mod, tp_mesh)
-    return tied
 
 
 def apply_fsdp(model, dp_mesh, raf, mp):
@@ -292,26 +237,9 @@ def apply_fsdp(model, dp_mesh, raf, mp):
     # it uses the same setting (the last layers are not resharded anyway: backward starts there).
     fully_shard(model, reshard_after_forward=raf, **kw)
 
-
 # ----------------------------------------------------------------------------------------------
 # Measurement
 # ----------------------------------------------------------------------------------------------
-def local_bytes(tensors):
-    """Sum of per-rank storage bytes (512-rounded), local shards of DTensors, deduplicated."""
-    seen, tot = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        if isinstance(t, DTensor):
-            t = t._local_tensor
-        st = t.untyped_storage()
-        if st._cdata in seen:
-            continue
-        seen.add(st._cdata)
-        tot += int(math.ceil(st.nbytes() / R) * R)
-    return tot
-
-
 def build_query(o, world):
     q = {"m": "arch"}
     if o.preset:
@@ -332,36 +260,18 @@ def build_query(o, world):
     return s
 
 
-_PROP_MODE = None
-
-
-def install_propagation_mode():
-    """DTensor derives an op's global output shape by running the op on fake tensors of the GLOBAL
-    shape (ShardingPropagator._propagate_tensor_meta_non_cached: `detect_fake_mode() or
-    FakeTensorMode()`). On a GPU that costs nothing (fake tensors). Under our FakeTensorMode,
-    detect_fake_mode() returns OUR mode, which is also the tracker's entry mode, so MemTracker
-    counts those global-shape phantoms (e.g. loss_parallel's log_softmax / nll_loss_backward
-    handlers: a full (B*S, vocab) fp32 tensor each time the cache misses). Give the propagation a
-    mode of its own: MemTracker skips ops whose active fake mode is not its entry mode."""
-    global _PROP_MODE
-    import torch.distributed.tensor._sharding_prop as sp
-    if _PROP_MODE is None:
-        _PROP_MODE = FakeTensorMode(allow_non_fake_inputs=True)
-        sp.detect_fake_mode = lambda *a, **k: _PROP_MODE
-
-
 def cp_context(cp_mesh, buffers, o):
     """torchtitan's train context for context parallelism: torch's context_parallel(cp_mesh,
     buffers=[inputs, labels, position ids], buffer_seq_dims=[1, 1, 1]) around forward and backward.
     It shards the buffers in place along the sequence (after the head-tail "round-robin" reorder
-    when load balancing is on) and monkey-patches F.scaled_dot_product_attention (here measure.py's
+    when load balancing is on) and monkey-patches F.scaled_dot_product_attention (here the harness's
     CUDA emulation, so the kernel choice stays) to wrap q/k/v as Shard(2) DTensors; the flash /
     efficient SDPA ops then dispatch to _templated_ring_attention[_backward]."""
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
     set_rotate_method(o.cp_rotate)
     buffers = [b for b in buffers if b is not None]
-    # _distribute_function patches `setattr(F, fn.__name__, wrapper)`: measure.py's emulation is
+    # _distribute_function patches `setattr(F, fn.__name__, wrapper)`: the harness's emulation is
     # named _cuda_sdpa, so without this the patch lands on F._cuda_sdpa and HF's call to
     # F.scaled_dot_product_attention never reaches ring attention (plain local SDPA, silently).
     F.scaled_dot_product_attention.__name__ = "scaled_dot_product_attention"
@@ -374,15 +284,34 @@ def cp_context(cp_mesh, buffers, o):
     return ctx
 
 
+def meshes(strategy, dp, tp, cp):
+    """(dp_mesh, tp_mesh, cp_mesh) of `strategy` over the fake world (None where unused)."""
+    if strategy == "fsdp2":
+        return H.device_mesh({"dp": dp}), None, None
+    if strategy == "tp":
+        if dp != 1:
+            raise SystemExit("--strategy tp: world must equal tp")
+        return None, H.device_mesh({"tp": tp}), None
+    if strategy == "fsdp2-tp":
+        mesh = H.device_mesh({"dp": dp, "tp": tp})
+        return mesh["dp"], mesh["tp"], None
+    if strategy == "cp":
+        if dp != 1:
+            raise SystemExit("--strategy cp: world must equal cp (no DDP on the fake group)")
+        return None, None, H.device_mesh({"cp": cp})
+    if strategy == "fsdp2-cp":
+        # torchtitan: FSDP2 shards over the flattened (dp, cp) mesh; ring attention runs on "cp"
+        mesh = H.device_mesh({"dp": dp, "cp": cp})
+        return mesh["dp", "cp"]._flatten("dp_cp"), None, mesh["cp"]
+    raise SystemExit(f"unknown strategy {strategy}")
+
+
 def measure(o):
-    M.install_cuda_emulation()
+    H.install_cuda_emulation()
     if not o.naive_prop:
-        install_propagation_mode()
+        H.isolate_sharding_propagation()
     _install_fsdp_alloc_tags()
-    _install_mesh_outside_fake()
-    import transformers
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    H.mesh_outside_fake()
 
     t0 = time.time()
     torch.manual_seed(0)
@@ -392,32 +321,15 @@ def measure(o):
     if world % (tp * cp):
         raise SystemExit("world must be a multiple of tp x cp")
     dp = world // (tp * cp)
-    cp_mesh = None
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    if o.strategy == "fsdp2":
-        mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
-        dp_mesh, tp_mesh = mesh, None
-    elif o.strategy == "tp":
-        if dp != 1:
-            raise SystemExit("--strategy tp: world must equal tp")
-        mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-        dp_mesh, tp_mesh = None, mesh
-    elif o.strategy == "fsdp2-tp":
-        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
-    elif o.strategy == "cp":
-        if dp != 1:
-            raise SystemExit("--strategy cp: world must equal cp (no DDP on the fake group)")
-        mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
-        dp_mesh, tp_mesh, cp_mesh = None, None, mesh
-    elif o.strategy == "fsdp2-cp":
-        # torchtitan: FSDP2 shards over the flattened (dp, cp) mesh; ring attention runs on "cp"
-        mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
-        dp_mesh, tp_mesh, cp_mesh = mesh["dp", "cp"]._flatten("dp_cp"), None, mesh["cp"]
-    else:
-        raise SystemExit(f"unknown strategy {o.strategy}")
+    place = {"query": build_query(o, world), "rank": 0, "world_size": world,
+             "mesh": {"dp": dp, "tp": tp, "cp": cp}}
+    with H.fake_world(world):
+        return measure_rank(o, t0, place, *meshes(o.strategy, dp, tp, cp))
 
-    cfg, arch = M.load_config(o.config, o.attn)
+
+def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
+    """The row of rank 0 (`place`) on the meshes of its fake world."""
+    cfg, arch = H.load_config(o.config, o.attn)
     mixed = o.precision == "mixed-bf16"
     amp = o.precision == "amp_bf16"
     dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
@@ -426,7 +338,7 @@ def measure(o):
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     tied = None
     with fake:
-        model = M.build_model(cfg, arch, o.attn, dtype)
+        model = H.build_model(cfg, arch, o.attn, dtype)
         if o.gc:
             model.gradient_checkpointing_enable()
         model.train(True)
@@ -436,7 +348,7 @@ def measure(o):
             tied = apply_tp(model, tp_mesh, o.sp, o.lp)
         if dp_mesh is not None:
             apply_fsdp(model, dp_mesh, bool(o.raf), mixed)
-        ids = torch.randint(0, M.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
+        ids = torch.randint(0, H.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
         labels = ids
         # with SP the embedding output is (B, S/tp, H): HF would derive the positions from it
         pos = torch.arange(o.seq, dtype=torch.long).unsqueeze(0) if (o.sp or cp_mesh is not None) else None
@@ -447,7 +359,7 @@ def measure(o):
             # what HF's ForCausalLMLoss does (pad with -100, shift by one), done by the data loader
             shift_labels = F.pad(ids, (0, 1), value=-100)[..., 1:].contiguous()
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        opt = H.make_optimizer("adamw", params)
         from torch.distributed.tensor.parallel import loss_parallel
         if o.lp:
             # torchtitan: the model returns the vocab-sharded logits, the loss is computed outside.
@@ -462,25 +374,14 @@ def measure(o):
             with ctx:
                 if not o.lp:
                     kw = {"position_ids": pos} if pos is not None else {}
-                    return model(input_ids=ids, labels=labels, **kw).loss
+                    return H.LossOnly(model(input_ids=ids, labels=labels, **kw).loss)
                 logits = model(input_ids=ids, position_ids=pos)  # lp_forward: DTensor, Shard(-1)
                 with loss_parallel():
-                    return F.cross_entropy(logits.flatten(0, 1).float(), shift_labels.flatten(0, 1))
+                    return H.LossOnly(F.cross_entropy(logits.flatten(0, 1).float(), shift_labels.flatten(0, 1)))
 
-        bwd_ctx = loss_parallel if o.lp else contextlib.nullcontext
-        train_ctx = contextlib.nullcontext
-        if cp_mesh is not None:
-            train_ctx = cp_context(cp_mesh, [ids, labels, pos], o)
-
-
-        # warm-up (untracked): optimizer states, FSDP lazy init
-        with train_ctx():
-            loss = fwd()
-            with bwd_ctx():
-                loss.backward()
-            del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        ctxs = {"bwd_ctx": loss_parallel if o.lp else None,
+                "train_ctx": cp_context(cp_mesh, [ids, labels, pos], o) if cp_mesh is not None else None}
+        H.warm_up(fwd, opt, True, **ctxs)  # untracked: optimizer states, FSDP lazy init
 
         if dp_mesh is not None:
             mt = FSDPTracker(model, opt)
@@ -495,86 +396,33 @@ def measure(o):
             if labels is not ids:
                 mt.track_external(labels)
             mt.track_external(opt)
-        phase_peaks = {}
-        with mt:
-            start = mt.snap()
-            mt.reset_peak()
-            with train_ctx():
-                loss = fwd()
-                end_fwd = mt.snap()
-                phase_peaks["fwd"] = mt.peak()
-                mt.reset_peak()
-                with bwd_ctx():
-                    loss.backward()
-                del loss
-            phase_peaks["bwd"] = mt.peak()
-            after_bwd = mt.snap()
-            grad_bytes_local = local_bytes([p.grad for p in model.parameters()])
-            mt.reset_peak()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            phase_peaks["opt"] = mt.peak()
-            end = mt.snap()
 
-    param_bytes = local_bytes(list(model.parameters()))
-    opt_state_bytes = local_bytes([v for s in opt.state.values() for v in s.values()
-                                   if isinstance(v, torch.Tensor)])
-    peak_phase = max(phase_peaks, key=lambda k: phase_peaks[k]["total"])
-    pk = phase_peaks[peak_phase]
-    opt_step_temp = max(0, pk["optstate"] - start["optstate"])
-    at_peak = dict(pk)
-    at_peak["optstate"] = pk["optstate"] - opt_step_temp
-    at_peak["opt_step_temp"] = opt_step_temp
-    cats = [k for k, _ in mt.CATS]
-    row = {
-        "config": {
-            "model": o.model_name, "batch": o.batch, "seq": o.seq, "image": 224,
-            "precision": o.precision, "optimizer": "adamw", "attn": o.attn, "gc": bool(o.gc),
-            "mode": "fake", "tracker": "fsdp2memtracker" if dp_mesh is not None else "memtracker",
-            "emulate_cuda": True, "round_bytes": R, "opt_impl": "foreach", "warmup_steps": 1,
-            "strategy": o.strategy, "sp": bool(o.sp), "lp": bool(o.lp),
-            "reshard_after_forward": bool(o.raf) if dp_mesh is not None else None,
-            "mp_policy": "param_dtype=bf16,reduce_dtype=fp32" if mixed else None,
-            "tp_plan": "torchtitan-llama (HF names)" if tp_mesh is not None else None,
-            "tied_embeddings": tied, "process_group": "fake",
-            "dtensor_prop_isolated": not o.naive_prop,
-            **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
-                "cp_rotate_method": o.cp_rotate,
-                "cp_buffers": "input_ids, labels, position_ids (seq dim 1)",
-                "loss": "hf (labels = the local slice, shifted by HF within it)"}
-               if cp_mesh is not None else {}),
-        },
-        "query": build_query(o, world),
-        "rank": 0,
-        "world_size": world,
-        "mesh": {"dp": dp, "tp": tp, "cp": cp},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "torchvision": None},
-        "n_params": n_params,
-        "param_bytes": param_bytes,
-        "buffer_bytes": start["buffer"],
-        "input_bytes": start["other"],
-        "grad_bytes": grad_bytes_local,
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": param_bytes + start["buffer"] + grad_bytes_local + opt_state_bytes,
-        "peak_bytes": pk["total"],
-        "peak_phase": peak_phase,
-        "at_peak": at_peak,
-        "act_temp_at_peak": pk["total"] - (at_peak["parameter"] + at_peak["buffer"] + at_peak["gradient"]
-                                           + at_peak["optstate"] + at_peak["other"]),
-        "saved_act_bytes": end_fwd["total"] - start["total"],
-        "phase_peak_bytes": {k: phase_peaks[k]["total"] for k in ("fwd", "bwd", "opt")},
-        "phase_peaks": phase_peaks,
-        "start_bytes": start["total"],
-        "start": start,
-        "end_bytes": end["total"],
-        "after_bwd_bytes": after_bwd["total"],
-        "after_bwd": after_bwd,
-        "categories": cats,
-        "time_s": round(time.time() - t0, 2),
-        "sdpa_kernels": dict(M.SDPA_LOG),
-    }
-    dist.destroy_process_group()
+        def local_grads(name, meter, step):
+            if name == "bwd":
+                step.extra["grad_bytes"] = H.local_bytes(p.grad for p in model.parameters())
+        with mt:
+            step = H.measured_step(mt, fwd, opt, record_copies=False, on_phase=local_grads, **ctxs)
+
+    state = {"param_bytes": H.local_bytes(model.parameters()),
+             "grad_bytes": step.extra["grad_bytes"],
+             "opt_state_bytes": H.local_bytes(v for s in opt.state.values() for v in s.values())}
+    # `tracker` replaces base_config's value in place (the key keeps its position)
+    config = H.base_config(
+        o.model_name, o.batch, o.seq, o.precision, "adamw", o.attn, o.gc,
+        tracker="fsdp2memtracker" if dp_mesh is not None else "memtracker",
+        strategy=o.strategy, sp=bool(o.sp), lp=bool(o.lp),
+        reshard_after_forward=bool(o.raf) if dp_mesh is not None else None,
+        mp_policy="param_dtype=bf16,reduce_dtype=fp32" if mixed else None,
+        tp_plan="torchtitan-llama (HF names)" if tp_mesh is not None else None,
+        tied_embeddings=tied, process_group="fake",
+        dtensor_prop_isolated=not o.naive_prop,
+        **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
+            "cp_rotate_method": o.cp_rotate,
+            "cp_buffers": "input_ids, labels, position_ids (seq dim 1)",
+            "loss": "hf (labels = the local slice, shifted by HF within it)"}
+           if cp_mesh is not None else {}))
+    row = H.rank_row(config, place, H.versions(), n_params, step, t0, mt.CATS, state)
+    row["sdpa_kernels"] = dict(H.SDPA_LOG)
     return row
 
 
@@ -601,66 +449,60 @@ def parser():
     ap.add_argument("--gc", action="store_true")
     ap.add_argument("--naive-prop", action="store_true",
                     help="do not isolate DTensor's global-shape propagation (shows its phantom tensors)")
-    ap.add_argument("--out")
-    ap.add_argument("--grid")
+    H.add_run_args(ap)
     return ap
 
 
 def main(argv=None):
     o = parser().parse_args(argv)
-    if o.grid:
-        return run_grid(o.grid, o.out)
+    done = H.dispatch(o, __file__, argv_of, main, entry_of=entry_of)
+    if done is not None:
+        return done
     if not o.config:
-        parser().error("--config or --grid")
+        parser().error("--config, --grid or --from-row")
     o.model_name = o.model_name or os.path.splitext(os.path.basename(o.config))[0]
     row = measure(o)
     if not o.preset:
         row["config_file"] = os.path.basename(o.config)
     kernels = row.pop("sdpa_kernels")
-    line = json.dumps(row)
-    print(line)
     pk = row["at_peak"]
-    print(f"[distributed] {o.model_name} {row['query']}: peak {row['peak_bytes']} B = "
-          f"{row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']} "
-          f"(phases {', '.join(f'{k} {v / 2**30:.3f}' for k, v in row['phase_peak_bytes'].items())}); "
-          f"at peak {', '.join(f'{k}={v / 2**30:.3f}' for k, v in pk.items() if v and k != 'total')}; "
-          f"sdpa {kernels}; {row['time_s']} s", file=sys.stderr)
-    if o.out:
-        with open(o.out, "a") as f:
-            f.write(line + "\n")
-    return 0
+    return H.emit(row, o.out, f"[distributed] {o.model_name} {row['query']}: peak {row['peak_bytes']} B = "
+                  f"{row['peak_bytes'] / 2**30:.3f} GiB in {row['peak_phase']} "
+                  f"(phases {', '.join(f'{k} {v / 2**30:.3f}' for k, v in row['phase_peak_bytes'].items())}); "
+                  f"at peak {', '.join(f'{k}={v / 2**30:.3f}' for k, v in pk.items() if v and k != 'total')}; "
+                  f"sdpa {kernels}; {row['time_s']} s")
 
 
-GRID_KEYS = ["config", "model", "preset", "strategy", "world", "tp", "cp", "cp_lb", "cp_rotate", "sp", "lp",
-             "raf", "batch", "seq", "precision", "attn", "gc"]
+# a grid entry's keys (and a row's, once entry_of has renamed them) -> the command line's flags
+FLAGS = {"model": "--model-name", "preset": "--preset", "strategy": "--strategy", "world": "--world",
+         "tp": "--tp", "cp": "--cp", "cp_lb": "--cp-lb", "cp_rotate": "--cp-rotate", "sp": "--sp", "lp": "--lp",
+         "raf": "--raf", "batch": "--batch", "seq": "--seq", "precision": "--precision", "attn": "--attn",
+         "gc": "--gc", "naive_prop": "--naive-prop"}
+INT_SWITCHES = ("cp_lb", "sp", "lp", "raf")  # flags taking 1/0
 
 
-def run_grid(grid_path, out):
-    import subprocess
-    with open(grid_path) as f:
-        grid = json.load(f)
-    here = os.path.dirname(os.path.abspath(grid_path))
-    fails = 0
-    for g in grid:
-        cfgp = g["config"]
-        if not os.path.isabs(cfgp) and not os.path.exists(cfgp):
-            cfgp = os.path.join(here, cfgp)
-        cmd = [sys.executable, os.path.abspath(__file__), "--config", cfgp, "--model-name", g["model"]]
-        if g.get("preset"):
-            cmd += ["--preset", g["preset"]]
-        for k in ["strategy", "world", "tp", "cp", "cp_lb", "cp_rotate", "sp", "lp", "raf", "batch", "seq",
-                  "precision", "attn"]:
-            if k in g:
-                cmd += [f"--{k.replace('_', '-')}", str(int(g[k]) if isinstance(g[k], bool) else g[k])]
-        if g.get("gc"):
-            cmd.append("--gc")
-        if out:
-            cmd += ["--out", out]
-        r = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        if r.returncode != 0:
-            fails += 1
-            print(f"[grid] FAILED: {g}", file=sys.stderr)
-    return 1 if fails else 0
+def argv_of(entry):
+    """The command line (without --config) of a grid entry or of a row's entry (entry_of)."""
+    e = {k: int(v) if k in INT_SWITCHES and isinstance(v, bool) else v for k, v in entry.items()}
+    return H.flags(e, FLAGS)
+
+
+def entry_of(row):
+    """A row as a grid entry. Its config holds the options but not the world: the world size and
+    the mesh's tp and cp are the row's own keys, the preset is the query's `model`; the config keys
+    that differ from the grid's are renamed (reshard_after_forward -> raf, cp_rotate_method ->
+    cp_rotate, cp_load_balance -> cp_lb, dtensor_prop_isolated -> naive_prop)."""
+    c = row.get("config", row)
+    e = dict(c)
+    if "world_size" in row:
+        query = dict(kv.split("=", 1) for kv in row["query"].split("&"))
+        e.update(world=row["world_size"], tp=row["mesh"]["tp"], cp=row["mesh"]["cp"], preset=query.get("model"))
+    e["raf"] = c.get("reshard_after_forward")
+    e["cp_rotate"] = c.get("cp_rotate_method")
+    if "cp_load_balance" in c:
+        e["cp_lb"] = c["cp_load_balance"] is not None
+    e["naive_prop"] = c.get("dtensor_prop_isolated") is False
+    return e
 
 
 if __name__ == "__main__":

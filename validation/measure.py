@@ -88,7 +88,14 @@ def measure(config_path, model_name, batch, seq, precision, optimizer, attn, gc=
                            **_variant_config(gc, gc_policy, weight_decay, micro_batches))
     n_params = sum(p.numel() for p in model.parameters())
     if cuda:
-        return _cuda_row(config, model, ids, labels, opt, step, n_params, t0)
+        config["mode"] = "cuda"
+        versions = H.versions()
+        versions.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                        device=torch.cuda.get_device_name(),
+                        capability=".".join(map(str, torch.cuda.get_device_capability())))
+        row = H.cuda_row(config, versions, n_params, step, t0, model, [ids, labels], opt, device="cuda")
+        row["sdpa_kernels"] = {}
+        return row
     row = H.step_row(config, H.versions(), n_params, step, t0)
     row["sdpa_kernels"] = dict(H.SDPA_LOG)
     H.SDPA_LOG.clear()
@@ -101,47 +108,6 @@ def _grad_bytes(model):
         if name == "bwd":
             step.extra["grad_bytes"] = H.storage_bytes(p.grad for p in model.parameters())
     return on_phase
-
-
-def _cuda_row(config, model, ids, labels, opt, step, n_params, t0):
-    """The row of a real GPU: the allocator's totals per phase and at the boundaries; parameter,
-    gradient and optimizer bytes summed from the tensors; no split by category (null)."""
-    cuda = torch.cuda
-    config.update(mode="cuda", tracker="torch.cuda.max_memory_allocated", emulate_cuda=False)
-    param_bytes = H.storage_bytes(model.parameters())
-    buffer_bytes = H.storage_bytes(model.buffers())
-    opt_state_bytes = H.storage_bytes([v for s in (opt.state.values() if opt else []) for v in s.values()])
-    grad_bytes = step.extra.get("grad_bytes", 0)
-    pp = {k: v["total"] for k, v in step.phase_peaks.items()}
-    peak_phase = max(pp, key=pp.get)
-    versions = H.versions()
-    versions.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
-                    device=cuda.get_device_name(),
-                    capability=".".join(map(str, cuda.get_device_capability())))
-    return {
-        "config": config,
-        "versions": versions,
-        "n_params": n_params,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "input_bytes": H.storage_bytes([ids, labels]),
-        "grad_bytes": grad_bytes,
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
-        "peak_bytes": pp[peak_phase],
-        "peak_phase": peak_phase,
-        "at_peak": None,
-        "act_temp_at_peak": None,
-        "saved_act_bytes": step.saved_act_bytes,
-        "amp_weight_copy_bytes": None,
-        "phase_peak_bytes": {k: pp[k] for k in H.PHASES if k in pp},
-        "phase_peaks": None,
-        "start_bytes": step.start["total"],
-        "end_bytes": step.end["total"],
-        "after_bwd_bytes": step.after_bwd["total"] if step.after_bwd else None,
-        "time_s": round(time.time() - t0, 2),
-        "sdpa_kernels": {},
-    }
 
 
 def argv_of(entry):

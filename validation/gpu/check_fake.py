@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Does the plain-PyTorch model (plain_llama.py) allocate what transformers' model allocates?
 
-Runs measure.py's fake-mode step (FakeTensorMode, MemTracker, CUDA emulation: 512-byte rounding, SDPA kernel
-choice, CUDA autocast lists) once with transformers' LlamaForCausalLM / Qwen3ForCausalLM (measure.measure)
-and once with plain_llama.CausalLM built from the same config.json, and compares the rows field by field.
+Runs measure.py's fake-mode step (the harness's: FakeTensorMode, MemTracker, CUDA emulation: 512-byte
+rounding, SDPA kernel choice, CUDA autocast lists) once with transformers' LlamaForCausalLM /
+Qwen3ForCausalLM (measure.measure) and once with plain_llama.CausalLM built from the same config.json
+(measure.measure with the model swapped, `adapt_model`), and compares the rows field by field.
 A CPU check with the validation venv (transformers needed); not part of the GPU run.
 
   OMP_NUM_THREADS=1 validation/.venv/bin/python validation/gpu/check_fake.py [--seq 256] [--layers 2]
@@ -16,83 +17,42 @@ import os
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import harness as H  # noqa: E402
 import measure as M  # noqa: E402
 import torch  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-
-import plain_llama  # noqa: E402
 
 FIELDS = ("n_params", "param_bytes", "buffer_bytes", "input_bytes", "grad_bytes", "opt_state_bytes", "peak_bytes",
           "peak_phase", "saved_act_bytes", "amp_weight_copy_bytes", "phase_peak_bytes", "start_bytes", "end_bytes",
           "after_bwd_bytes", "at_peak")
 
 
-def measure_plain(cfg_dict, batch, seq, precision, gc, opt_impl="foreach"):
-    """measure.measure's tracked step with plain_llama.CausalLM in place of the transformers model."""
-    M.install_cuda_emulation()
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    amp = precision == "amp_bf16"
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = plain_llama.CausalLM(cfg_dict, dtype=dtype)
-        if gc:
-            model.gradient_checkpointing_enable()
-        model.train(True)
-        ids = torch.randint(0, model.dims["vocab"], (batch, seq), dtype=torch.long)
-        params = [p for p in model.parameters() if p.requires_grad]
-        kw = {"fused": True} if opt_impl == "fused" else {"foreach": True}
-        opt = torch.optim.AdamW(params, lr=1e-4, **kw)
+class AsTransformers(torch.nn.Module):
+    """plain_llama.CausalLM behind what the harness's step calls of a transformers model:
+    `config.use_cache`, `gradient_checkpointing_enable()` and `model(input_ids=, labels=).loss`."""
 
-        def fwd():
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if amp else M._nullctx()
-            with ctx:
-                return model(ids, ids)
+    def __init__(self, plain):
+        super().__init__()
+        self.plain = plain
+        self.config = SimpleNamespace(use_cache=False)
 
-        loss = fwd()
-        loss.backward()
-        del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def gradient_checkpointing_enable(self):
+        self.plain.gradient_checkpointing_enable()
 
-        mt = M.PhaseTracker({p.untyped_storage()._cdata for p in model.parameters()})
-        mt.track_external(model, ids)
-        mt.track_external(opt)
-        pk = {}
-        with mt:
-            start = mt.snap()
-            mt.reset_peak()
-            mt.record_copies = amp
-            loss = fwd()
-            mt.record_copies = False
-            end_fwd = mt.snap()
-            amp_copy = mt.alive_copy_bytes() if amp else 0
-            pk["fwd"] = mt.peak()
-            mt.reset_peak()
-            loss.backward()
-            del loss
-            pk["bwd"] = mt.peak()
-            after_bwd = mt.snap()
-            mt.reset_peak()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            pk["opt"] = mt.peak()
-            end = mt.snap()
-    peak_phase, p, _, at_peak = M.peak_summary(pk, start["optstate"])
-    return {
-        "n_params": sum(x.numel() for x in model.parameters()),
-        "param_bytes": start["parameter"], "buffer_bytes": start["buffer"], "input_bytes": start["other"],
-        "grad_bytes": after_bwd["gradient"], "opt_state_bytes": start["optstate"],
-        "peak_bytes": p["total"], "peak_phase": peak_phase, "at_peak": at_peak,
-        "saved_act_bytes": end_fwd["total"] - start["total"], "amp_weight_copy_bytes": amp_copy,
-        "phase_peak_bytes": {k: pk[k]["total"] for k in ("fwd", "bwd", "opt")},
-        "start_bytes": start["total"], "end_bytes": end["total"], "after_bwd_bytes": after_bwd["total"],
-    }
+    def forward(self, input_ids, labels):
+        return H.LossOnly(self.plain(input_ids, labels))
+
+
+def measure_plain(cfg_path, cfg_dict, name, batch, seq, precision, gc):
+    """measure.measure's row with plain_llama.CausalLM (in the transformers model's dtype) in place of
+    the transformers model."""
+    return M.measure(cfg_path, name, batch, seq, precision, "adamw", "sdpa", gc,
+                     adapt_model=lambda hf: AsTransformers(H.build_plain_model(cfg_dict, hf.dtype)))
 
 
 def main(argv=None):
@@ -117,7 +77,7 @@ def main(argv=None):
                 gc = g == "on"
                 t0 = time.time()
                 hf = M.measure(tf.name, name, a.batch, a.seq, prec, "adamw", "sdpa", gc)
-                pl = measure_plain(cfg, a.batch, a.seq, prec, gc)
+                pl = measure_plain(tf.name, cfg, name, a.batch, a.seq, prec, gc)
                 diff = {k: (hf[k], pl[k]) for k in FIELDS if hf[k] != pl[k]}
                 tag = f"{name} ({cfg['num_hidden_layers']} layers) b{a.batch} s{a.seq} {prec} gc={gc}"
                 if diff:

@@ -17,19 +17,22 @@ Three roles (see validation/README.md, "validation/gpu: the prepared GPU run"):
                                  checked against transformers (same weights, same loss) where transformers
                                  is importable, ingest.py run twice on the rows (dedupe).
 
-The step is measure.py --device cuda's: the model built on the GPU with random weights, one warm-up step
+The step is the harness's (validation/harness/, the one of measure.py and every CPU recipe): the
+model built on the GPU with random weights (harness.build_plain_model / build_model), one warm-up step
 (forward + HF causal-LM loss, backward, AdamW step, zero_grad(set_to_none=True)), then the measured step
-with torch.cuda.reset_peak_memory_stats() at each phase boundary (fwd = forward + loss, bwd = backward,
-opt = step + zero_grad): max_memory_allocated() and max_memory_reserved() per phase, memory_allocated()
-at the boundaries. The model is plain PyTorch (plain_llama.py, mirrors transformers' Llama / Qwen3), or
-transformers' own class for entries with "impl": "hf" (skipped where transformers is not importable).
+(harness.measured_step on harness.CudaMeter: torch.cuda.reset_peak_memory_stats() at each phase boundary,
+fwd = forward + loss, bwd = backward, opt = step + zero_grad): max_memory_allocated() and
+max_memory_reserved() per phase, memory_allocated() at the boundaries. The row is the harness's GPU row
+(harness.cuda_row, measure.py --device cuda's) plus the allocator's figures. The model is plain PyTorch
+(plain_llama.py, mirrors transformers' Llama / Qwen3), or transformers' own class for entries with
+"impl": "hf" (skipped where transformers is not importable).
 
-Nothing here needs transformers, and the runner itself does not import torch.
+Nothing here needs transformers. The runner imports torch only with the harness, to write the config of
+an entry that failed or was skipped; validate_row (ingest.py) needs neither.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import json
 import math
@@ -40,10 +43,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-ROUND_BYTES = 512
 ROW_PREFIX = "@@ROW "
 FAIL_PREFIX = "@@FAIL "
 
@@ -105,43 +108,45 @@ def entry_name(e: dict) -> str:
     return "_".join(str(x) for x in parts)
 
 
+def _harness():
+    """The measuring harness (validation/harness/, which imports torch: the runner loads it only to
+    write a row's config)."""
+    validation = os.path.dirname(HERE)
+    if validation not in sys.path:
+        sys.path.append(validation)
+    import harness
+    return harness
+
+
 def row_config(e: dict, mode: str) -> dict:
-    """config of the row: measure.py's cuda-mode keys (same order), then this run's knobs."""
-    c = {
-        "model": e["model"], "batch": e["batch"], "seq": e["seq"], "image": 224,
-        "precision": e["precision"], "optimizer": e["optimizer"], "attn": e["attn"], "gc": bool(e["gc"]),
-        "mode": mode, "tracker": "torch.cuda.max_memory_allocated", "emulate_cuda": False,
-        "round_bytes": ROUND_BYTES, "opt_impl": e["opt_impl"], "warmup_steps": 1,
-    }
-    if e["gc"]:
-        c["gc_policy"] = e["gc_policy"]
-    c["compile"] = e["compile"]
-    c["backend"] = e["backend"] if e["compile"] != "off" else None
-    c["allocator"] = e["allocator"]
-    c["impl"] = e["impl"]
+    """config of the row: the harness's keys of a GPU row (measure.py --device cuda's, same order),
+    then this run's knobs."""
+    H = _harness()
+    knobs = {"gc_policy": e["gc_policy"]} if e["gc"] else {}
+    knobs.update(compile=e["compile"], backend=e["backend"] if e["compile"] != "off" else None,
+                 allocator=e["allocator"], impl=e["impl"])
+    c = H.base_config(e["model"], e["batch"], e["seq"], e["precision"], e["optimizer"], e["attn"], e["gc"],
+                      e["opt_impl"], mode=mode, **knobs)
+    c.update(tracker=H.CUDA_TRACKER, emulate_cuda=False)
     return c
 
 
-class _CudaMem:
+class _Allocator:
+    """What the GPU run reads of the caching allocator beyond the harness's CudaMeter (allocated
+    bytes): reserved bytes, their peak since the last reset, per-phase and whole-run statistics."""
+
     def __init__(self, torch):
         self.c = torch.cuda
 
     def sync(self):
         self.c.synchronize()
 
-    def reset(self):
-        self.c.reset_peak_memory_stats()
-
-    def allocated(self):
-        return self.c.memory_allocated()
-
     def reserved(self):
+        self.c.synchronize()
         return self.c.memory_reserved()
 
-    def max_allocated(self):
-        return self.c.max_memory_allocated()
-
     def max_reserved(self):
+        self.c.synchronize()
         return self.c.max_memory_reserved()
 
     def phase_stats(self):
@@ -162,16 +167,31 @@ class _NullMem:
     def sync(self):
         pass
 
-    def reset(self):
-        pass
-
-    allocated = reserved = max_allocated = max_reserved = lambda self: 0
+    reserved = max_reserved = lambda self: 0
 
     def phase_stats(self):
         return {"segments_peak": 0, "inactive_split_bytes_peak": 0, "requested_bytes_peak": 0}
 
     def totals(self):
         return {}
+
+
+def _meters(H, torch, cuda):
+    """(meter of the harness's step, allocator): H.CudaMeter and the GPU's caching allocator; on the
+    CPU (the self-test) both read 0."""
+    if cuda:
+        return H.CudaMeter(), _Allocator(torch)
+
+    class ZeroMeter(H.CudaMeter):
+        def snap(self):
+            return {"total": 0}
+
+        peak = snap
+
+        def reset_peak(self):
+            pass
+
+    return ZeroMeter(), _NullMem()
 
 
 def _set_dynamo_limits(torch):
@@ -194,29 +214,22 @@ def _unique_graphs(torch):
         return None
 
 
-def build_model(e, cfg, dtype, dev, torch):
-    """(model, vocab, transformers version or None)."""
+def build_model(e, dtype, dev, H):
+    """(model, vocab, transformers version or None) of the entry, built by the harness on `dev`:
+    plain_llama (no transformers needed) or transformers' own class ("impl": "hf")."""
     if e["impl"] == "plain":
-        sys.path.insert(0, HERE)
-        import plain_llama
-        model = plain_llama.CausalLM(cfg, dtype=dtype, device=dev)
+        with open(e["config"]) as f:
+            cfg = json.load(f)
+        cfg.update(e.get("overrides") or {})
+        model = H.build_plain_model(cfg, dtype, dev)
         return model, model.dims["vocab"], None
+    import torch
     import transformers
-    d = dict(cfg)
-    mt = d.pop("model_type")
-    for k in ("transformers_version", "_name_or_path", "torch_dtype", "dtype"):
-        d.pop(k, None)
-    hcfg = transformers.AutoConfig.for_model(mt, **d)
-    hcfg.use_cache = False
-    arch = (d.get("architectures") or ["AutoModelForCausalLM"])[0]
-    cls = getattr(transformers, arch)
+    hcfg, arch = H.load_config(e["config"], "sdpa", overrides=e.get("overrides"))
     with torch.device(dev):
-        try:
-            model = cls._from_config(hcfg, attn_implementation="sdpa", dtype=dtype)
-        except TypeError:
-            model = cls._from_config(hcfg, attn_implementation="sdpa", torch_dtype=dtype)
+        model = H.build_model(hcfg, arch, "sdpa", dtype)
     model.to(dev)
-    return model, hcfg.vocab_size, transformers.__version__
+    return model, H.text_vocab(hcfg), transformers.__version__
 
 
 def enable_gc(model, e):
@@ -256,11 +269,6 @@ def apply_compile(model, e, torch):
     return model
 
 
-def make_optimizer(params, e, torch):
-    kw = {"fused": True} if e["opt_impl"] == "fused" else {"foreach": e["opt_impl"] == "foreach"}
-    return torch.optim.AdamW(params, lr=1e-4, **kw)
-
-
 def _sdpa_backend(torch, model, e, dtype, dev):
     """Which fused SDPA kernel torch picks for the model's attention shapes (torch._fused_sdp_choice)."""
     try:
@@ -286,100 +294,66 @@ def _sdpa_backend(torch, model, e, dtype, dev):
 
 
 def measure_one(e: dict, device: str) -> dict:
+    """The entry's row: the harness's step (H.warm_up, then H.measured_step under H.CudaMeter) and
+    GPU row (H.cuda_row), plus the caching allocator's reserved bytes and statistics per phase."""
     t0 = time.time()
     if e.get("selftest_sleep"):
         time.sleep(float(e["selftest_sleep"]))
+    H = _harness()
     import torch
     cuda = device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("measure_gpu.py: no CUDA device is available (torch.cuda.is_available() is False)")
     dev = torch.device("cuda" if cuda else "cpu")
-    mem = _CudaMem(torch) if cuda else _NullMem()
+    meter, mem = _meters(H, torch, cuda)
     torch.manual_seed(0)
-    with open(e["config"]) as f:
-        cfg = json.load(f)
-    cfg.update(e.get("overrides") or {})
     dtype = torch.bfloat16 if e["precision"] == "bf16" else torch.float32
     amp = e["precision"] == "amp_bf16"
 
-    model, vocab, tf_version = build_model(e, cfg, dtype, dev, torch)
+    model, vocab, tf_version = build_model(e, dtype, dev, H)
     if e["gc"]:
         enable_gc(model, e)
     model.train(True)
-    mem.sync()
     reserved_after_build = mem.reserved()
     ids = torch.randint(0, vocab, (e["batch"], e["seq"]), dtype=torch.long, device=dev)
     labels = ids
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, e, torch)
+    opt = H.make_optimizer(e["optimizer"], params, e["opt_impl"])
     runner = apply_compile(model, e, torch)
+    last_loss = [None]  # a weak reference to the last forward's loss, read after the measured forward
 
     def fwd():
-        ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if amp else _nullctx()
-        with ctx:
-            if e["impl"] == "hf":
-                return runner(input_ids=ids, labels=labels).loss
-            return runner(ids, labels)
+        with torch.autocast(dev.type, dtype=torch.bfloat16) if amp else H.nullctx():
+            loss = runner(input_ids=ids, labels=labels).loss if e["impl"] == "hf" else runner(ids, labels)
+        last_loss[0] = weakref.ref(loss)
+        return H.LossOnly(loss)
 
     # warm-up step (untracked; compiles)
     tw = time.time()
-    loss = fwd()
-    loss.backward()
-    del loss
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    H.warm_up(fwd, opt, True)
     mem.sync()
     warmup_s = time.time() - tw
-    warmup_peak, warmup_reserved = mem.max_allocated(), mem.max_reserved()
+    warmup_peak, warmup_reserved = meter.peak()["total"], mem.max_reserved()
     graphs_warm = _unique_graphs(torch)
 
-    def rnd(n):
-        return math.ceil(n / ROUND_BYTES) * ROUND_BYTES
-
-    def st_bytes(ts):
-        seen, tot = set(), 0
-        for t in ts:
-            if t is None or not isinstance(t, torch.Tensor) or t.device.type != dev.type:
-                continue
-            st = t.untyped_storage()
-            if st.data_ptr() in seen:
-                continue
-            seen.add(st.data_ptr())
-            tot += rnd(st.nbytes())
-        return tot
-
-    param_bytes = st_bytes(list(model.parameters()))
-    buffer_bytes = st_bytes(list(model.buffers()))
-    opt_state_bytes = st_bytes([v for s in opt.state.values() for v in s.values()])
-
     # the measured step
-    peak, resv, stats = {}, {}, {}
+    resv, stats, loss_value = {}, {}, []
+
+    def on_phase(name, meter, step):
+        resv[name], stats[name] = mem.max_reserved(), mem.phase_stats()
+        if name == "fwd":
+            loss_value.append(float(last_loss[0]().detach().float().item()))
+        elif name == "bwd":
+            step.extra["grad_bytes"] = H.storage_bytes((p.grad for p in model.parameters()), dev.type)
+
     ts = time.time()
-    mem.reset()
-    start, reserved_start = mem.allocated(), mem.reserved()
-    loss = fwd()
-    mem.sync()
-    end_fwd = mem.allocated()
-    peak["fwd"], resv["fwd"], stats["fwd"] = mem.max_allocated(), mem.max_reserved(), mem.phase_stats()
-    mem.reset()
-    loss.backward()
-    loss_value = float(loss.detach().float().item())
-    del loss
-    mem.sync()
-    peak["bwd"], resv["bwd"], stats["bwd"] = mem.max_allocated(), mem.max_reserved(), mem.phase_stats()
-    after_bwd = mem.allocated()
-    grad_bytes = st_bytes([p.grad for p in model.parameters()])
-    mem.reset()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    mem.sync()
-    peak["opt"], resv["opt"], stats["opt"] = mem.max_allocated(), mem.max_reserved(), mem.phase_stats()
+    reserved_start = mem.reserved()
+    with meter:
+        step = H.measured_step(meter, fwd, opt, amp=amp, record_copies=False, on_phase=on_phase)
     step_s = time.time() - ts
-    end, reserved_end = mem.allocated(), mem.reserved()
+    reserved_end = mem.reserved()
     graphs_end = _unique_graphs(torch)
 
-    peak_phase = max(peak, key=lambda k: peak[k])
-    n_params = sum(p.numel() for p in model.parameters())
     extra = {}
     if cuda:
         free, total = torch.cuda.mem_get_info()
@@ -395,37 +369,18 @@ def measure_one(e: dict, device: str) -> dict:
         extra.update(device_total_bytes=0, device_used_bytes=0, segments_end=0, expandable_segments_seen=None)
     sdpa = _sdpa_backend(torch, model, e, dtype, dev) if cuda else "cpu"
     gpu = torch.cuda.get_device_name() if cuda else "cpu"
-    row = {
-        "config": row_config(e, "cuda" if cuda else "cpu-selftest"),
-        "versions": {
-            "torch": torch.__version__, "transformers": tf_version, "torchvision": None,
-            "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "device": gpu,
-            "capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
-            "python": sys.version.split()[0],
-        },
-        "gpu": gpu,
-        "n_params": n_params,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "input_bytes": st_bytes([ids, labels]),
-        "grad_bytes": grad_bytes,
-        "opt_state_bytes": opt_state_bytes,
-        "model_state_bytes": param_bytes + buffer_bytes + grad_bytes + opt_state_bytes,
-        "peak_bytes": peak[peak_phase],
-        "peak_phase": peak_phase,
-        "at_peak": None,
-        "act_temp_at_peak": None,
-        "saved_act_bytes": end_fwd - start,
-        "amp_weight_copy_bytes": None,
-        "phase_peak_bytes": dict(peak),
-        "phase_peaks": None,
-        "start_bytes": start,
-        "end_bytes": end,
-        "after_bwd_bytes": after_bwd,
-        "time_s": round(time.time() - t0, 2),
-        # beyond measure.py's cuda rows
+    versions = {
+        "torch": torch.__version__, "transformers": tf_version, "torchvision": None,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "device": gpu,
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
+        "python": sys.version.split()[0],
+    }
+    n_params = sum(p.numel() for p in model.parameters())
+    row = H.cuda_row(row_config(e, "cuda" if cuda else "cpu-selftest"), versions, n_params, step, t0, model,
+                     [ids, labels], opt, device=dev.type, after={"versions": {"gpu": gpu}})
+    row.update({  # beyond measure.py's cuda rows
         "reserved_bytes": max(resv.values()),
         "reserved_phase": max(resv, key=lambda k: resv[k]),
         "phase_reserved_bytes": dict(resv),
@@ -442,19 +397,11 @@ def measure_one(e: dict, device: str) -> dict:
         "compiled_graphs": graphs_warm if e["compile"] != "off" else None,
         "recompiles_in_measured_step": (graphs_end - graphs_warm)
         if e["compile"] != "off" and graphs_end is not None and graphs_warm is not None else None,
-        "loss": round(loss_value, 4),
+        "loss": round(loss_value[0], 4),
         "warmup_s": round(warmup_s, 2),
         "step_s": round(step_s, 3),
-    }
+    })
     return row
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def child_main(entry_json: str, device: str) -> int:
@@ -691,12 +638,12 @@ def _expected_param_bytes(cfg, dtype_bytes):
     sys.path.insert(0, HERE)
     import plain_llama
     d = plain_llama.dims(cfg)
-    rnd = lambda n: math.ceil(n * dtype_bytes / ROUND_BYTES) * ROUND_BYTES  # noqa: E731
+    rnd = _harness().rnd
     h, hd = d["hidden"], d["head_dim"]
     per_layer = [d["heads"] * hd * h, d["kv_heads"] * hd * h, d["kv_heads"] * hd * h, h * d["heads"] * hd,
                  d["inter"] * h, d["inter"] * h, h * d["inter"], h, h] + ([hd, hd] if d["qk_norm"] else [])
     tensors = [d["vocab"] * h] + per_layer * d["layers"] + [h] + ([] if d["tied"] else [d["vocab"] * h])
-    return sum(tensors), sum(rnd(n) for n in tensors), len(tensors)
+    return sum(tensors), sum(rnd(n * dtype_bytes) for n in tensors), len(tensors)
 
 
 def _tiny(e):
@@ -719,18 +666,14 @@ def check_plain_vs_hf(log=print):
         log("[self-test] transformers not importable: plain-vs-HF check skipped")
         return None
     import torch
-    sys.path.insert(0, HERE)
-    import plain_llama
+    H = _harness()
     results = {}
     for name in ("llama-1b", "qwen3-0.6b"):
-        with open(os.path.join(HERE, "models", name + ".json")) as f:
-            cfg = json.load(f)
-        cfg.update(TINY)
         e = load_entry({"model": name, "config": os.path.join("models", name + ".json"), "batch": 2,
-                        "seq": 16, "impl": "hf", "precision": "fp32"})
+                        "seq": 16, "impl": "hf", "precision": "fp32", "overrides": TINY})
         torch.manual_seed(0)
-        hf, vocab, _ = build_model(e, cfg, torch.float32, torch.device("cpu"), torch)
-        plain = plain_llama.CausalLM(cfg, dtype=torch.float32)
+        hf, vocab, _ = build_model(e, torch.float32, torch.device("cpu"), H)
+        plain, _, _ = build_model(dict(e, impl="plain"), torch.float32, torch.device("cpu"), H)
         sd = {k: v for k, v in hf.state_dict().items()}
         missing, unexpected = plain.load_state_dict(sd, strict=False)
         missing = [k for k in missing if not k.endswith("inv_freq")]
@@ -817,7 +760,7 @@ def self_test(grid_path, python=None, keep=None, only=None, log=print) -> int:
         check(row["param_bytes"] == pb, f"{r['name']}: param_bytes {row['param_bytes']} != {pb}")
         # exp_avg + exp_avg_sq in the parameters' dtype, plus one 0-d `step` per parameter (on the CPU both
         # for foreach and fused; on a GPU only fused keeps it on the device)
-        want_opt = 2 * pb + nt * ROUND_BYTES
+        want_opt = 2 * pb + nt * _harness().ROUND_BYTES
         check(row["opt_state_bytes"] == want_opt,
               f"{r['name']}: opt_state_bytes {row['opt_state_bytes']} != {want_opt}")
         check(row["grad_bytes"] == pb, f"{r['name']}: grad_bytes {row['grad_bytes']} != param_bytes {pb}")

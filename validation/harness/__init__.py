@@ -25,6 +25,10 @@ from .step import (CudaMeter, LossOnly, StepMemory, measured_step, peak_summary,
                    storage_bytes, warm_up)
 from .tracker import (CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, flat, param_storages,
                       tensors_in)
+from .model import build_plain_model
+from .rows import CUDA_TRACKER, cuda_row
+from .ranks import (device_mesh, fake_world, isolate_sharding_propagation, local_bytes, mesh_outside_fake,
+                    rank_row, run_ranks)
 
 __all__ = [
     "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
@@ -38,4 +42,7 @@ __all__ = [
     "storage_bytes", "warm_up",
     "CATS", "CPU_SIDE_OUTPUTS", "PhaseTracker", "PhaseTrackerMixin", "flat", "param_storages",
     "tensors_in",
+    "CUDA_TRACKER", "cuda_row", "build_plain_model",
+    "device_mesh", "fake_world", "isolate_sharding_propagation", "local_bytes", "mesh_outside_fake",
+    "rank_row", "run_ranks",
 ]

@@ -112,15 +112,24 @@ def add_run_args(ap):
                     "config.json and every option are read from it (reproduce.py uses this)")
 
 
-def dispatch(a, script, argv_of, main, extra=(), model_grid=None, to_out=None):
+def dispatch(a, script, argv_of, main, extra=(), model_grid=None, to_out=None, entry_of=None):
     """What --grid and --from-row do for a recipe whose `argv_of(entry)` turns a grid entry or a
     row's config into its command line (without --config); None when neither was given.
+
     `model_grid`: the grid file that names the config.json of row models without a config file of
-    their own name (see config_path); `to_out`: see run_grid."""
+    their own name (see config_path); `to_out`: see run_grid. `entry_of(row)`, for rows that keep
+    some of their options beside `config` (a rank's world size and mesh, a pipeline stage's index):
+    the entry that measures `row` (given whole, or its config alone) again; it may name the
+    config.json as `config` (else it is found by the model's name)."""
     if a.grid:
         return run_grid(script, a.grid, argv_of, a.out, extra, to_out)
     if a.from_row:
-        c = row_config(a.from_row)
-        return main(["--config", config_path(c["model"], model_grid), *argv_of(c), *extra,
+        if entry_of is None:
+            c = row_config(a.from_row)
+            path = config_path(c["model"], model_grid)
+        else:
+            c = entry_of(json.loads(a.from_row))
+            path = c.get("config") or config_path(c["model"], model_grid)
+        return main(["--config", path, *argv_of(c), *extra,
                      *(["--out", a.out] if a.out else [])])
     return None

@@ -1,10 +1,12 @@
 """Building what is measured: a model from a Hugging Face config (random weights, nothing
-downloaded), its optimizer, and activation checkpointing as transformers and torchtitan apply it."""
+downloaded; transformers' class, or the plain-PyTorch one of validation/gpu/ where transformers is
+missing), its optimizer, and activation checkpointing as transformers and torchtitan apply it."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import sys
 import tempfile
 
 import torch
@@ -23,11 +25,14 @@ def config_file(d):
         os.unlink(path)
 
 
-def load_config(path, attn):
+def load_config(path, attn, overrides=None):
+    """A transformers config from a config.json (`overrides`: keys of the JSON replaced first, a
+    shrunk model) and its architecture."""
     import transformers
     with open(path) as f:
         d = json.load(f)
     d = dict(d)
+    d.update(overrides or {})
     if d.get("model_type") == "gemma3" and isinstance(d.get("text_config"), dict):
         # multimodal Gemma 3 (4b/12b/27b): train the language model, Gemma3ForCausalLM on text_config
         td = dict(d["text_config"])
@@ -75,6 +80,18 @@ def build_model(cfg, arch, attn, dtype):
     else:
         model = cls._from_config(cfg, attn_implementation=attn, dtype=dtype)
     return model
+
+
+GPU_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu")
+
+
+def build_plain_model(cfg, dtype, device=None):
+    """validation/gpu/plain_llama.py's CausalLM from a config.json's dict: transformers' Llama /
+    Qwen3 op for op in plain PyTorch, for a machine without transformers (no transformers here)."""
+    if GPU_DIR not in sys.path:
+        sys.path.insert(0, GPU_DIR)
+    import plain_llama
+    return plain_llama.CausalLM(cfg, dtype=dtype, device=device)
 
 
 OPT_IMPLS = ("fused", "foreach", "forloop")

@@ -57,13 +57,19 @@ def prepare_step(cfg, arch, model, batch, seq, optimizer, amp, gc, autocast_devi
     return ids, labels, opt, fwd
 
 
-def warm_up(fwd, opt, train, step_ctx=None):
+def warm_up(fwd, opt, train, step_ctx=None, train_ctx=None, bwd_ctx=None, schedule=None):
     """One untracked step, so that lazily created state (optimizer moments, autocast's
-    caches, CUDA kernels) exists before measuring. `step_ctx` wraps `opt.step()`."""
+    caches, CUDA kernels) exists before measuring. `step_ctx` wraps `opt.step()`;
+    `train_ctx`, `bwd_ctx` and `schedule` are `measured_step`'s."""
+    if schedule is not None:
+        schedule()
     if train:
-        out = fwd()
-        out.loss.backward()
-        del out
+        if schedule is None:
+            with (train_ctx() if train_ctx else nullctx()):
+                out = fwd()
+                with (bwd_ctx() if bwd_ctx else nullctx()):
+                    out.loss.backward()
+                del out
         with step_ctx or nullctx():
             opt.step()
         opt.zero_grad(set_to_none=True)
@@ -97,7 +103,8 @@ def _higher(a, b):
 
 
 def measured_step(meter, fwd, opt, train=True, amp=False, micro_batches=1, record_copies=None,
-                  on_phase=None, optimizer_step=None, fwd_ctx=None):
+                  on_phase=None, optimizer_step=None, fwd_ctx=None, bwd_ctx=None, train_ctx=None,
+                  schedule=None):
     """One step of `fwd` under `meter` (already tracking the model, inputs and optimizer):
     forward (+ loss), backward, `opt.step()`, `zero_grad(set_to_none=True)`, the peak reset at
     each phase boundary.
@@ -109,43 +116,61 @@ def measured_step(meter, fwd, opt, train=True, amp=False, micro_batches=1, recor
     - `record_copies`: remember parameters' `_to_copy` results during the forward (default:
       `amp`); `amp_copy` is their bytes still alive at its end.
     - `on_phase(name, meter, step)`: called after each phase's peak is read (for a recipe's own
-      per-phase figures, into `step.extra`); names are "fwd", "bwd", "opt".
+      per-phase figures, into `step.extra`); names are "fwd", "bwd", "opt" ("pipe" with `schedule`).
     - `optimizer_step()`: replaces `opt.step(); opt.zero_grad(set_to_none=True)`; return False
       for "no optimizer phase" (torchtune's optimizer in backward), whose peaks are then 0.
-    - `fwd_ctx()`: a context manager around each forward (saved-tensor hooks of a dump)."""
+    - `fwd_ctx()`: a context manager around each forward (saved-tensor hooks of a dump).
+    - `bwd_ctx()`: a context manager around each backward (tensor parallelism's `loss_parallel`).
+    - `train_ctx()`: a context manager around each micro-batch's forward and backward together
+      (context parallelism: the inputs sharded along the sequence, ring attention); the
+      backward's peak and `after_bwd` are read once it has closed.
+    - `schedule()`: runs the forward and backward of every micro-batch itself (a pipeline
+      schedule's `step`; `fwd` is not called): one phase, "pipe", in place of "fwd" and "bwd";
+      `fwd_start`, `end_fwd` and `amp_copy` stay None."""
     record = amp if record_copies is None else record_copies
     phase_peaks = {}
     step = StepMemory(None, None, None, None, phase_peaks, None, None)
     step.start = meter.snap()
     fwd_peak = bwd_peak = None
     out = None
-    for i in range(micro_batches if train else 1):
+    rounds = micro_batches if train else 1
+    if schedule is not None:
+        meter.reset_peak()
+        schedule()
+        phase_peaks["pipe"] = meter.peak()
+        step.after_bwd = meter.snap()
+        if on_phase:
+            on_phase("pipe", meter, step)
+        rounds = 0  # the schedule ran every micro-batch's forward and backward
+    for i in range(rounds):
         if i:
             # MemTracker refuses a root module's second forward unless its per-module
             # statistics (which no row uses) are cleared; the global figures are unaffected.
             getattr(meter, "reset_mod_stats", lambda: None)()
         step.fwd_start = meter.snap() if i else step.start
         meter.reset_peak()
-        meter.record_copies = record
-        with (fwd_ctx() if fwd_ctx else nullctx()):
-            if train:
-                out = LossOnly(fwd().loss)
-            else:
-                with torch.no_grad():
-                    out = fwd()
-        meter.record_copies = False
-        step.end_fwd = meter.snap()
-        step.amp_copy = meter.alive_copy_bytes() if record else 0
-        fwd_peak = _higher(fwd_peak, meter.peak())
-        phase_peaks["fwd"] = fwd_peak
-        if on_phase:
-            on_phase("fwd", meter, step)
-        if not train:
-            break
-        loss = out.loss
-        meter.reset_peak()
-        loss.backward()
-        del loss, out
+        with (train_ctx() if train_ctx else nullctx()):
+            meter.record_copies = record
+            with (fwd_ctx() if fwd_ctx else nullctx()):
+                if train:
+                    out = LossOnly(fwd().loss)
+                else:
+                    with torch.no_grad():
+                        out = fwd()
+            meter.record_copies = False
+            step.end_fwd = meter.snap()
+            step.amp_copy = meter.alive_copy_bytes() if record else 0
+            fwd_peak = _higher(fwd_peak, meter.peak())
+            phase_peaks["fwd"] = fwd_peak
+            if on_phase:
+                on_phase("fwd", meter, step)
+            if not train:
+                break
+            loss = out.loss
+            meter.reset_peak()
+            with (bwd_ctx() if bwd_ctx else nullctx()):
+                loss.backward()
+            del loss, out
         bwd_peak = _higher(bwd_peak, meter.peak())
         phase_peaks["bwd"] = bwd_peak
         step.after_bwd = meter.snap()
@@ -212,12 +237,15 @@ class CudaMeter:
         return None
 
 
-def storage_bytes(tensors):
+def storage_bytes(tensors, device=None):
     """Bytes of the distinct storages of `tensors` (None and non-tensors skipped), each rounded
-    up to the allocator's block: what a real GPU holds for them."""
+    up to the allocator's block: what a real GPU holds for them. With `device` (a device type,
+    "cuda"), only the tensors there (AdamW's foreach `step` counters stay on the CPU)."""
     seen, tot = set(), 0
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor):
+            continue
+        if device is not None and t.device.type != device:
             continue
         st = t.untyped_storage()
         key = st.data_ptr() if t.is_cuda else st._cdata
