@@ -75,6 +75,7 @@ fn main() {
         padding: false,
         optimizer_in_backward: false,
         activation_offload: false,
+        micro_batches: 1,
     };
     report(
         "architecture: one peak estimate (Llama-3-8B)",

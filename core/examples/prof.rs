@@ -51,6 +51,7 @@ fn main() {
                 padding: false,
                 optimizer_in_backward: false,
                 activation_offload: false,
+                micro_batches: 1,
             };
             let n: u32 = std::env::args()
                 .nth(2)

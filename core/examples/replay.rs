@@ -81,6 +81,7 @@ fn main() {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
             compile: Compile::Off,
         };
         for mode in AllocatorMode::ALL {

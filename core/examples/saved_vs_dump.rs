@@ -42,6 +42,7 @@ fn main() {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
         };
         let meas = i["saved_act_bytes"].as_u64().unwrap() as i64;
         match estimate_peak(&arch, &step) {

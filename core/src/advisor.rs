@@ -39,12 +39,13 @@
 //! unchanged configuration.
 //!
 //! # How it stays fast
-//! The peak is assumed to shrink (or stay) when micro-batch, sharding, GPUs, expert
-//! parallelism, optimizer, sequence, weight format or KV dtype move to a later option: the
-//! memory model's own invariants (a larger batch never needs less; ZeRO stages never add).
-//! Checkpointing, the recipe and the training method are not monotone (autocast's weight
-//! copies; QLoRA's k-bit preparation runs the residual stream in fp32) and are tried one by
-//! one. The search walks the give-ups in rank order; for each it finds, by a binary
+//! The peak is assumed to shrink (or stay) when sharding, GPUs, expert parallelism,
+//! optimizer, sequence, weight format or KV dtype move to a later option: the memory model's
+//! own invariants (a larger batch never needs less; ZeRO stages never add). Checkpointing,
+//! the recipe and the training method are not monotone (autocast's weight copies; QLoRA's
+//! k-bit preparation runs the residual stream in fp32) and are tried one by one; nor is the
+//! micro-batch (accumulation keeps every gradient alive through the later passes, which can
+//! outweigh the activations a smaller micro-batch saves), tried both ways. The search walks the give-ups in rank order; for each it finds, by a binary
 //! search over the GPU counts, the fewest GPUs with which the most memory-saving same-math
 //! settings fit, and only evaluates plans from there, in rank order, stopping as soon as
 //! `limit` plans are listed. A test compares it with a brute-force enumeration of the same
@@ -52,13 +53,14 @@
 
 use std::fmt;
 
-use crate::evaluate::{shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
+use crate::arch::STEADY_PASSES;
+use crate::evaluate::{largest_batch, shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
 use crate::fasthash::FxHashMap;
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
-    fit_verdict, max_batch_that_fits, plan_accumulation, AccumulationPlan, Checkpointing,
-    EvaluationError, FitVerdict, KvDtype, LossKind, MaxBatch, Method, Optimizer, Peft, Precision,
-    PrecisionRecipe, Sharding, StepMemory, WeightFormat, BYTES_PER_MIB, MAX_BATCH,
+    fit_verdict, plan_accumulation, AccumulationPlan, Checkpointing, EvaluationError, FitVerdict,
+    KvDtype, LossKind, MaxBatch, Method, Optimizer, Peft, Precision, PrecisionRecipe, Sharding,
+    StepMemory, WeightFormat, BYTES_PER_MIB,
 };
 
 /// The most plans listed per [`Tier`] in each group (the GPUs the person has, more GPUs):
@@ -913,6 +915,13 @@ impl<'a> Search<'a> {
             num_gpus: self.gpus_at(l[GPUS]),
             sharding: pick(&o.sharding, l, SHARD, self.plan.sharding),
             expert_parallel: pick(&o.ep, l, EP, self.plan.expert_parallel),
+            // a plan trains to the global batch: a smaller micro-batch accumulates its
+            // gradients over the passes (its link says so)
+            global_batch: if self.training {
+                Some(self.global)
+            } else {
+                self.plan.global_batch
+            },
             ..self.plan
         }
         .with_communication();
@@ -966,7 +975,10 @@ impl<'a> Search<'a> {
         let mut whole_key = *l;
         whole_key[MICRO] = u8::MAX;
         whole_key[SHARD] = 0;
-        whole_key[GPUS] = 0;
+        // the GPUs change the estimate only through gradient accumulation, whose replay
+        // repeats itself from its fourth micro-batch on (the tape's, from its second)
+        let micro_batches = plan.micro_batches_at(batch);
+        whole_key[GPUS] = u8::try_from(micro_batches.min(STEADY_PASSES)).unwrap_or(u8::MAX);
         whole_key[EP] = 0;
         whole_key[KV] = 0;
         if self.training {
@@ -982,7 +994,7 @@ impl<'a> Search<'a> {
                     Ok(Unsharded::Architecture(_, units)) => Some(units),
                     _ => None,
                 });
-                let whole = unsharded(&model, batch, &mesh, units);
+                let whole = unsharded(&model, batch, micro_batches, &mesh, units);
                 self.estimates.push(whole);
                 let at = self.estimates.len() - 1;
                 self.cache
@@ -1011,8 +1023,9 @@ impl<'a> Search<'a> {
         let step = self.step(l, knobs, plan, batch)?;
         let overheads = step.overheads(&plan.overheads);
         let verdict = fit_verdict(step.peak_bytes, self.capacity, &overheads);
-        let max_batch = max_batch_that_fits(MAX_BATCH, self.capacity, &overheads, |b| {
-            self.step(l, knobs, plan, b).map(|s| s.peak_bytes)
+        let capacity = self.capacity;
+        let (max_batch, _) = largest_batch(plan, capacity, &overheads, &mut |b| {
+            self.step(l, knobs, plan, b)
         })?;
         Ok((step, verdict, max_batch))
     }
@@ -1083,6 +1096,16 @@ impl<'a> Search<'a> {
     /// every case (ZeRO's buckets against FSDP2's gathered units, ZeRO-1's whole
     /// gradients against ZeRO-2's reductions).
     fn might_fit_sharded(&mut self, l: &Levels) -> bool {
+        // a smaller micro-batch does not always need less: gradient accumulation keeps every
+        // gradient alive through the later passes, which can outweigh the activations it saves
+        (0..=l[MICRO]).any(|micro| {
+            let mut probe = *l;
+            probe[MICRO] = micro;
+            self.might_fit_sharded_at(&probe)
+        })
+    }
+
+    fn might_fit_sharded_at(&mut self, l: &Levels) -> bool {
         if self.gpus_at(l[GPUS]) <= 1 {
             return self.might_fit(l);
         }
@@ -1262,12 +1285,6 @@ impl<'a> Search<'a> {
                     break;
                 }
                 if found.iter().any(|f| dominates(f, &l)) {
-                    continue;
-                }
-                // its batch-1 twin is estimated already: when that misses, so does `l`
-                let mut twin = l;
-                twin[MICRO] = 1;
-                if l[MICRO] == 0 && self.valid(&twin) && !self.might_fit(&twin) {
                     continue;
                 }
                 if self.fits(&l) {

@@ -24,6 +24,15 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
 
 /// `bytes * numerator / denominator`, without overflow on the way (the denominator taken
 /// as at least 1): a share of a tape's bytes.
+/// Whether the tape accumulates gradients over micro-batches: only then are gradients alive
+/// in its forward.
+fn accumulates(estimate: &PeakEstimate) -> bool {
+    estimate
+        .phase_peaks
+        .iter()
+        .any(|(p, c)| *p == Phase::Forward && c.gradients > 0)
+}
+
 fn scale(bytes: u64, numerator: u64, denominator: u64) -> u64 {
     u64::try_from(crate::plan::mul_div(bytes, numerator, denominator.max(1))).unwrap_or(u64::MAX)
 }
@@ -61,6 +70,9 @@ pub(crate) struct Fsdp2Rank {
     loss_outside: bool,
     /// `CPUOffloadPolicy`: the shards live in host RAM and the CPU steps them.
     offloaded: bool,
+    /// Gradient accumulation: each micro-batch's reduce-scatter adds into the sharded
+    /// gradients, which then live through the later micro-batches' forward and backward.
+    accumulating: bool,
     /// Host RAM the offloaded shards take.
     pub host_bytes: u64,
     group: u64,
@@ -133,8 +145,19 @@ impl Fsdp2Rank {
             reshard_after_forward,
             loss_outside,
             offloaded,
+            accumulating: accumulates(estimate),
             host_bytes,
             group,
+        }
+    }
+
+    /// The sharded gradients alive before any layer's backward: all of them from the second
+    /// micro-batch of an accumulated step on.
+    fn accumulated(&self) -> u64 {
+        if self.accumulating {
+            self.state.gradient_bytes
+        } else {
+            0
         }
     }
 
@@ -166,7 +189,7 @@ impl Fsdp2Rank {
                     .saturating_add(self.root)
                     .saturating_add(self.layer)
                     .saturating_add(self.layers_gathered(self.layer)),
-                gradients: 0,
+                gradients: self.accumulated(),
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
@@ -202,13 +225,13 @@ impl Fsdp2Rank {
                         Reshard::Off => self.root.saturating_add(self.layers),
                         _ => self.kept,
                     }),
-                gradients: 0,
+                gradients: self.accumulated(),
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
             BackwardMoment::Loss => CategoryBytes {
                 parameters: shards.saturating_add(self.layers_gathered(self.layer)),
-                gradients: 0,
+                gradients: self.accumulated(),
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
@@ -398,8 +421,9 @@ impl ZeroRank {
                     0
                 }),
                 // stage 3 allocates its gradient partition at start-up; stage 2 at the
-                // first reduction
-                gradients: if self.stage == 3 { s.gradient_bytes } else { 0 },
+                // first reduction; with accumulation the gradients (stage 1) or their
+                // partition (stage 2) live from the first micro-batch on
+                gradients: self.held_gradients(c),
                 optimizer_states: s.optimizer_state_bytes,
                 temporaries: c.temporaries.saturating_add(self.resident_bucket()),
                 ..*c
@@ -428,21 +452,22 @@ impl ZeroRank {
         }
     }
 
+    /// The gradients the tape holds at a moment whose figures are `c`, as the stage keeps
+    /// them: whole until the boundary (stage 1), their share of the partition (stage 2), the
+    /// partition allocated at start-up (stage 3).
+    fn held_gradients(&self, c: &CategoryBytes) -> u64 {
+        let s = &self.state;
+        match self.stage {
+            1 => c.gradients,
+            3 => s.gradient_bytes,
+            _ => scale(s.gradient_bytes, c.gradients, self.gradients_whole).min(s.gradient_bytes),
+        }
+    }
+
     /// The rank's memory at the backward `moment`, whose tape figures are `c`.
     pub(crate) fn at_backward(&self, moment: BackwardMoment, c: &CategoryBytes) -> CategoryBytes {
         let s = &self.state;
-        // the gradients the tape holds at this moment, as the stage keeps them: whole until
-        // the boundary (stage 1), or their share of the partition
-        let gradients = match self.stage {
-            1 => c.gradients,
-            _ => scale(s.gradient_bytes, c.gradients, self.gradients_whole).min(s.gradient_bytes),
-        };
-        let gradients = if self.stage == 3 {
-            // allocated at start-up
-            s.gradient_bytes
-        } else {
-            gradients
-        };
+        let gradients = self.held_gradients(c);
         let reducing = if moment == BackwardMoment::Loss {
             self.resident_bucket()
         } else if self.stage == 1 && moment == BackwardMoment::Layers {

@@ -555,6 +555,7 @@ impl Parsed {
                     padding: knobs.padding,
                     optimizer_in_backward: knobs.optimizer_in_backward,
                     activation_offload: knobs.activation_offload,
+                    micro_batches: 1,
                 },
                 format_weight_bytes: if knobs.optimizer.trains() {
                     None
@@ -637,7 +638,7 @@ pub(crate) fn step_at(
     if stages <= 1 || !matches!(model, Model::Architecture { .. }) {
         return shard_step(
             model,
-            &unsharded(model, batch, &mesh, None)?,
+            &unsharded(model, batch, plan.micro_batches_at(batch), &mesh, None)?,
             plan,
             batch,
             true,
@@ -658,7 +659,7 @@ pub(crate) fn step_at(
         };
         let step = shard_step(
             model,
-            &unsharded(model, batch, &mesh, None)?,
+            &unsharded(model, batch, 1, &mesh, None)?,
             plan,
             batch,
             true,
@@ -675,12 +676,14 @@ pub(crate) fn step_at(
 }
 
 /// One rank's step at `batch` on `mesh` (the whole model's on one GPU), before data-parallel
-/// sharding. `units`: the model's parameter units on `mesh` when they are known already (the
-/// advisor's thousands of steps share one model and one mesh: finding them walks every
+/// sharding, with `micro_batches` forward and backward passes per optimizer step (gradient
+/// accumulation). `units`: the model's parameter units on `mesh` when they are known already
+/// (the advisor's thousands of steps share one model and one mesh: finding them walks every
 /// layer's tensors).
 pub(crate) fn unsharded(
     model: &Model,
     batch: u64,
+    micro_batches: u64,
     mesh: &crate::Mesh,
     units: Option<&crate::ParameterUnits>,
 ) -> Result<Unsharded, EvaluationError> {
@@ -698,7 +701,11 @@ pub(crate) fn unsharded(
             vision,
             ..
         } => {
-            let step = TrainingStep { batch, ..*step };
+            let step = TrainingStep {
+                batch,
+                micro_batches,
+                ..*step
+            };
             // with images, the vision-language model's step
             #[cfg(feature = "vision")]
             let estimate = vision::step(
@@ -1143,7 +1150,11 @@ pub(crate) fn evaluate_parsed(
     let sweep_rows = sweep(batch, MAX_BATCH, |b| {
         step_at(&model, &plan, b).map(|s| {
             let fits = fit.max_batch.map(|m| match m {
-                MaxBatch::Fits(max) => b <= max,
+                MaxBatch::Fits(max) => {
+                    b <= max
+                        && (b >= fit.accumulation_share
+                            || fit.accumulating_max.is_none_or(|a| b <= a))
+                }
                 MaxBatch::NoneFits(_) => false,
             });
             sweep_row(b, &s, fits)
@@ -1301,6 +1312,12 @@ pub(crate) struct Fit {
     pub verdict: Option<FitVerdict>,
     /// The largest batch per GPU that fits (a device is chosen).
     pub max_batch: Option<MaxBatch>,
+    /// The global batch's share of a GPU (1 without one): smaller batches accumulate
+    /// gradients over several passes.
+    pub accumulation_share: u64,
+    /// When the share fits, the largest smaller batch that still fits with its gradients
+    /// alive through every pass (0: none): the batches between it and the share do not.
+    pub accumulating_max: Option<u64>,
     /// The overheads the verdicts used (the step's memory outside the allocator set).
     pub overheads: crate::Overheads,
 }
@@ -1343,11 +1360,12 @@ pub(crate) fn fit_with(
     let capacity = plan.capacity_bytes;
     let overheads = step.overheads(&plan.overheads);
     let verdict = capacity.map(|c| fit_verdict(step.peak_bytes, c, &overheads));
+    let share = plan.micro_batches_at(1).clamp(1, MAX_BATCH);
+    let mut accumulating_max = None;
     let max_batch = match capacity {
         Some(c) => {
-            let guess = max_batch_that_fits(MAX_BATCH, c, &overheads, |b| {
-                step_of(b).map(|s| s.peak_bytes)
-            })?;
+            let (guess, below) = largest_batch(plan, c, &overheads, step_of)?;
+            accumulating_max = below;
             Some(
                 if plan.replay_reserve && matches!(model, Model::Architecture { .. }) {
                     refine_max_batch(guess, |b| {
@@ -1383,7 +1401,44 @@ pub(crate) fn fit_with(
         step,
         verdict,
         max_batch,
+        accumulation_share: share,
+        accumulating_max,
         overheads,
+    })
+}
+
+/// The largest batch per GPU whose peak fits `capacity` with `overheads`, and, when the
+/// global batch's share of a GPU fits, the largest smaller batch that fits (0: none).
+///
+/// Peaks rise with the batch, except where gradient accumulation stops: below the global
+/// batch's share every gradient lives through the forward and the backward of the later
+/// passes, from the share on one pass takes it whole. So the search runs from the share up
+/// when the share fits, below it otherwise.
+pub(crate) fn largest_batch(
+    plan: &PlanInputs,
+    capacity: u64,
+    overheads: &crate::Overheads,
+    step_of: &mut dyn FnMut(u64) -> Result<StepMemory, EvaluationError>,
+) -> Result<(MaxBatch, Option<u64>), EvaluationError> {
+    let share = plan.micro_batches_at(1).clamp(1, MAX_BATCH);
+    let mut search = |low: u64, high: u64| {
+        let found = max_batch_that_fits(high - low + 1, capacity, overheads, |k| {
+            step_of(low + k - 1).map(|s| s.peak_bytes)
+        })?;
+        Ok::<_, EvaluationError>(match found {
+            MaxBatch::Fits(k) => MaxBatch::Fits(low + k - 1),
+            none => none,
+        })
+    };
+    let above = search(share, MAX_BATCH)?;
+    if share == 1 {
+        return Ok((above, None));
+    }
+    let below = search(1, share - 1)?;
+    Ok(match (above, below) {
+        (MaxBatch::Fits(_), MaxBatch::Fits(b)) => (above, Some(b)),
+        (MaxBatch::Fits(_), MaxBatch::NoneFits(_)) => (above, Some(0)),
+        (MaxBatch::NoneFits(_), _) => (below, None),
     })
 }
 

@@ -686,6 +686,20 @@ impl PlanInputs {
             .saturating_mul(self.pipeline_parallel.max(1))
     }
 
+    /// Forward and backward passes per optimizer step at `batch` samples per GPU: as many
+    /// as reach the global batch over the data-parallel GPUs (gradient accumulation), 1
+    /// without a global batch. A pipeline's schedule runs its own micro-batches
+    /// ([`Self::microbatches`]), so it accumulates nothing more here.
+    #[must_use]
+    pub fn micro_batches_at(&self, batch: u64) -> u64 {
+        match self.global_batch {
+            Some(global) if self.pipeline_parallel <= 1 && batch > 0 => {
+                global.div_ceil(self.num_gpus.max(1)).div_ceil(batch).max(1)
+            }
+            _ => 1,
+        }
+    }
+
     /// Every GPU of the job.
     #[must_use]
     pub fn total_gpus(&self) -> u64 {

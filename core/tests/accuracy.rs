@@ -145,6 +145,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             padding: c["padding"].as_bool().unwrap_or(false),
             optimizer_in_backward: c["optimizer_in_bwd"].as_bool().unwrap_or(false),
             activation_offload: c["activation_offload"].as_bool().unwrap_or(false),
+            micro_batches: c["micro_batches"].as_u64().unwrap_or(1),
         };
         let est = match estimate_peak_with(&arch, &step, peft.as_ref()) {
             Ok(e) => e,
@@ -160,8 +161,13 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
         out.push(Row {
             family: arch.family().label(),
             name: format!(
-                "{model} b{} s{seq}{} {} {} {}{}{}{}",
+                "{model} b{}{} s{seq}{} {} {} {}{}{}{}",
                 step.batch,
+                if step.micro_batches > 1 {
+                    format!(" x{} micro-batches", step.micro_batches)
+                } else {
+                    String::new()
+                },
                 trainer_settings(&step, c["gc_reentrant"].as_bool().unwrap_or(false)),
                 precision.key(),
                 match step.optimizer_impl {
@@ -256,7 +262,7 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
 /// for the first families, and the rows of the dense and mixture-of-experts families read
 /// since.
-const FIXTURE_FILES: [&str; 8] = [
+const FIXTURE_FILES: [&str; 9] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
@@ -265,6 +271,7 @@ const FIXTURE_FILES: [&str; 8] = [
     "trainers-measured.jsonl",
     "variants-measured.jsonl",
     "compile-inductor-measured.jsonl",
+    "accumulation-measured.jsonl",
 ];
 
 /// Steps under `torch.compile` (`validation/COMPILE.md`), each beside its eager row.
@@ -473,6 +480,7 @@ proptest! {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
         };
         if let Ok(e) = estimate_peak(&arch, &step) {
             prop_assert!(e.peak_bytes >= e.at_peak.parameters);
@@ -570,6 +578,7 @@ fn rl_rows() -> Vec<RlRow> {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
         };
         let est = estimate_objective(&arch, &step, peft.as_ref(), &Mesh::SINGLE, &objective, None)
             .unwrap_or_else(|e| panic!("{model}: {e}"));
@@ -766,6 +775,7 @@ fn vlm_rows() -> Vec<VlmRow> {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
         };
         let est = estimate_vlm(&arch, &step, peft.as_ref(), &images)
             .unwrap_or_else(|e| panic!("{model}: {e}"));

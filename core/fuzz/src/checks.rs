@@ -230,6 +230,7 @@ pub fn check_config(data: &[u8]) {
             padding: p % 3 == 1,
             optimizer_in_backward: p % 4 == 1,
             activation_offload: p % 6 == 1,
+            micro_batches: 1,
         };
         #[cfg(feature = "vision")]
         if arch.is_vision_language() {

@@ -77,6 +77,8 @@ pub enum EstimateError {
     MeshUnsupported(&'static str),
     /// DPO or GRPO settings that do not go together (or a model they do not train).
     ObjectiveUnsupported(&'static str),
+    /// Step settings that do not go together (a trainer refuses them).
+    StepUnsupported(&'static str),
     /// Images for a text-only model, or images a processor cannot take.
     #[cfg(feature = "vision")]
     ImagesInvalid(&'static str),
@@ -108,9 +110,9 @@ impl fmt::Display for EstimateError {
                 f,
                 "the model's {count} {what} do not split evenly over {group} tensor-parallel GPUs"
             ),
-            EstimateError::MeshUnsupported(why) | EstimateError::ObjectiveUnsupported(why) => {
-                write!(f, "{why}")
-            }
+            EstimateError::MeshUnsupported(why)
+            | EstimateError::ObjectiveUnsupported(why)
+            | EstimateError::StepUnsupported(why) => write!(f, "{why}"),
             #[cfg(feature = "vision")]
             EstimateError::ImagesInvalid(why) => write!(f, "{why}"),
         }

@@ -50,6 +50,11 @@ pub struct TrainingStep {
     /// their copy is done; backward brings back one layer's while the next is prefetched.
     /// The output layer and the loss are not offloaded.
     pub activation_offload: bool,
+    /// Gradient accumulation: forward and backward passes per optimizer step (1: none).
+    /// From the second on, every trained parameter's gradient is alive through the forward
+    /// and the backward (accumulated into in place, freed by the step's `zero_grad`), and
+    /// each new gradient is a transient added into it.
+    pub micro_batches: u64,
 }
 
 /// torchtune's `max_fwd_stash_size`: offloaded tensors kept on the GPU until their copy ends.
@@ -423,6 +428,13 @@ fn estimate_on(
     if step.seq_len == 0 {
         return Err(EstimateError::ZeroSeqLen);
     }
+    if step.micro_batches > 1 && step.optimizer_in_backward && step.optimizer.trains() {
+        // torchtune's recipes raise: a parameter stepped in its gradient hook has no
+        // gradient left to accumulate into
+        return Err(EstimateError::StepUnsupported(
+            "torchtune's optimizer in backward runs without gradient accumulation",
+        ));
+    }
     let seq = if arch.is_vision() {
         if step.seq_len != arch.image_size() {
             return Err(EstimateError::ImageSizeMismatch {
@@ -783,6 +795,7 @@ fn estimate_on(
                     states,
                     temporaries: (temporaries, temporary_kind),
                     trains,
+                    micro_batches: step.micro_batches,
                 },
             ))
         }
@@ -1448,9 +1461,13 @@ fn estimate_on(
         ..base
     };
     // after the first micro-batch's backward, a 1F1B pipeline's gradients accumulate through
-    // every later forward and backward
-    let accumulating = matches!(mesh.stage,
-        Some(s) if s.schedule != PipelineSchedule::Gpipe && s.microbatches > 1);
+    // every later forward and backward; so do those of gradient accumulation (no
+    // `zero_grad` between micro-batches: the second one's forward and backward run with
+    // every gradient alive, its new gradients added into them in place)
+    let accumulating = trains
+        && (step.micro_batches > 1
+            || matches!(mesh.stage,
+                Some(s) if s.schedule != PipelineSchedule::Gpipe && s.microbatches > 1));
     let accumulated = |c: CategoryBytes| {
         if accumulating {
             CategoryBytes {
@@ -1691,6 +1708,7 @@ mod tests {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
         }
     }
 

@@ -114,6 +114,7 @@ mod tests {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            micro_batches: 1,
         };
         let images = crate::VisionInputs::new(2, 1344, 896);
         let direct = crate::estimate_vlm(&arch, &step, None, &images).unwrap();
