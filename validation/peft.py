@@ -528,8 +528,8 @@ def measure(o):
         meter.track_external(model, ids)
         meter.track_external(opt)
         with meter:
-            step = H.measured_step(meter, fwd, opt, True, amp, on_phase=on_phase,
-                                   optimizer_step=optimizer_step)
+            step = H.measured_step(meter, fwd, opt, True, amp, micro_batches=o.micro_batches,
+                                   on_phase=on_phase, optimizer_step=optimizer_step)
 
     lora, qlora = o.method != "full", o.method == "qlora"
     gc = {"none": False, "full": True, "offload": "offload"}[o.gc]
@@ -537,7 +537,8 @@ def measure(o):
         o.model_name, o.batch, o.seq, o.precision, o.optimizer, o.attn, gc, opt_impl,
         method=o.method, **{k: getattr(o, k) if lora else None for k in LORA_KEYS},
         quant=o.quant if qlora else None, double_quant=bool(o.double_quant) if qlora else False,
-        kbit_prepare=bool(o.kbit_prepare), compute_dtype="bf16" if qlora else None)
+        kbit_prepare=bool(o.kbit_prepare), compute_dtype="bf16" if qlora else None,
+        **({"micro_batches": o.micro_batches} if o.micro_batches > 1 else {}))
     config["gc"] = gc  # "offload" too
     row = H.step_row(
         config, H.versions(("peft", "peft"), ("bitsandbytes", "bitsandbytes")), logical_params(model), step,
@@ -597,6 +598,9 @@ def parser():
     ap.add_argument("--optimizer", default="adamw",
                     choices=["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "adafactor-hf"])
     ap.add_argument("--gc", choices=["none", "full", "offload"], default="none")
+    ap.add_argument("--micro-batches", type=int, default=1,
+                    help="gradient accumulation: forward + backward this many times, then one optimizer "
+                    "step (written to config.micro_batches when > 1)")
     H.add_run_args(ap)
     ap.add_argument("--keep-kernel-log", action="store_true")
     ap.add_argument("--dump", help="write the saved-tensor dump (JSON, + .txt) here instead of a row")
@@ -606,7 +610,7 @@ def parser():
 
 GRID_FLAGS = {"model": "--model-name", **{k: "--" + k.replace("_", "-") for k in (
     "batch", "seq", "precision", "attn", "method", "optimizer", "gc", *LORA_KEYS, "quant", "double_quant",
-    "kbit_prepare")}}
+    "kbit_prepare", "micro_batches")}}
 GC_FLAG = {False: "none", True: "full", "offload": "offload"}
 
 

@@ -25,7 +25,15 @@ FIXTURES = os.path.join(HERE, "..", "core", "tests", "fixtures")
 IGNORED = {"time_s", "versions"}
 
 
+def has_config(model):
+    sys.path.insert(0, HERE)
+    from harness.grid import CONFIG_DIRS
+    return any(os.path.exists(os.path.join(d, model + ".json")) for d in CONFIG_DIRS)
+
+
 def _is_moe(c):
+    if not has_config(c["model"]):
+        return False
     sys.path.insert(0, HERE)
     from harness.grid import config_path
     with open(config_path(c["model"])) as f:
@@ -94,6 +102,9 @@ def main(argv=None):
             row = rows[i]
             c = row["config"]
             if (a.only and a.only not in c["model"]) or c["model"] in skip:
+                continue
+            if recipe_of(c) == "measure.py" and not has_config(c["model"]):
+                print(f"  [{i}] {c['model']}: skipped (no config.json: a torchvision model, not this harness's)")
                 continue
             t0 = time.time()
             m, err = measure_again(row, a.python)
