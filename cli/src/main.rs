@@ -521,6 +521,9 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
         "query": estimator_core::encode_query(state),
     });
     out["trainable_params"] = e.step.trainable_params.into();
+    // forward and backward passes of the step shown (gradient accumulation to the global
+    // batch): from the second on, every gradient is alive through them
+    out["micro_batches"] = e.plan.micro_batches_at(e.batch).into();
     if let Some(p) = e.step.objective_phases {
         out["phases"] = serde_json::json!({
             "generation": p.generation_bytes,
@@ -687,6 +690,13 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
                 format_bytes(v.bytes_missing(), unit)
             ));
         }
+    }
+    let passes = e.plan.micro_batches_at(e.batch);
+    if passes > 1 && e.step.trainable_params > 0 {
+        out.push_str(&format!(
+            "passes            {passes} of {} per GPU (accumulation: every gradient alive from the second on)\n",
+            e.batch
+        ));
     }
     match e.max_batch {
         Some(MaxBatch::Fits(b)) => out.push_str(&format!("largest batch     {b}\n")),

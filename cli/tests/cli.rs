@@ -1382,3 +1382,45 @@ fn hub_reads_a_vision_language_model_s_preprocessor() {
     assert_eq!(stderr, "");
     assert_eq!(without, 48 * 32);
 }
+
+/// The example: Llama 3.2 1B at batch 1 with a global batch of 8 runs 8 passes, and
+/// from the second on its bf16 gradients (2.47 GB) are alive through the forward and the
+/// backward. Measured with PyTorch: 16,633,940,992 bytes at 2 passes
+/// (`core/tests/fixtures/accumulation-measured.jsonl`), 14,162,312,192 without accumulation.
+#[test]
+fn accumulation_keeps_every_gradient_alive() {
+    let base = [
+        "--preset",
+        "llama3.2-1b",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+        "--precision",
+        "bf16",
+        "--optimizer",
+        "adamw",
+        "--optimizer-impl",
+        "fused",
+        "--gpu",
+        "h100-80",
+        "--json",
+    ];
+    let alone = json_of(&base, &[]);
+    assert_eq!(alone["micro_batches"], 1);
+    let accumulated = json_of(&base, &["--global-batch", "8"]);
+    assert_eq!(accumulated["micro_batches"], 8);
+    let (a, b) = (
+        alone["peak_bytes"].as_u64().unwrap(),
+        accumulated["peak_bytes"].as_u64().unwrap(),
+    );
+    assert!((b - a).abs_diff(2_471_628_800) < 1_000_000, "{a} -> {b}");
+    let error = (b as f64 - 16_633_940_992.0).abs() / 16_633_940_992.0;
+    assert!(error < 0.01, "{b}");
+    let (code, stdout, _) = memest(&with(&base[..base.len() - 1], &["--global-batch", "8"]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("passes            8 of 1 per GPU"),
+        "{stdout}"
+    );
+}

@@ -147,6 +147,23 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
         }
         None => {}
     }
+    // the step shown: the typed batch, in as many passes as the global batch needs
+    let passes = e.plan.micro_batches_at(e.batch);
+    if passes > 1 && e.step.trainable_params > 0 {
+        m.el(
+            "p",
+            &[
+                ("data-testid", "accumulation-passes"),
+                ("data-passes", &passes.to_string()),
+            ],
+            &format!(
+                "These figures are a batch of {} per GPU in {passes} accumulation passes: from \
+                 the second pass on, every gradient stays alive through the forward and the \
+                 backward (added into, freed by the optimizer step).",
+                e.batch
+            ),
+        );
+    }
     if let Some(p) = e.accumulation {
         let reached = p.global_batch();
         let target = e.plan.global_batch.unwrap_or(reached);
