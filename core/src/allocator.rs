@@ -15,11 +15,17 @@
 //! * One device, one stream. The real allocator keeps a pool per stream (blocks compare by
 //!   stream first in `BlockComparatorSize`) and a private pool per CUDA graph; a training
 //!   step on the default stream touches one, so the stream is left out.
-//! * An infinite device: `cudaMalloc` and `cuMemCreate` never fail (short of exhausting
-//!   the emulated 2^64 bytes of address space, 16 EiB), so the OOM path
-//!   (`release_available_cached_blocks`, `release_cached_blocks`, the retry in `malloc`) and
-//!   `empty_cache` never run. Nothing is ever handed back to the driver: reserved bytes only
-//!   grow, as `max_memory_reserved()` reports on a device large enough for the workload.
+//! * An infinite device by default: `cudaMalloc` and `cuMemCreate` never fail (short of
+//!   exhausting the emulated 2^64 bytes of address space, 16 EiB), nothing is ever handed
+//!   back to the driver, and reserved bytes only grow, as `max_memory_reserved()` reports on
+//!   a device large enough for the workload. With a [capacity](CachingAllocator::set_capacity)
+//!   (what `cudaMalloc` can hand out), the default mode runs the OOM path of `malloc`:
+//!   `release_available_cached_blocks` does nothing at the default `max_split_size`, then
+//!   `release_cached_blocks` hands every cached block that is a whole segment back
+//!   (`release_blocks`: `!block->prev && !block->next`) and `alloc_block` is retried; a
+//!   request that still does not fit is an out-of-memory error. Expandable segments would
+//!   unmap their free pages there (`unmap_block`): not modelled, so their device stays
+//!   infinite. `empty_cache` never runs.
 //! * No cross-stream uses (`record_stream`), so a freed block is free at once
 //!   (`free` calls `free_block` when `stream_uses` is empty).
 //!
@@ -370,6 +376,11 @@ pub struct CachingAllocator {
     reserved: u64,
     peak_allocated: u64,
     peak_reserved: u64,
+    /// What `cudaMalloc` can hand out (`u64::MAX`: an infinite device).
+    capacity: u64,
+    /// A request failed after the cached segments were released (the step runs out of
+    /// memory); the replay goes on as if the device were larger.
+    out_of_memory: bool,
 }
 
 impl CachingAllocator {
@@ -387,7 +398,24 @@ impl CachingAllocator {
             reserved: 0,
             peak_allocated: 0,
             peak_reserved: 0,
+            capacity: u64::MAX,
+            out_of_memory: false,
         }
+    }
+
+    /// Lets `cudaMalloc` hand out at most `bytes` in all (the device less the CUDA context
+    /// and whatever lives outside the allocator), so that a cache miss that would pass it
+    /// first releases the cached segments, as a real device does before it raises an
+    /// out-of-memory error. Default mode only (see the module documentation).
+    pub fn set_capacity(&mut self, bytes: u64) {
+        self.capacity = bytes;
+    }
+
+    /// Whether a request could not be met within the [capacity](Self::set_capacity) even
+    /// after the cached segments were released.
+    #[must_use]
+    pub const fn out_of_memory(&self) -> bool {
+        self.out_of_memory
     }
 
     /// Makes this allocator as [`new`](Self::new) would, keeping the memory of its
@@ -406,6 +434,8 @@ impl CachingAllocator {
         self.reserved = 0;
         self.peak_allocated = 0;
         self.peak_reserved = 0;
+        self.capacity = u64::MAX;
+        self.out_of_memory = false;
     }
 
     /// The mode this allocator emulates.
@@ -607,6 +637,13 @@ impl CachingAllocator {
             return self.try_allocate_expandable_block(pool, size);
         }
         let alloc_size = get_allocation_size(size);
+        // `malloc`'s retry: release the whole cached segments, then try again
+        if self.reserved.saturating_add(alloc_size) > self.capacity {
+            self.release_cached_blocks();
+            if self.reserved.saturating_add(alloc_size) > self.capacity {
+                self.out_of_memory = true;
+            }
+        }
         let addr = self.next_addr;
         // The emulated device has 2^64 bytes of address space; past it `cudaMalloc` fails.
         self.next_addr = addr.checked_add(alloc_size)?;
@@ -624,6 +661,27 @@ impl CachingAllocator {
         });
         self.grow_reserved(alloc_size);
         Some(slot)
+    }
+
+    /// `release_cached_blocks` in the default mode: every cached block that is a whole
+    /// segment (`release_blocks`: no `prev`, no `next`) goes back to the driver.
+    fn release_cached_blocks(&mut self) {
+        for kind in [PoolKind::Large, PoolKind::Small] {
+            let whole: Vec<(Key, usize)> = self
+                .pool(kind)
+                .blocks
+                .values()
+                .filter_map(|&slot| {
+                    let b = &self.blocks.as_slice()[slot];
+                    (b.prev == NIL && b.next == NIL).then_some((size_key(b.size, b.addr), slot))
+                })
+                .collect();
+            for (key, slot) in whole {
+                self.pool_mut(kind).blocks.remove(key);
+                self.reserved = self.reserved.saturating_sub(key.size);
+                self.delete_block(slot);
+            }
+        }
     }
 
     /// `should_split`: whether the rest of `block` after `size` bytes goes back to the pool.
@@ -1109,6 +1167,30 @@ mod tests {
         for &(name, mode, ops, expect) in cases {
             check(name, mode, ops, expect);
         }
+    }
+
+    #[test]
+    fn a_device_releases_its_cached_segments_before_running_out() {
+        const MIB: u64 = 1 << 20;
+        let mut a = CachingAllocator::new(AllocatorMode::Default);
+        a.set_capacity(100 * MIB);
+        let first = a.malloc(60 * MIB);
+        a.free(first);
+        assert_eq!(a.reserved(), 60 * MIB);
+        // 60 + 70 MiB would pass the capacity: the cached 60 MiB segment goes back first
+        let second = a.malloc(70 * MIB);
+        assert_eq!((a.reserved(), a.out_of_memory()), (70 * MIB, false));
+        // nothing cached is left to release: 70 + 40 MiB does not fit
+        let third = a.malloc(40 * MIB);
+        assert!(a.out_of_memory());
+        a.free(second);
+        a.free(third);
+        // an infinite device never releases: 60 + 70 MiB reserved
+        let mut b = CachingAllocator::new(AllocatorMode::Default);
+        let first = b.malloc(60 * MIB);
+        b.free(first);
+        b.malloc(70 * MIB);
+        assert_eq!((b.reserved(), b.out_of_memory()), (130 * MIB, false));
     }
 
     #[test]

@@ -1234,8 +1234,23 @@ pub(crate) fn resolve_reserve(
         // typed one)
         return None;
     };
-    let step = TrainingStep { batch, ..*step };
+    let step = TrainingStep {
+        batch,
+        micro_batches: plan.micro_batches_at(batch),
+        ..*step
+    };
     let mesh = mesh_of(plan);
+    // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
+    // its cached segments before it gives up, so a step that fits reserves less there than
+    // on a device as large as it likes.
+    let capacity = plan.capacity_bytes.map(|c| {
+        let o = &plan.overheads;
+        fit_verdict(0, c, o)
+            .usable_bytes
+            .saturating_sub(o.cuda_context_bytes)
+            .saturating_sub(o.communication_bytes)
+            .saturating_sub(o.outside_allocator_bytes)
+    });
     let key = {
         use std::hash::{Hash, Hasher};
         // (Fx, not SipHash: the advisor's maps already bring it, and SipHash would be a
@@ -1247,6 +1262,7 @@ pub(crate) fn resolve_reserve(
             peft,
             mesh,
             plan.allocator,
+            capacity,
             objective,
         )
             .hash(&mut h);
@@ -1261,16 +1277,27 @@ pub(crate) fn resolve_reserve(
     let replay = match cached {
         Some(replay) => replay,
         None => {
-            let replay = crate::estimate_objective(
-                &model.arch,
-                &step,
-                peft.as_ref(),
-                &mesh,
-                objective,
-                Some(plan.allocator),
-            )
-            .ok()
-            .and_then(|e| e.allocator);
+            let on = |capacity| {
+                crate::estimate_objective(
+                    &model.arch,
+                    &step,
+                    peft.as_ref(),
+                    &mesh,
+                    objective,
+                    Some(crate::ReplayDevice {
+                        mode: plan.allocator,
+                        capacity,
+                    }),
+                )
+                .ok()
+                .and_then(|e| e.allocator)
+            };
+            // a step that runs out of memory on the GPU: how much more it needs comes from a
+            // device large enough for it
+            let replay = match on(capacity) {
+                Some(r) if r.out_of_memory => on(None),
+                r => r,
+            };
             REPLAYS.with(|r| {
                 let mut r = r.borrow_mut();
                 if r.len() >= MAX_CACHED_REPLAYS {

@@ -68,8 +68,8 @@ pub use arch::{
     parse_hf_config, AllocatorPeaks, Architecture, AttentionKernel, BackwardMoment, CategoryBytes,
     Checkpointing, Compile, ConfigError, EstimateError, Generator, LoraTargets, LossKind, Mesh,
     Method, ModelFamily, Objective, ObjectiveKind, ObjectivePhases, ParameterUnits, PeakEstimate,
-    Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, Reference, SavedPart, Stage,
-    StepPhase, TargetsError, TpPlan, TrainingStep,
+    Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4, Reference, ReplayDevice,
+    SavedPart, Stage, StepPhase, TargetsError, TpPlan, TrainingStep,
 };
 #[cfg(feature = "vision")]
 pub use arch::{

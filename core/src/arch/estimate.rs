@@ -10,7 +10,7 @@ use super::ops::{
 };
 use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
 use super::recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
-use super::replay::{replay, AllocatorPeaks, StepAllocations, StepTemporaries};
+use super::replay::{replay, AllocatorPeaks, ReplayDevice, StepAllocations, StepTemporaries};
 use super::shape::StepShape;
 use crate::allocator::AllocatorMode;
 use crate::{Optimizer, OptimizerImpl};
@@ -289,7 +289,7 @@ pub fn estimate_rank_replayed(
         peft,
         mesh,
         TrainerTape {
-            replay: Some(mode),
+            replay: Some(mode.into()),
             ..TrainerTape::default()
         },
     )
@@ -299,8 +299,8 @@ pub fn estimate_rank_replayed(
 /// trainer's own step adds to the tape (DPO's and GRPO's).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct TrainerTape {
-    /// Replay the step's allocations through the caching allocator in this mode.
-    pub replay: Option<AllocatorMode>,
+    /// Replay the step's allocations through the caching allocator on this device.
+    pub replay: Option<ReplayDevice>,
     /// Tokens per row the loss scores when not all of them (the completions).
     pub scored_per_row: Option<u64>,
     /// The trainer runs the forward under its own bf16 autocast (TRL's `bf16=True`) even on
@@ -671,7 +671,7 @@ fn estimate_on(
     buffers = add(buffers, input)?;
     let acts = spec.forward(&shape, &groups)?;
     let allocations = match replay_mode {
-        Some(mode) => {
+        Some(device) => {
             let layers = group_of
                 .iter()
                 .filter_map(|&g| acts.per_group_log.get(g).map(Vec::as_slice))
@@ -750,7 +750,7 @@ fn estimate_on(
             let trains = step.optimizer.trains();
             let full = peft.is_none() && trains;
             Some((
-                mode,
+                device,
                 StepAllocations {
                     persistent,
                     input,
@@ -801,7 +801,7 @@ fn estimate_on(
         }
         None => None,
     };
-    let allocator = allocations.map(|(mode, s)| replay(&s, mode));
+    let allocator = allocations.map(|(device, s)| replay(&s, device));
     let cast = |e: &[u64]| -> Res<u64> {
         if p.autocast() {
             sum_storages(e, 2)

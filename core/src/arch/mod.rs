@@ -110,8 +110,8 @@ pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
 pub use recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
-pub use replay::AllocatorPeaks;
 pub(crate) use replay::STEADY_PASSES;
+pub use replay::{AllocatorPeaks, ReplayDevice};
 #[cfg(feature = "vision")]
 pub use vision::{ImageLayout, VisionInputs, VlmKind, MAX_IMAGES, MAX_IMAGE_SIDE};
 #[cfg(feature = "vision")]

@@ -21,7 +21,7 @@ use super::loss::{TRL_FUSED_TOKENS, TRL_FUSED_VOCAB};
 use super::mesh::Mesh;
 use super::peft::Peft;
 use super::recipe::{LossKind, PrecisionRecipe};
-use crate::AllocatorMode;
+use super::replay::ReplayDevice;
 
 /// What the step trains for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -237,7 +237,7 @@ pub fn estimate_objective(
     peft: Option<&Peft>,
     mesh: &Mesh,
     objective: &Objective,
-    replay: Option<AllocatorMode>,
+    replay: Option<ReplayDevice>,
 ) -> Result<PeakEstimate, EstimateError> {
     if objective.kind == ObjectiveKind::Sft {
         return rank_step(
@@ -337,7 +337,7 @@ impl<'a> Ctx<'a> {
         &self,
         batch: u64,
         o: &Objective,
-        replay: Option<AllocatorMode>,
+        replay: Option<ReplayDevice>,
     ) -> Res<PeakEstimate> {
         let step = TrainingStep {
             batch,
@@ -466,7 +466,7 @@ fn st(elems: u64, bytes: u64) -> u64 {
 
 /// DPO: `[chosen; rejected]` in one forward of twice the batch; the reference's forward
 /// under `no_grad` on top of everything the policy's forward saved.
-fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakEstimate> {
+fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<ReplayDevice>) -> Res<PeakEstimate> {
     let rows = ctx.step.batch.saturating_mul(2);
     let seq = o.seq_len();
     let mut e = ctx.training(rows, o, replay)?;
@@ -514,7 +514,7 @@ fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakE
 /// GRPO: the generation batch of `prompts x generations` sequences generated, scored when
 /// the old policy's or the reference's log-probabilities are needed, then trained on in
 /// micro-batches.
-fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<AllocatorMode>) -> Res<PeakEstimate> {
+fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<ReplayDevice>) -> Res<PeakEstimate> {
     let generations = o.generations.max(1);
     let sequences = ctx.step.batch.saturating_mul(generations);
     let split = o.steps_per_generation.max(1);

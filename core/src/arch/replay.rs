@@ -88,6 +88,30 @@ pub struct AllocatorPeaks {
     pub allocated_bytes: u64,
     /// `max_memory_reserved` over the replay.
     pub reserved_bytes: u64,
+    /// On a device of a given capacity ([`ReplayDevice`]): a request did not fit even after
+    /// the allocator handed its cached segments back.
+    pub out_of_memory: bool,
+}
+
+/// Where a step's allocations are replayed: the caching allocator's configuration, and
+/// what `cudaMalloc` can hand out on the device (`None`: as much as the step asks for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReplayDevice {
+    /// The allocator's configuration.
+    pub mode: AllocatorMode,
+    /// Bytes `cudaMalloc` can hand out: the GPU less the CUDA context, NCCL's buffers and
+    /// the safety margin. Near it the allocator releases its cached segments before it gives
+    /// up, so the reserve a step needs there is smaller than on a larger device.
+    pub capacity: Option<u64>,
+}
+
+impl From<AllocatorMode> for ReplayDevice {
+    fn from(mode: AllocatorMode) -> Self {
+        ReplayDevice {
+            mode,
+            capacity: None,
+        }
+    }
 }
 
 impl AllocatorPeaks {
@@ -177,20 +201,24 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Replays two steps of `s` through a caching allocator in `mode`.
+/// Replays two steps of `s` through a caching allocator on `device`.
 #[must_use]
-pub(crate) fn replay(s: &StepAllocations<'_>, mode: AllocatorMode) -> AllocatorPeaks {
+pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> AllocatorPeaks {
     let (mut a, mut scratch) = match SPARE.with(|spare| spare.borrow_mut().take()) {
         Some((mut a, scratch)) => {
-            a.reset(mode);
+            a.reset(device.mode);
             (a, scratch)
         }
-        None => (CachingAllocator::new(mode), Scratch::default()),
+        None => (CachingAllocator::new(device.mode), Scratch::default()),
     };
+    if let Some(capacity) = device.capacity {
+        a.set_capacity(capacity);
+    }
     replay_with(&mut a, &mut scratch, s);
     let peaks = AllocatorPeaks {
         allocated_bytes: a.peak_allocated(),
         reserved_bytes: a.peak_reserved(),
+        out_of_memory: a.out_of_memory(),
     };
     SPARE.with(|spare| *spare.borrow_mut() = Some((a, scratch)));
     peaks
