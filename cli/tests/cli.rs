@@ -903,6 +903,46 @@ fn dpo_and_grpo_report_their_phases() {
     assert!(err.contains("expected one of sft, dpo, grpo"), "{err}");
 }
 
+/// DPO and GRPO train on the prompt and the completion: `--seq` beside them was ignored
+/// without a word, and is refused, as the prompt and completion flags are without them.
+#[test]
+fn the_sequence_of_dpo_and_grpo_is_the_prompt_and_the_completion() {
+    for (args, message) in [
+        (
+            &["--objective", "dpo", "--seq", "2048"][..],
+            "memest: --seq does not apply to --objective dpo: its sequences are --max-prompt + --max-completion tokens (512 + 512 now)",
+        ),
+        (
+            &["--trainer", "trl-grpo", "--max-completion", "1024", "--seq", "2048"][..],
+            "memest: --seq does not apply to --objective grpo: its sequences are --max-prompt + --max-completion tokens (512 + 1024 now)",
+        ),
+        (
+            &["--max-prompt", "256"][..],
+            "memest: --max-prompt needs --objective dpo or grpo",
+        ),
+        (
+            &["--objective", "dpo", "--optimizer", "none", "--max-completion", "64"][..],
+            "memest: --max-completion needs --objective dpo or grpo",
+        ),
+    ] {
+        refused_on_llama(args, message);
+    }
+    // the prompt and completion flags decide
+    let base = [
+        "--preset",
+        "qwen3-0.6b",
+        "--batch",
+        "1",
+        "--objective",
+        "dpo",
+        "--json",
+    ];
+    let peak = |extra: &[&str]| json_of(&base, extra)["peak_bytes"].as_u64().unwrap();
+    let short = peak(&[]);
+    let long = peak(&["--max-prompt", "1536", "--max-completion", "512"]);
+    assert!(long > short, "{long} {short}");
+}
+
 /// A measured vision-language config (`validation/configs/`).
 fn vlm_config(name: &str) -> String {
     format!(
