@@ -42,7 +42,7 @@ step:
                         HF Trainer's and TRL's default), foreach (torch.optim's default:
                         AdamW allocates a parameter-sized temporary; the default here
                         without --trainer), forloop (two temporaries of the largest
-                        tensor)
+                        tensor); refused with the other optimizers, which run their own
   --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
   --checkpointing C     none, full, offload (layer inputs in CPU memory), every:N
                         (N from 2 to 8: layers N-1, 2N-1, ... as torchtitan and
@@ -438,6 +438,14 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     if let Some(flag) = given(&["--max-prompt", "--max-completion"]).filter(|_| !rl) {
         return Err(format!(
             "{flag} needs --objective dpo or grpo (and an optimizer): supervised fine-tuning's sequence is --seq"
+        ));
+    }
+    if let Some(why) =
+        given(&["--optimizer-impl"]).and(state.step.optimizer.ignores_implementation())
+    {
+        return Err(format!(
+            "--optimizer-impl applies to torch.optim's AdamW and SGD (--optimizer adamw, sgd, sgd-momentum), not {}: {why}",
+            state.step.optimizer.key()
         ));
     }
     if given(&["--weight-format"]).is_some() && state.step.optimizer.trains() {

@@ -739,6 +739,41 @@ fn the_optimizer_implementation_follows_the_trainer() {
     let (code, _, stderr) = memest(&with(&base, &["--optimizer-impl", "apex"]));
     assert_eq!(code, 2);
     assert!(stderr.contains("fused, foreach, forloop"), "{stderr}");
+    // the optimizers that run their own kernels say that the choice means nothing for them
+    // (a trainer's default kernel, not typed, stays quiet)
+    for (optimizer, why) in [
+        (
+            "adamw8bit",
+            "bitsandbytes steps each parameter with its own 8-bit kernel",
+        ),
+        (
+            "paged-adamw8bit",
+            "bitsandbytes steps each parameter with its own 8-bit kernel",
+        ),
+        (
+            "adafactor",
+            "torch.optim.Adafactor has no fused kernel and is estimated as its default, one tensor at a time (foreach=None)",
+        ),
+        (
+            "adafactor-hf",
+            "transformers' Adafactor steps one tensor at a time",
+        ),
+        ("none", "inference runs no optimizer"),
+    ] {
+        refused_on_llama(
+            &["--optimizer", optimizer, "--optimizer-impl", "fused"],
+            &format!("memest: --optimizer-impl applies to torch.optim's AdamW and SGD (--optimizer adamw, sgd, sgd-momentum), not {optimizer}: {why}"),
+        );
+    }
+    let bnb = json_of(&base, &["--trainer", "hf", "--optimizer", "adamw8bit"]);
+    assert!(
+        bnb["query"].as_str().unwrap().contains("o=adamw8bit"),
+        "{bnb}"
+    );
+    json_of(
+        &base,
+        &["--optimizer", "sgd", "--optimizer-impl", "forloop"],
+    );
 }
 
 /// `--compile` sets the page's `comp`: per block and whole model keep less than eager on

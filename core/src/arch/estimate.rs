@@ -1891,6 +1891,21 @@ mod tests {
             };
             assert_eq!(peak(preset, s).phase_peaks[2].1.temporaries, 0, "{i:?}");
         }
+        // the optimizers that say they ignore the choice are estimated alike whatever it is
+        for o in Optimizer::ALL
+            .into_iter()
+            .filter(|o| o.trains() && o.ignores_implementation().is_some())
+        {
+            let [fused, foreach, forloop] = OptimizerImpl::ALL.map(|i| {
+                let s = TrainingStep {
+                    optimizer_impl: i,
+                    ..step(1, 128, PrecisionRecipe::Bf16, o)
+                };
+                let e = peak(preset, s);
+                (e.peak_bytes, e.phase_peaks)
+            });
+            assert!(fused == foreach && foreach == forloop, "{o:?}");
+        }
     }
 
     #[test]
