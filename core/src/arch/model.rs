@@ -1012,6 +1012,12 @@ impl ModelSpec {
     }
     /// Parameters whose gradients exist once backward reaches the last layer: the head (and
     /// a tied embedding), the final norm, and the last layer's output matmul.
+    /// Elements of a tied matrix's head share among [`Self::head_gradient_tensors`]: a causal
+    /// LM's head tied to its embeddings (one parameter, two uses).
+    pub fn tied_head_matrix(&self) -> Option<u64> {
+        (self.tied && self.embeds && self.heads && matches!(self.head, Head::CausalLm { .. }))
+            .then(|| self.vocab() * self.token_width())
+    }
     pub fn head_gradient_tensors(&self) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
         let mut t = if self.heads {
@@ -1019,9 +1025,7 @@ impl ModelSpec {
         } else {
             Vec::new()
         };
-        if self.tied && self.embeds && self.heads && matches!(self.head, Head::CausalLm { .. }) {
-            t.push(v * self.token_width());
-        }
+        t.extend(self.tied_head_matrix());
         if self.head == Head::MaskedLm {
             t.push(v * h); // the tied decoder
         }
