@@ -775,7 +775,19 @@ fn build(state: &PageState) -> Builder<'_> {
     b.when(Shown::Simple, &|b| b.fields(ACTIVATION_MB));
     b.when(Shown::Architecture, &|b| {
         b.fold(Fold::Step, &|b| {
-            b.when(Shown::Training, &|b| b.fields(OPTIMIZER_IMPL));
+            b.when(Shown::Training, &|b| {
+                b.fields(OPTIMIZER_IMPL);
+                // why the kernel means nothing for the optimizer chosen, if it does not
+                b.m.el(
+                    "p",
+                    &[
+                        ("class", "hint"),
+                        ("id", "optimizer-impl-note"),
+                        ("data-testid", "optimizer-impl-note"),
+                    ],
+                    "",
+                );
+            });
             b.fields(KERNEL);
             b.when(Shown::Training, &|b| b.fields(COMPILE));
             b.when(Shown::Training, &|b| b.fields(TRAINER));
@@ -931,9 +943,23 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
     let fold_states = StoredValue::new(vec![None::<(bool, String)>; folds.len()]);
     let defaults = StoredValue::new(Defaults::new());
     let mode = StoredValue::new(None::<Mode>);
+    let kernel_note = StoredValue::new(None::<Option<&'static str>>);
     watch(move || {
         let Some(form) = form.get() else { return };
         state.with(|s| {
+            // the optimizer kernel, disabled with a note for an optimizer that runs its own
+            let ignored = s.step.optimizer.ignores_implementation();
+            if kernel_note.get_value() != Some(ignored) {
+                kernel_note.set_value(Some(ignored));
+                if let Some(note) = by_id("optimizer-impl-note") {
+                    let text = ignored.map(|why| format!("No effect: {why}."));
+                    note.set_text_content(text.as_deref());
+                }
+                if let Some(select) = by_id("optimizer-impl") {
+                    let _ = select.toggle_attribute_with_force("disabled", ignored.is_some());
+                    let _ = select.set_attribute("aria-describedby", "optimizer-impl-note");
+                }
+            }
             // the optimizer field of the mode
             let previous = mode.get_value();
             mode.set_value(Some(s.mode));

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
     EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LossKind, MaxBatch, Method, Mode,
-    ModelFamily, OptimizerImpl, PageState, PartKind, Preset, Scenario, Trainer, WeightFormat,
+    ModelFamily, ObjectiveKind, OptimizerImpl, PageState, PartKind, Preset, Scenario, Trainer,
+    WeightFormat,
 };
 
 mod hub;
@@ -31,7 +32,8 @@ model (one of):
 step:
   --batch N             samples per step (per GPU)
   --seq N               tokens per sample (image side in pixels for ViT; text tokens for
-                        a vision-language model, its image tokens added)
+                        a vision-language model, its image tokens added; DPO and GRPO take
+                        --max-prompt and --max-completion instead)
   --precision P         fp32, amp-bf16, amp-fp16, bf16, mixed-bf16, mixed-fp16
   --optimizer O         adamw, sgd, sgd-momentum, adamw8bit, paged-adamw8bit
                         (bitsandbytes), adafactor (torch.optim), adafactor-hf
@@ -40,7 +42,7 @@ step:
                         HF Trainer's and TRL's default), foreach (torch.optim's default:
                         AdamW allocates a parameter-sized temporary; the default here
                         without --trainer), forloop (two temporaries of the largest
-                        tensor)
+                        tensor); refused with the other optimizers, which run their own
   --attention A         sdpa, eager, flash2 (flash_attention_2: varlen, never a mask)
   --checkpointing C     none, full, offload (layer inputs in CPU memory), every:N
                         (N from 2 to 8: layers N-1, 2N-1, ... as torchtitan and
@@ -419,6 +421,32 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 ));
             }
         }
+    }
+    // DPO and GRPO train on `prompt + completion` tokens per sequence (TRL 1.16's
+    // `DPOConfig` / `GRPOConfig` `max_prompt_length` and `max_completion_length`): the page
+    // hides the sequence field for them, and a `--seq` read as one split of those two would
+    // be a guess
+    let rl = state.step.optimizer.trains() && state.step.objective != ObjectiveKind::Sft;
+    if rl && given(&["--seq"]).is_some() {
+        return Err(format!(
+            "--seq does not apply to --objective {}: its sequences are --max-prompt + --max-completion tokens ({} + {} now); give those instead",
+            state.step.objective.key(),
+            state.step.max_prompt.trim(),
+            state.step.max_completion.trim()
+        ));
+    }
+    if let Some(flag) = given(&["--max-prompt", "--max-completion"]).filter(|_| !rl) {
+        return Err(format!(
+            "{flag} needs --objective dpo or grpo (and an optimizer): supervised fine-tuning's sequence is --seq"
+        ));
+    }
+    if let Some(why) =
+        given(&["--optimizer-impl"]).and(state.step.optimizer.ignores_implementation())
+    {
+        return Err(format!(
+            "--optimizer-impl applies to torch.optim's AdamW and SGD (--optimizer adamw, sgd, sgd-momentum), not {}: {why}",
+            state.step.optimizer.key()
+        ));
     }
     if given(&["--weight-format"]).is_some() && state.step.optimizer.trains() {
         return Err("--weight-format needs --optimizer none (inference)".to_owned());

@@ -739,6 +739,41 @@ fn the_optimizer_implementation_follows_the_trainer() {
     let (code, _, stderr) = memest(&with(&base, &["--optimizer-impl", "apex"]));
     assert_eq!(code, 2);
     assert!(stderr.contains("fused, foreach, forloop"), "{stderr}");
+    // the optimizers that run their own kernels say that the choice means nothing for them
+    // (a trainer's default kernel, not typed, stays quiet)
+    for (optimizer, why) in [
+        (
+            "adamw8bit",
+            "bitsandbytes steps each parameter with its own 8-bit kernel",
+        ),
+        (
+            "paged-adamw8bit",
+            "bitsandbytes steps each parameter with its own 8-bit kernel",
+        ),
+        (
+            "adafactor",
+            "torch.optim.Adafactor has no fused kernel and is estimated as its default, one tensor at a time (foreach=None)",
+        ),
+        (
+            "adafactor-hf",
+            "transformers' Adafactor steps one tensor at a time",
+        ),
+        ("none", "inference runs no optimizer"),
+    ] {
+        refused_on_llama(
+            &["--optimizer", optimizer, "--optimizer-impl", "fused"],
+            &format!("memest: --optimizer-impl applies to torch.optim's AdamW and SGD (--optimizer adamw, sgd, sgd-momentum), not {optimizer}: {why}"),
+        );
+    }
+    let bnb = json_of(&base, &["--trainer", "hf", "--optimizer", "adamw8bit"]);
+    assert!(
+        bnb["query"].as_str().unwrap().contains("o=adamw8bit"),
+        "{bnb}"
+    );
+    json_of(
+        &base,
+        &["--optimizer", "sgd", "--optimizer-impl", "forloop"],
+    );
 }
 
 /// `--compile` sets the page's `comp`: per block and whole model keep less than eager on
@@ -901,6 +936,46 @@ fn dpo_and_grpo_report_their_phases() {
     let (code, _, err) = memest(&with(&base, &["--objective", "ppo"]));
     assert_ne!(code, 0);
     assert!(err.contains("expected one of sft, dpo, grpo"), "{err}");
+}
+
+/// DPO and GRPO train on the prompt and the completion: `--seq` beside them was ignored
+/// without a word, and is refused, as the prompt and completion flags are without them.
+#[test]
+fn the_sequence_of_dpo_and_grpo_is_the_prompt_and_the_completion() {
+    for (args, message) in [
+        (
+            &["--objective", "dpo", "--seq", "2048"][..],
+            "memest: --seq does not apply to --objective dpo: its sequences are --max-prompt + --max-completion tokens (512 + 512 now)",
+        ),
+        (
+            &["--trainer", "trl-grpo", "--max-completion", "1024", "--seq", "2048"][..],
+            "memest: --seq does not apply to --objective grpo: its sequences are --max-prompt + --max-completion tokens (512 + 1024 now)",
+        ),
+        (
+            &["--max-prompt", "256"][..],
+            "memest: --max-prompt needs --objective dpo or grpo",
+        ),
+        (
+            &["--objective", "dpo", "--optimizer", "none", "--max-completion", "64"][..],
+            "memest: --max-completion needs --objective dpo or grpo",
+        ),
+    ] {
+        refused_on_llama(args, message);
+    }
+    // the prompt and completion flags decide
+    let base = [
+        "--preset",
+        "qwen3-0.6b",
+        "--batch",
+        "1",
+        "--objective",
+        "dpo",
+        "--json",
+    ];
+    let peak = |extra: &[&str]| json_of(&base, extra)["peak_bytes"].as_u64().unwrap();
+    let short = peak(&[]);
+    let long = peak(&["--max-prompt", "1536", "--max-completion", "512"]);
+    assert!(long > short, "{long} {short}");
 }
 
 /// A measured vision-language config (`validation/configs/`).

@@ -104,6 +104,33 @@ impl Optimizer {
     pub fn from_key(key: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|o| o.key() == key)
     }
+
+    /// Why the [`OptimizerImpl`] choice means nothing for this optimizer, or `None` where
+    /// it is torch.optim's AdamW or SGD, which take `fused` / `foreach`.
+    #[must_use]
+    pub const fn ignores_implementation(self) -> Option<&'static str> {
+        match self {
+            Optimizer::AdamW | Optimizer::SgdMomentum | Optimizer::Sgd => None,
+            // bitsandbytes 0.50.2, `optim/optimizer.py`: `Optimizer8bit.step` loops over the
+            // parameters, each updated by `update_step` with its own blockwise 8-bit kernel
+            // (`F.optimizer_update_8bit_blockwise`); it takes no `fused` or `foreach`
+            Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => Some(
+                "bitsandbytes steps each parameter with its own 8-bit kernel (no fused or foreach)",
+            ),
+            // torch 2.15, `optim/_adafactor.py`, `adafactor`: no fused kernel, and
+            // `foreach=None` (its default) runs `_single_tensor_adafactor`, which is what
+            // the estimate models
+            Optimizer::Adafactor => Some(
+                "torch.optim.Adafactor has no fused kernel and is estimated as its default, one tensor at a time (foreach=None)",
+            ),
+            // transformers 5.24, `optimization.py`, `Adafactor.step`: a loop over the
+            // parameters, no `fused` or `foreach`
+            Optimizer::AdafactorHf => {
+                Some("transformers' Adafactor steps one tensor at a time (no fused or foreach)")
+            }
+            Optimizer::None => Some("inference runs no optimizer"),
+        }
+    }
 }
 
 /// How `torch.optim` runs the update over the parameters: the same math, different
@@ -167,5 +194,37 @@ impl OptimizerImpl {
     #[must_use]
     pub const fn step_counter_on_device(self) -> bool {
         matches!(self, OptimizerImpl::Fused)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only torch.optim's AdamW and SGD take the kernel choice: the estimate of every other
+    /// optimizer is the same whatever is asked, and says why.
+    #[test]
+    fn the_kernel_choice_applies_to_torch_optim_s_adamw_and_sgd() {
+        #[track_caller]
+        fn check(optimizer: Optimizer, takes: bool, why: &str) {
+            let ignored = optimizer.ignores_implementation();
+            assert_eq!(ignored.is_none(), takes, "{optimizer:?}");
+            assert!(
+                ignored.unwrap_or("").contains(why),
+                "{optimizer:?}: {ignored:?}"
+            );
+        }
+        for (optimizer, takes, why) in [
+            (Optimizer::AdamW, true, ""),
+            (Optimizer::SgdMomentum, true, ""),
+            (Optimizer::Sgd, true, ""),
+            (Optimizer::AdamW8bit, false, "bitsandbytes"),
+            (Optimizer::PagedAdamW8bit, false, "bitsandbytes"),
+            (Optimizer::Adafactor, false, "foreach=None"),
+            (Optimizer::AdafactorHf, false, "transformers"),
+            (Optimizer::None, false, "inference"),
+        ] {
+            check(optimizer, takes, why);
+        }
     }
 }

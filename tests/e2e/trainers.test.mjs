@@ -4,7 +4,7 @@
 // changed default shows as a custom setup.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled, choose } from './harness.mjs';
+import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled, choose, reveal } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -108,6 +108,41 @@ test('packing, padding and flash_attention_2 travel in the URL and change the at
     // the same flash kernel without flash-attn's RNG state (one 512-byte block per layer)
     return el && Number(el.dataset.bytes) === before - 16 * 512;
   }, flash);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test("the optimizer kernel says it means nothing for an optimizer that runs its own", async () => {
+  const { page, errors, context } = await openArchitecturePage(env, '?gpu=none&oi=fused');
+  await page.getByTestId('model').selectOption('llama3.2-1b');
+  await reveal(page, 'optimizer-impl');
+  const select = page.getByTestId('optimizer-impl');
+  const note = page.getByTestId('optimizer-impl-note');
+  assert.equal(await select.isEnabled(), true);
+  assert.equal(await note.textContent(), '');
+  // bitsandbytes steps each parameter with its own 8-bit kernel: the choice is kept, but
+  // disabled, and the figure is the same whatever it is
+  await page.getByTestId('optimizer').selectOption('adamw8bit');
+  await page.waitForFunction(() => document.querySelector('[data-testid="optimizer-impl"]').disabled);
+  assert.match(await note.textContent(), /^No effect: bitsandbytes steps each parameter with its own 8-bit kernel/);
+  assert.equal(await select.getAttribute('aria-describedby'), 'optimizer-impl-note');
+  const fused = await bytesOf(page, 'total');
+  await urlSettled(page);
+  const url = new URL(page.url());
+  assert.equal(url.searchParams.get('o'), 'adamw8bit');
+  url.searchParams.set('oi', 'forloop');
+  await page.goto(url.toString());
+  await page.getByTestId('total').waitFor();
+  assert.equal(await page.getByTestId('optimizer-impl').inputValue(), 'forloop');
+  assert.equal(await page.getByTestId('optimizer-impl').isDisabled(), true);
+  assert.equal(await bytesOf(page, 'total'), fused);
+  // Adafactor is estimated one tensor at a time; AdamW takes the choice again
+  await page.getByTestId('optimizer').selectOption('adafactor');
+  await page.waitForFunction(() =>
+    document.querySelector('[data-testid="optimizer-impl-note"]').textContent.includes('foreach=None'));
+  await page.getByTestId('optimizer').selectOption('adamw');
+  await page.waitForFunction(() => !document.querySelector('[data-testid="optimizer-impl"]').disabled);
+  assert.equal(await page.getByTestId('optimizer-impl-note').textContent(), '');
   assert.deepEqual(errors, []);
   await context.close();
 });

@@ -212,6 +212,35 @@ impl Attention {
             out.push(self.heads);
         }
     }
+    /// Whether HF's `repeat_kv` copies k and v (transformers 5.24, `repeat_kv` in
+    /// `models/*/modeling_*.py` and `integrations/sdpa_attention.py`):
+    /// `x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)`. `reshape` is a
+    /// view when the merged dims can share one stride (torch's `computeStride`,
+    /// `aten/src/ATen/TensorUtils.cpp`): with one kv head the size-1 dim drops out and the
+    /// result is a stride-0 view at any batch; with more, each kv head's stride against the
+    /// repeats' 0 forces a copy.
+    pub fn repeat_kv_copies(&self) -> bool {
+        self.heads != self.kv_heads && self.kv_heads > 1
+    }
+    /// Whether backward keeps k and v for every query head as tensors of their own (not
+    /// views of the projections): the math kernel repeats them itself (`repeat_interleave`);
+    /// eager attention's `torch.matmul` on 4-D operands (`_matmul_impl`,
+    /// `aten/src/ATen/native/LinearAlgebra.cpp`) reshapes each to `(batch * heads, s, d)` for
+    /// the `bmm` that autograd saves, which copies a stride-0 head dim unless the batch is 1;
+    /// flash and memory-efficient SDPA save what they are given, `repeat_kv`'s output on the
+    /// paths where HF does not pass `enable_gqa` (a mask). Measured: a one-kv-head Gemma 3
+    /// at batch 8 under eager and at batch 4 with SDPA and padding
+    /// (`families-measured.jsonl`, `trainers-measured.jsonl`).
+    pub fn saves_repeated_kv(&self, s: &StepShape) -> bool {
+        if self.heads == self.kv_heads {
+            return false;
+        }
+        match self.kernel(s) {
+            Kernel::Math => true,
+            Kernel::Eager => self.repeat_kv_copies() || s.batch > 1,
+            Kernel::Flash | Kernel::Efficient => self.masked(s) && self.repeat_kv_copies(),
+        }
+    }
     /// Whether HF passes a mask (it skips it, for `is_causal`, unless a sliding window is
     /// shorter than the keys).
     pub fn masked(&self, s: &StepShape) -> bool {
@@ -338,8 +367,10 @@ impl Attention {
         } else {
             add(add(t(qw, qb)?, t(kvw, kb)?)?, t(vw, w)?)?
         };
-        // repeat_kv: an expand, copied by its reshape unless one kv head serves one sample
-        if self.heads != self.kv_heads && !(self.kv_heads == 1 && s.batch == 1) {
+        // repeat_kv's copies, held by the attention function; one kv head's stride-0 view is
+        // copied only inside each matmul, freed before the softmax (`validation/peak_live.py`:
+        // Gemma 3 at batch 8)
+        if self.repeat_kv_copies() {
             live = add(
                 live,
                 add(t(self.heads * self.head_dim, kb)?, t(self.out_width(), w)?)?,
@@ -387,17 +418,17 @@ impl Attention {
         let masked = self.masked(s);
         // k/v for every query head: the math kernel repeats them itself; HF's repeat_kv does
         // on the paths where it does not pass enable_gqa (eager, or SDPA with a mask); flash
-        // and memory-efficient take grouped heads as they are. repeat_kv's expand stays a
-        // stride-0 view for one kv head and one sample, until a cast to 16 bits copies it.
-        let view_ok = self.kv_heads == 1 && s.batch == 1;
+        // and memory-efficient take grouped heads as they are. Where what is saved is
+        // repeat_kv's stride-0 view, a cast to 16 bits copies it.
         let repeats = gqa
             && match kernel {
                 Kernel::Math | Kernel::Eager => true,
                 Kernel::Flash | Kernel::Efficient => masked,
             };
+        let copied = self.saves_repeated_kv(s);
         let mut inputs = [q, k, v];
         for (t, width) in inputs[1..].iter_mut().zip([qw, ow]) {
-            if repeats && (kernel == Kernel::Math || !view_ok) {
+            if copied {
                 *t = tape.tensor(width, t.bytes)?;
             } else if repeats && t.bytes != w {
                 *t = tape.tensor(width, w)?; // the cast of the view is a full copy
@@ -981,6 +1012,12 @@ impl ModelSpec {
     }
     /// Parameters whose gradients exist once backward reaches the last layer: the head (and
     /// a tied embedding), the final norm, and the last layer's output matmul.
+    /// Elements of a tied matrix's head share among [`Self::head_gradient_tensors`]: a causal
+    /// LM's head tied to its embeddings (one parameter, two uses).
+    pub fn tied_head_matrix(&self) -> Option<u64> {
+        (self.tied && self.embeds && self.heads && matches!(self.head, Head::CausalLm { .. }))
+            .then(|| self.vocab() * self.token_width())
+    }
     pub fn head_gradient_tensors(&self) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
         let mut t = if self.heads {
@@ -988,9 +1025,7 @@ impl ModelSpec {
         } else {
             Vec::new()
         };
-        if self.tied && self.embeds && self.heads && matches!(self.head, Head::CausalLm { .. }) {
-            t.push(v * self.token_width());
-        }
+        t.extend(self.tied_head_matrix());
         if self.head == Head::MaskedLm {
             t.push(v * h); // the tied decoder
         }

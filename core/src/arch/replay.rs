@@ -15,8 +15,13 @@
 //! - with gradient accumulation a step runs its micro-batches' forward and backward passes
 //!   before its optimizer step; from the second on, each new gradient is made and freed once
 //!   added into the one its parameter holds;
-//! - data-parallel engines' buffers, offloading and the optimizer in backward are not
-//!   replayed: the reserve beyond the peak is taken from the plain step of the same tape.
+//! - with torchtune's optimizer in backward each parameter is stepped in its gradient's
+//!   post-accumulate hook and its gradient freed (`zero_grad`) there: its gradient is made,
+//!   its state on its first step, its step's temporaries made and freed, then the gradient
+//!   freed; a tied matrix's head share waits for the embedding's, with which it is stepped at
+//!   the end of backward; no optimizer step follows;
+//! - data-parallel engines' buffers and offloading are not replayed: the reserve beyond the
+//!   peak is taken from the plain step of the same tape.
 
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
 
@@ -29,6 +34,20 @@ pub(crate) enum StepTemporaries {
     AllAtOnce,
     /// Two tensors of each trained tensor's size, one tensor at a time (for-loop AdamW).
     TwoPerTensor,
+}
+
+/// One trained tensor: its gradient and what its optimizer step allocates, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Trained {
+    /// The gradient.
+    pub grad: u64,
+    /// The optimizer state the first step makes (0 for none), in the order it is made.
+    pub states: [u64; 3],
+    /// The step's temporary ([`StepTemporaries`] says how many live at once).
+    pub temporary: u64,
+    /// A tied matrix's head share: with the optimizer in backward, it waits (unstepped) for
+    /// the embedding's share, which is stepped for both.
+    pub waits: bool,
 }
 
 /// One step's allocations, in bytes per tensor.
@@ -55,20 +74,22 @@ pub(crate) struct StepAllocations<'a> {
     /// The gradient flowing between layers (one layer input's size).
     pub input_gradient: u64,
     /// Gradients of the head and final norm, made at the start of backward.
-    pub head_gradients: Vec<u64>,
+    pub head_gradients: Vec<Trained>,
     /// Gradients of the parameters of a layer of each group of identical layers (none
     /// when nothing trains).
-    pub group_gradients: Vec<Vec<u64>>,
+    pub group_gradients: Vec<Vec<Trained>>,
     /// Each layer's group, an index into `group_gradients`.
     pub group_of: Vec<usize>,
     /// Gradients of the embeddings, made at the end of backward.
-    pub embedding_gradients: Vec<u64>,
+    pub embedding_gradients: Vec<Trained>,
     /// Optimizer state, the tensors of each trained tensor one after the other.
     pub states: Vec<u64>,
     /// The step's temporaries per trained tensor (bytes), and how they live.
     pub temporaries: (Vec<u64>, StepTemporaries),
     /// Whether a backward and an optimizer step run.
     pub trains: bool,
+    /// torchtune's optimizer in backward: each parameter stepped as its gradient arrives.
+    pub in_backward: bool,
     /// Forward and backward passes per optimizer step (gradient accumulation).
     pub micro_batches: u64,
 }
@@ -192,6 +213,8 @@ struct Scratch {
     transients: Vec<BlockId>,
     /// The gradients, freed by the optimizer step.
     grads: Vec<BlockId>,
+    /// Gradients waiting for another share before their step in backward.
+    waiting: Vec<BlockId>,
 }
 
 thread_local! {
@@ -237,9 +260,14 @@ fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocati
     for _ in 0..2 {
         scratch.grads.clear();
         for pass in 0..passes {
-            forward_backward(a, scratch, s, pass == 0);
+            forward_backward(a, scratch, s, pass == 0, !states_made);
         }
         if !s.trains {
+            continue;
+        }
+        if s.in_backward {
+            // every parameter was stepped in backward, its state made by its first step
+            states_made = true;
             continue;
         }
         let Scratch {
@@ -253,37 +281,64 @@ fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocati
             states_made = true;
         }
         let (sizes, kind) = &s.temporaries;
-        match kind {
-            StepTemporaries::None => {}
-            StepTemporaries::AllAtOnce => {
-                transients.clear();
-                transients.extend(sizes.iter().map(|&b| a.malloc(b)));
-                for &t in transients.iter() {
-                    a.free(t);
-                }
-            }
-            StepTemporaries::TwoPerTensor => {
-                for &b in sizes {
-                    let first = a.malloc(b);
-                    let second = a.malloc(b);
-                    a.free(first);
-                    a.free(second);
-                }
-            }
-        }
+        step_temporaries(a, transients, sizes, *kind);
         for &g in grads.iter() {
             a.free(g);
         }
     }
 }
 
+/// An optimizer step's temporaries of `sizes`, made and freed as `kind` says.
+fn step_temporaries(
+    a: &mut CachingAllocator,
+    transients: &mut Vec<BlockId>,
+    sizes: &[u64],
+    kind: StepTemporaries,
+) {
+    match kind {
+        StepTemporaries::None => {}
+        StepTemporaries::AllAtOnce => {
+            transients.clear();
+            transients.extend(sizes.iter().map(|&b| a.malloc(b)));
+            for &t in transients.iter() {
+                a.free(t);
+            }
+        }
+        StepTemporaries::TwoPerTensor => {
+            for &b in sizes {
+                tensor_step_temporaries(a, b, StepTemporaries::TwoPerTensor);
+            }
+        }
+    }
+}
+
+/// One trained tensor's step temporaries of `bytes` each, made and freed.
+fn tensor_step_temporaries(a: &mut CachingAllocator, bytes: u64, kind: StepTemporaries) {
+    match kind {
+        StepTemporaries::None => {}
+        StepTemporaries::AllAtOnce => {
+            let t = a.malloc(bytes);
+            a.free(t);
+        }
+        StepTemporaries::TwoPerTensor => {
+            let first = a.malloc(bytes);
+            let second = a.malloc(bytes);
+            a.free(first);
+            a.free(second);
+        }
+    }
+}
+
 /// One micro-batch's forward and (when the step trains) backward; the gradients go to
 /// `grads` on the `first` pass, and are made and freed (added into them) on the others.
+/// With the optimizer in backward each is stepped as it comes, its state made when
+/// `make_states`.
 fn forward_backward(
     a: &mut CachingAllocator,
     scratch: &mut Scratch,
     s: &StepAllocations<'_>,
     first: bool,
+    make_states: bool,
 ) {
     let Scratch {
         kept,
@@ -291,7 +346,14 @@ fn forward_backward(
         recomputed,
         transients,
         grads,
+        waiting,
     } = scratch;
+    let mut gradients = Gradients {
+        grads,
+        waiting,
+        first,
+        stepped: s.in_backward.then_some((make_states, s.temporaries.1)),
+    };
     let input = a.malloc(s.input);
     let embeddings = a.malloc(s.embeddings_saved);
     let mut flow = Transient { pending: None };
@@ -323,7 +385,7 @@ fn forward_backward(
     }
     // backward
     let buffers = a.malloc(s.loss_buffers);
-    add_gradients(a, grads, &s.head_gradients, first);
+    gradients.add(a, &s.head_gradients);
     a.free(head);
     let mut gradient = a.malloc(s.input_gradient);
     a.free(buffers);
@@ -338,7 +400,7 @@ fn forward_backward(
         transients.extend(s.layer_backward.iter().map(|&b| a.malloc(b)));
         let layer = s.group_of.get(i).and_then(|&g| s.group_gradients.get(g));
         if let Some(layer) = layer {
-            add_gradients(a, grads, layer, first);
+            gradients.add(a, layer);
         }
         for &t in transients.iter() {
             a.free(t);
@@ -356,21 +418,119 @@ fn forward_backward(
             }
         }
     }
-    add_gradients(a, grads, &s.embedding_gradients, first);
+    gradients.add(a, &s.embedding_gradients);
+    for g in gradients.waiting.drain(..) {
+        a.free(g);
+    }
     a.free(gradient);
     a.free(embeddings);
     a.free(input);
 }
 
-/// A backward's new gradients of `sizes`: kept on the first micro-batch, added in place
-/// into the existing ones (made, then freed) on the others.
-fn add_gradients(a: &mut CachingAllocator, grads: &mut Vec<BlockId>, sizes: &[u64], first: bool) {
-    for &b in sizes {
-        let g = a.malloc(b);
-        if first {
-            grads.push(g);
-        } else {
-            a.free(g);
+/// Where a backward's new gradients go.
+struct Gradients<'s> {
+    /// Those the optimizer step frees.
+    grads: &'s mut Vec<BlockId>,
+    /// Those waiting for another share before their step in backward.
+    waiting: &'s mut Vec<BlockId>,
+    /// The first micro-batch: the gradients are kept (on the others they are added in
+    /// place into the kept ones: made, then freed).
+    first: bool,
+    /// The optimizer in backward: whether its first step makes the state, and how its
+    /// temporaries live.
+    stepped: Option<(bool, StepTemporaries)>,
+}
+
+impl Gradients<'_> {
+    fn add(&mut self, a: &mut CachingAllocator, trained: &[Trained]) {
+        for t in trained {
+            let g = a.malloc(t.grad);
+            match self.stepped {
+                // torchtune 0.6.1 (`training/memory.py`, `register_optim_in_bwd_hooks`):
+                // the post-accumulate-grad hook runs the parameter's own optimizer's
+                // `step()` (its `_init_group` makes the state the first time), then
+                // `zero_grad()` frees the gradient
+                Some(_) if t.waits => self.waiting.push(g),
+                Some((make_states, kind)) => {
+                    if make_states {
+                        for &b in &t.states {
+                            a.malloc(b);
+                        }
+                    }
+                    tensor_step_temporaries(a, t.temporary, kind);
+                    a.free(g);
+                }
+                None if self.first => self.grads.push(g),
+                None => a.free(g),
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A one-layer step: two weights of 8 MiB (the embedding's and the layer's), the layer
+    /// keeping 4 MiB for backward, AdamW's two 8 MiB moments per weight and foreach's 8 MiB
+    /// temporary per weight; with `tied_head`, the head's share of a tied embedding waits
+    /// through backward.
+    fn one_layer(log: &[(u64, bool)], in_backward: bool, tied_head: bool) -> StepAllocations<'_> {
+        let weight = Trained {
+            grad: 8 * MIB,
+            states: [8 * MIB, 8 * MIB, 0],
+            temporary: 8 * MIB,
+            waits: false,
+        };
+        StepAllocations {
+            persistent: vec![8 * MIB, 8 * MIB],
+            input: 0,
+            layers: vec![log],
+            checkpointed: vec![false],
+            embeddings_saved: 0,
+            head_saved: 0,
+            loss_forward: 0,
+            loss_buffers: 0,
+            layer_backward: Vec::new(),
+            input_gradient: 0,
+            head_gradients: if tied_head {
+                vec![Trained {
+                    waits: true,
+                    ..weight
+                }]
+            } else {
+                Vec::new()
+            },
+            group_gradients: vec![vec![weight]],
+            group_of: vec![0],
+            embedding_gradients: vec![weight],
+            states: vec![8 * MIB; 4],
+            temporaries: (vec![8 * MIB; 2], StepTemporaries::AllAtOnce),
+            trains: true,
+            in_backward,
+            micro_batches: 1,
+        }
+    }
+
+    #[track_caller]
+    fn allocated_peak_mib(s: &StepAllocations<'_>, expected: u64) {
+        let peaks = replay(s, AllocatorMode::Default.into());
+        assert_eq!(peaks.allocated_bytes, expected * MIB);
+    }
+
+    /// The plain step holds both gradients, the four moments and both temporaries at its
+    /// optimizer step (16 + 16 + 32 + 16 MiB); the optimizer in backward steps each weight
+    /// as its gradient comes and frees it: at most one gradient and one temporary beside
+    /// the other weight's moments and the kept activation, in the second step (16 weights,
+    /// 32 moments, the layer's 4, its gradient 8 and temporary 8); a tied head share held
+    /// through backward adds its 8.
+    #[test]
+    fn the_optimizer_in_backward_steps_each_gradient_as_it_comes() {
+        let log = [(0, false), (4 * MIB, true)];
+        allocated_peak_mib(&one_layer(&log, false, false), 80);
+        allocated_peak_mib(&one_layer(&log, true, false), 68);
+        allocated_peak_mib(&one_layer(&log, true, true), 76);
     }
 }
