@@ -420,6 +420,9 @@ fn estimate_on(
     let replay_mode = trainer.replay;
     let step = &TrainingStep {
         seq_len: seq,
+        precision: peft.map_or(step.precision, |f| {
+            f.recipe(step.precision, trainer.autocast)
+        }),
         ..*step
     };
     if step.batch == 0 {
@@ -998,8 +1001,10 @@ fn estimate_on(
         mul(storage(tokens, mul(inner, d.act)?)?, inner_tensors)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,
     )?;
-    // a 4-bit linear's backward dequantizes its weight to 16 bits (and, under double
-    // quantization, its absmax to fp32) for a moment
+    // a 4-bit linear's backward dequantizes its weight (and, under double quantization, its
+    // absmax to fp32) for a moment, in its `quant_state.dtype`, the dtype the base was
+    // loaded in: an fp32 copy is then cast to the gradient's 16 bits beside it
+    // (bitsandbytes' MatMul4Bit.backward: `dequantize_4bit(B, state).to(grad_output.dtype)`)
     let dequantized = if quantized {
         spec.layers.last().map_or(Ok(0), |l| {
             l.roled_linears().iter().try_fold(0, |acc: u64, (_, lin)| {
@@ -1009,7 +1014,13 @@ fn estimate_on(
                 } else {
                     0
                 };
-                Ok(acc.max(add(storage(n, 2)?, absmax)?))
+                let weight = storage(n, p.weight_bytes())?;
+                let cast = if p.weight_bytes() == 2 {
+                    0
+                } else {
+                    storage(n, 2)?
+                };
+                Ok(acc.max(add(weight, absmax.max(cast))?))
             })
         })?
     } else {

@@ -286,6 +286,11 @@ pub fn estimate_objective(
         dropout: f.dropout && objective.kind != ObjectiveKind::Dpo,
         ..*f
     });
+    // TRL's autocast runs a base loaded in fp32 as AMP does
+    let step = &TrainingStep {
+        precision: peft.map_or(step.precision, |f| f.recipe(step.precision, true)),
+        ..*step
+    };
     let ctx = Ctx::new(arch, step, without_dropout.as_ref(), mesh);
     match objective.kind {
         ObjectiveKind::Dpo => dpo(&ctx, objective, replay),
