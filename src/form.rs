@@ -1461,6 +1461,15 @@ pub const LORA: &[Spec] = &[
             ("model", "The base model's dtype"),
         ],
     ),
+    choice(
+        Field::BaseDtype,
+        "Base weights loaded in",
+        "base-dtype",
+        &[
+            ("recipe", "The precision's dtype"),
+            ("fp32", "fp32 (torch_dtype=float32)"),
+        ],
+    ),
 ];
 
 /// QLoRA's quantization.

@@ -449,14 +449,12 @@ def build_peft_model(cfg, arch, attn, o):
 def _build_peft_model(cfg, arch, attn, o):
     import transformers
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    amp = o.precision == "amp_bf16"
-    if o.method == "qlora":
-        # from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit, bnb_4bit_quant_type,
-        # bnb_4bit_use_double_quant, bnb_4bit_compute_dtype=bf16), dtype=bf16): the non-quantized
-        # tensors (embeddings, norms, lm_head) in bf16 (fp32 for --precision fp32 / amp_bf16)
-        base_dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
-    else:
-        base_dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
+    # from_pretrained(..., dtype=bf16) for --precision bf16, else (and for --base-dtype fp32, as
+    # peft's FSDP LoRA example loads it: torch_dtype=float32) fp32. QLoRA (quantization_config=
+    # BitsAndBytesConfig(load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant,
+    # bnb_4bit_compute_dtype=bf16)): the non-quantized tensors (embeddings, norms, lm_head) and each
+    # 4-bit weight's quant_state.dtype (its dequantized copies) in that dtype
+    base_dtype = torch.bfloat16 if o.precision == "bf16" and o.base_dtype != "fp32" else torch.float32
     model = H.build_model(cfg, arch, attn, base_dtype)
     if o.method == "qlora":
         quantize_model_4bit(model, o.quant, o.double_quant, torch.bfloat16, base_dtype)
@@ -538,7 +536,8 @@ def measure(o):
         method=o.method, **{k: getattr(o, k) if lora else None for k in LORA_KEYS},
         quant=o.quant if qlora else None, double_quant=bool(o.double_quant) if qlora else False,
         kbit_prepare=bool(o.kbit_prepare), compute_dtype="bf16" if qlora else None,
-        **({"micro_batches": o.micro_batches} if o.micro_batches > 1 else {}))
+        **({"micro_batches": o.micro_batches} if o.micro_batches > 1 else {}),
+        **({"base_dtype": o.base_dtype} if o.base_dtype else {}))
     config["gc"] = gc  # "offload" too
     row = H.step_row(
         config, H.versions(("peft", "peft"), ("bitsandbytes", "bitsandbytes")), logical_params(model), step,
@@ -592,6 +591,9 @@ def parser():
     ap.add_argument("--lora-targets", default="all-linear",
                     help="all-linear | attention | mlp | comma list of module names")
     ap.add_argument("--lora-dtype", choices=["fp32", "model"], default="fp32")
+    ap.add_argument("--base-dtype", choices=["fp32"], default=None,
+                    help="load the (frozen) base in fp32 whatever --precision says (torch_dtype=float32; "
+                    "written to config.base_dtype only when given)")
     ap.add_argument("--quant", choices=["nf4", "fp4"], default="nf4")
     ap.add_argument("--double-quant", action="store_true")
     ap.add_argument("--kbit-prepare", action="store_true")
@@ -610,7 +612,7 @@ def parser():
 
 GRID_FLAGS = {"model": "--model-name", **{k: "--" + k.replace("_", "-") for k in (
     "batch", "seq", "precision", "attn", "method", "optimizer", "gc", *LORA_KEYS, "quant", "double_quant",
-    "kbit_prepare", "micro_batches")}}
+    "kbit_prepare", "micro_batches", "base_dtype")}}
 GC_FLAG = {False: "none", True: "full", "offload": "offload"}
 
 

@@ -96,6 +96,9 @@ fine-tuning:
   --lora-dropout P      lora_dropout, 0 <= P < 1 (default 0: no masks)
   --lora-targets T      all-linear, attention, mlp, or module names: q_proj,v_proj
   --lora-dtype D        fp32 (peft's default), model
+  --base-dtype D        the frozen base as loaded: recipe (default: the precision's
+                        weights), fp32 (torch_dtype=float32: a 16-bit recipe then runs in
+                        fp32, or as AMP under TRL's DPO/GRPO autocast)
   --quant Q             qlora: nf4, fp4
   --double-quant on|off qlora: double quantization (default on)
   --kbit-prepare on|off qlora: prepare_model_for_kbit_training (default on)
@@ -220,7 +223,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 58] = [
+const FIELD_FLAGS: [(&str, Field); 59] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -276,18 +279,20 @@ const FIELD_FLAGS: [(&str, Field); 58] = [
     ("--lora-dropout", Field::LoraDropout),
     ("--lora-targets", Field::LoraTargets),
     ("--lora-dtype", Field::LoraDtype),
+    ("--base-dtype", Field::BaseDtype),
     ("--quant", Field::Quant),
     ("--double-quant", Field::DoubleQuant),
     ("--kbit-prepare", Field::KbitPrepare),
 ];
 
 /// Flags that mean something only with `--method lora` or `qlora`, and the QLoRA-only ones.
-const LORA_FLAGS: [&str; 5] = [
+const LORA_FLAGS: [&str; 6] = [
     "--lora-r",
     "--lora-alpha",
     "--lora-dropout",
     "--lora-targets",
     "--lora-dtype",
+    "--base-dtype",
 ];
 const QLORA_FLAGS: [&str; 3] = ["--quant", "--double-quant", "--kbit-prepare"];
 /// Flags that mean something only for a vision-language model.

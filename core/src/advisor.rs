@@ -1468,6 +1468,7 @@ impl<'a> Search<'a> {
                     next.training.lora_dropout = defaults.training.lora_dropout;
                     next.training.lora_targets = defaults.training.lora_targets;
                     next.training.lora_fp32 = defaults.training.lora_fp32;
+                    next.training.base_fp32 = defaults.training.base_fp32;
                 }
                 next.training.method = peft.method;
                 next.training.quant = peft.quant;

@@ -404,6 +404,8 @@ pub struct MethodSettings {
     pub lora_targets: String,
     /// Adapters in fp32 (peft's default) or in the base's dtype.
     pub lora_fp32: bool,
+    /// The frozen base loaded in fp32 (`torch_dtype=torch.float32`) whatever the recipe.
+    pub base_fp32: bool,
     /// QLoRA: the 4-bit type.
     pub quant: Quant4,
     /// QLoRA: double quantization.
@@ -421,6 +423,7 @@ impl Default for MethodSettings {
             lora_dropout: "0".to_owned(),
             lora_targets: "all-linear".to_owned(),
             lora_fp32: true,
+            base_fp32: false,
             quant: Quant4::Nf4,
             double_quant: true,
             kbit_prepare: true,
@@ -436,6 +439,7 @@ impl Section for MethodSettings {
         (Field::LoraDropout, "ld"),
         (Field::LoraTargets, "lt"),
         (Field::LoraDtype, "ldt"),
+        (Field::BaseDtype, "bdt"),
         (Field::Quant, "q"),
         (Field::DoubleQuant, "dq"),
         (Field::KbitPrepare, "kbit"),
@@ -811,6 +815,8 @@ pub enum Field {
     LoraTargets,
     /// [`PageState::lora_fp32`].
     LoraDtype,
+    /// [`MethodSettings::base_fp32`].
+    BaseDtype,
     /// [`PageState::quant`].
     Quant,
     /// [`PageState::double_quant`].
@@ -878,7 +884,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 68 } else { 64 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 69 } else { 65 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -920,6 +926,7 @@ impl Field {
         Field::LoraDropout,
         Field::LoraTargets,
         Field::LoraDtype,
+        Field::BaseDtype,
         Field::Quant,
         Field::DoubleQuant,
         Field::KbitPrepare,
@@ -1005,6 +1012,7 @@ impl Field {
             Field::LoraDropout => "LoRA dropout",
             Field::LoraTargets => "LoRA target modules",
             Field::LoraDtype => "adapter dtype",
+            Field::BaseDtype => "base weights' dtype",
             Field::Quant => "4-bit type",
             Field::DoubleQuant => "double quantization",
             Field::KbitPrepare => "k-bit preparation",
@@ -1089,6 +1097,8 @@ const fn adapter_dtype_key(fp32: bool) -> &'static str {
 const ON_OFF: [&str; 2] = [on_off(true), on_off(false)];
 /// The keys of the adapters' dtype: fp32 (`true`) first.
 const ADAPTER_DTYPES: [&str; 2] = [adapter_dtype_key(true), adapter_dtype_key(false)];
+/// The keys of the frozen base's dtype: the recipe's (the default) first, then fp32.
+const BASE_DTYPES: [&str; 2] = ["recipe", "fp32"];
 
 /// The typed fields and where each keeps its text: one list from which both accessors are
 /// written, so that [`PageState::get`] and [`PageState::set`] read and write every typed
@@ -1216,6 +1226,7 @@ impl Field {
             Field::Projector => &vision::PROJECTOR_KEYS,
             Field::Method => keys_of!(Method),
             Field::LoraDtype => &ADAPTER_DTYPES,
+            Field::BaseDtype => &BASE_DTYPES,
             Field::Quant => keys_of!(Quant4),
             Field::WeightFormat => keys_of!(WeightFormat),
             Field::KvDtype => keys_of!(KvDtype),
@@ -1310,6 +1321,7 @@ impl PageState {
             Field::Projector => usize::from(!self.vision.projector_trained),
             Field::Method => tr.method as usize,
             Field::LoraDtype => usize::from(!tr.lora_fp32),
+            Field::BaseDtype => usize::from(tr.base_fp32),
             Field::Quant => tr.quant as usize,
             Field::DoubleQuant => usize::from(!tr.double_quant),
             Field::KbitPrepare => usize::from(!tr.kbit_prepare),
@@ -1395,6 +1407,7 @@ impl PageState {
                     Field::Projector => self.vision.projector_trained = i == 0,
                     Field::Method => tr.method = *Method::ALL.get(i)?,
                     Field::LoraDtype => tr.lora_fp32 = i == 0,
+                    Field::BaseDtype => tr.base_fp32 = i == 1,
                     Field::Quant => tr.quant = *Quant4::ALL.get(i)?,
                     Field::DoubleQuant => tr.double_quant = i == 0,
                     Field::KbitPrepare => tr.kbit_prepare = i == 0,
@@ -1524,6 +1537,7 @@ impl PageState {
             quant: self.training.quant,
             double_quant: self.training.double_quant,
             kbit_prepare: self.training.kbit_prepare,
+            base_fp32: self.training.base_fp32,
         }))
     }
 

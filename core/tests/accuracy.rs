@@ -49,6 +49,9 @@ struct Row {
     /// The optimizer step's peak (model states alone), measured and estimated.
     measured_opt: u64,
     estimated_opt: u64,
+    /// The forward's peak, measured and estimated.
+    measured_fwd: u64,
+    estimated_fwd: u64,
 }
 
 /// Rows of `file`; with `strict`, any row that cannot be estimated fails the test, otherwise
@@ -123,6 +126,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             quant: Quant4::from_key(c["quant"].as_str().unwrap_or("nf4")).expect("quant"),
             double_quant: c["double_quant"].as_bool().unwrap_or(false),
             kbit_prepare: c["kbit_prepare"].as_bool().unwrap_or(false),
+            base_fp32: c["base_dtype"].as_str() == Some("fp32"),
         });
         let seq = if arch.is_vision() {
             c["image"].as_u64()
@@ -186,7 +190,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
                     c => format!(" compile={}", c.key()),
                 },
                 peft.map_or(String::new(), |f| format!(
-                    " {} r{} {}{}{}{}",
+                    " {} r{} {}{}{}{}{}",
                     f.method.key(),
                     f.rank,
                     c["lora_targets"].as_str().unwrap_or("?"),
@@ -196,6 +200,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
                     } else {
                         " adapters=model"
                     },
+                    if f.base_fp32 { " base=fp32" } else { "" },
                     if f.method == Method::Qlora {
                         format!(
                             " {}{}{}",
@@ -216,15 +221,21 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             estimated_saved: est.saved_activation_bytes,
             compile,
             measured_opt: v["phase_peak_bytes"]["opt"].as_u64().unwrap_or(0),
-            estimated_opt: est
-                .phase_peaks
-                .iter()
-                .find(|(p, _)| *p == estimator_core::Phase::OptimizerStep)
-                .and_then(|(_, c)| c.total())
-                .unwrap_or(0),
+            estimated_opt: phase_total(&est, estimator_core::Phase::OptimizerStep),
+            measured_fwd: v["phase_peak_bytes"]["fwd"].as_u64().unwrap_or(0),
+            estimated_fwd: phase_total(&est, estimator_core::Phase::Forward),
         });
     }
     out
+}
+
+/// The estimate's peak in `phase` (0 where it has none).
+fn phase_total(est: &estimator_core::PeakEstimate, phase: estimator_core::Phase) -> u64 {
+    est.phase_peaks
+        .iter()
+        .find(|(p, _)| *p == phase)
+        .and_then(|(_, c)| c.total())
+        .unwrap_or(0)
 }
 
 fn error_pct(r: &Row) -> f64 {
@@ -262,7 +273,7 @@ fn report(title: &str, rows: &[Row]) -> f64 {
 /// The measured fixtures: the shared reference data, the harness's re-measured and extra rows
 /// for the first families, and the rows of the dense and mixture-of-experts families read
 /// since.
-const FIXTURE_FILES: [&str; 9] = [
+const FIXTURE_FILES: [&str; 10] = [
     "pytorch-measured.jsonl",
     "validation-measured.jsonl",
     "families-measured.jsonl",
@@ -272,7 +283,41 @@ const FIXTURE_FILES: [&str; 9] = [
     "variants-measured.jsonl",
     "compile-inductor-measured.jsonl",
     "accumulation-measured.jsonl",
+    AUTOCAST_FILE,
 ];
+
+/// Steps under autocast on a frozen base, beside a full fine-tune's, and bases loaded in fp32
+/// (`validation/grid-autocast.json`).
+const AUTOCAST_FILE: &str = "autocast-measured.jsonl";
+
+/// autocast caches the 16-bit cast of a weight only when it requires grad (aten's
+/// `cached_cast`): a checkpointed forward holds the adapters' copies (a full fine-tune's: every
+/// weight's) until it returns, never a frozen base's. The forward's peak holds to 3% beside the
+/// step's, so that the cache is checked where the step peaks elsewhere.
+#[test]
+fn autocast_caches_only_the_weights_that_require_grad() {
+    let all = rows(AUTOCAST_FILE, true);
+    assert!(all.len() >= 10, "autocast rows missing");
+    let pct = |est: u64, measured: u64| (est as f64 - measured as f64) / measured as f64 * 100.0;
+    println!("\n{AUTOCAST_FILE}: the forward's peak");
+    println!("| configuration | measured | estimated | error |");
+    println!("|---|---:|---:|---:|");
+    let mut failing = Vec::new();
+    for r in &all {
+        let fwd = pct(r.estimated_fwd, r.measured_fwd);
+        println!(
+            "| {} | {} | {} | {fwd:+.2}% |",
+            r.name, r.measured_fwd, r.estimated_fwd
+        );
+        if fwd.abs() > 3.0 {
+            failing.push(format!("{}: forward {fwd:+.2}%", r.name));
+        }
+        if error_pct(r).abs() > 3.0 {
+            failing.push(format!("{}: peak {:+.2}%", r.name, error_pct(r)));
+        }
+    }
+    assert!(failing.is_empty(), "{failing:#?}");
+}
 
 /// Steps under `torch.compile` (`validation/COMPILE.md`), each beside its eager row.
 const COMPILE_FILE: &str = "compile-measured.jsonl";
@@ -539,6 +584,8 @@ fn rl_rows() -> Vec<RlRow> {
                 quant: Quant4::Nf4,
                 double_quant: false,
                 kbit_prepare: false,
+                // rl.py loads the base in bf16, or in fp32 for amp_bf16 (the recipe's own)
+                base_fp32: false,
             }
         });
         let generations = c["generations"].as_u64().unwrap_or(1);
@@ -735,6 +782,7 @@ fn vlm_rows() -> Vec<VlmRow> {
             quant: Quant4::Nf4,
             double_quant: false,
             kbit_prepare: false,
+            base_fp32: false,
         });
         let size = &c["image_size"];
         let images = VisionInputs {

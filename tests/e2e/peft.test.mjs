@@ -1,10 +1,20 @@
 // Parameter-efficient fine-tuning in a real browser: QLoRA on an 8B model fits a 24 GB GPU at
 // the batch the page computes (and not one more), the trainable parameters and the paged
 // optimizer state are shown, every PEFT setting travels in the URL and survives a reload,
-// and a module name the model does not have is refused next to its field.
+// a base loaded in fp32 is set, shared and restored, and a module name the model does not
+// have is refused next to its field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { useServerAndBrowser, bytesOf, typeInto, openArchitecturePage, urlSettled, choose } from './harness.mjs';
+import {
+  useServerAndBrowser,
+  bytesOf,
+  changedBytes,
+  typeInto,
+  openArchitecturePage,
+  openPage,
+  urlSettled,
+  choose,
+} from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
 
@@ -93,6 +103,44 @@ test('every PEFT setting travels in the URL and comes back on reload', async () 
   await page.getByTestId('method').selectOption('full');
   assert.equal(await page.getByTestId('peft-settings').isVisible(), false);
   assert.equal(await page.getByTestId('trainable-params').count(), 0);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test('a LoRA base loaded in fp32 runs the step in fp32, travels in the link and comes back', async () => {
+  const query = '?m=arch&model=llama3.2-1b&s=512&b=1&gpu=none&r=bf16&o=adamw&gc=full&method=lora';
+  const { page, errors, context } = await openArchitecturePage(env, query);
+  assert.equal(await page.getByTestId('base-dtype').inputValue(), 'recipe');
+  const bf16 = await bytesOf(page, 'total');
+  // the same step under the fp32 recipe: what an fp32 base runs when nothing casts it
+  await page.getByTestId('recipe').selectOption('fp32');
+  const fp32 = await changedBytes(page, 'total', bf16);
+  await page.getByTestId('recipe').selectOption('bf16');
+  await changedBytes(page, 'total', fp32);
+
+  await page.getByTestId('base-dtype').selectOption('fp32');
+  assert.equal(await changedBytes(page, 'total', bf16), fp32);
+  await page.waitForFunction(() => new URLSearchParams(location.search).get('bdt') === 'fp32');
+  await urlSettled(page);
+  const link = await page.getByTestId('share-link').getAttribute('href');
+  await page.reload();
+  await page.getByTestId('total').waitFor();
+  assert.equal(await page.getByTestId('base-dtype').inputValue(), 'fp32');
+  assert.equal(await bytesOf(page, 'total'), fp32);
+
+  // the shared link opens the same step in a fresh page
+  const shared = await openPage(env.browser, new URL(link, env.server.origin).href);
+  assert.equal(await shared.page.getByTestId('base-dtype').inputValue(), 'fp32');
+  assert.equal(await bytesOf(shared.page, 'total'), fp32);
+  assert.deepEqual(shared.errors, []);
+  await shared.context.close();
+
+  // under AMP the base is fp32 already: the setting changes nothing
+  await page.getByTestId('recipe').selectOption('amp-bf16');
+  const amp = await changedBytes(page, 'total', fp32);
+  await page.getByTestId('base-dtype').selectOption('recipe');
+  await page.waitForFunction(() => new URLSearchParams(location.search).get('bdt') === 'recipe');
+  assert.equal(await bytesOf(page, 'total'), amp);
   assert.deepEqual(errors, []);
   await context.close();
 });

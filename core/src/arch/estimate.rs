@@ -422,6 +422,9 @@ fn estimate_on(
     let replay_mode = trainer.replay;
     let step = &TrainingStep {
         seq_len: seq,
+        precision: peft.map_or(step.precision, |f| {
+            f.recipe(step.precision, trainer.autocast)
+        }),
         ..*step
     };
     if step.batch == 0 {
@@ -833,6 +836,14 @@ fn estimate_on(
             Ok(0)
         }
     };
+    // fp32 adapters are cast by autocast, the trainer's own on a 16-bit base too
+    let cast_adapters = |l: &Layer| -> Res<u64> {
+        if p.autocast() || (trainer.autocast && adapter_bytes == 4) {
+            sum_storages(&adapters(l), 2)
+        } else {
+            Ok(0)
+        }
+    };
     // autocast's 16-bit weight copies, per layer group (4-bit weights are never cast; the
     // adapters' copies are cached like any weight that needs a gradient)
     let group_casts = groups
@@ -846,8 +857,7 @@ fn estimate_on(
                     }
                 }
             }
-            copied.extend(adapters(l));
-            cast(&copied)
+            add(cast(&copied)?, cast_adapters(l)?)
         })
         .collect::<Res<Vec<u64>>>()?;
     let all_layer_casts = groups
@@ -1015,8 +1025,10 @@ fn estimate_on(
         mul(storage(tokens, mul(inner, d.act)?)?, inner_tensors)?,
         storage(tokens, mul(spec.hidden(), d.resid())?)?,
     )?;
-    // a 4-bit linear's backward dequantizes its weight to 16 bits (and, under double
-    // quantization, its absmax to fp32) for a moment
+    // a 4-bit linear's backward dequantizes its weight (and, under double quantization, its
+    // absmax to fp32) for a moment, in its `quant_state.dtype`, the dtype the base was
+    // loaded in: an fp32 copy is then cast to the gradient's 16 bits beside it
+    // (bitsandbytes' MatMul4Bit.backward: `dequantize_4bit(B, state).to(grad_output.dtype)`)
     let dequantized = if quantized {
         spec.layers.last().map_or(Ok(0), |l| {
             l.roled_linears().iter().try_fold(0, |acc: u64, (_, lin)| {
@@ -1026,7 +1038,13 @@ fn estimate_on(
                 } else {
                     0
                 };
-                Ok(acc.max(add(storage(n, 2)?, absmax)?))
+                let weight = storage(n, p.weight_bytes())?;
+                let cast = if p.weight_bytes() == 2 {
+                    0
+                } else {
+                    storage(n, 2)?
+                };
+                Ok(acc.max(add(weight, absmax.max(cast))?))
             })
         })?
     } else {
@@ -1189,14 +1207,25 @@ fn estimate_on(
         }
         None => saved,
     };
-    // under checkpointing + autocast the forward's weight-cast cache holds every layer's
-    // 16-bit copies until autocast exits (only the head's are saved for backward)
+    // under checkpointing + autocast the forward's weight-cast cache holds the 16-bit copies
+    // of every checkpointed layer until autocast exits (only the head's are saved for
+    // backward). The cache keeps a cast only of an fp32 leaf that requires grad (aten's
+    // autocast_mode.cpp, `cached_cast`: `arg.requires_grad() && arg.is_leaf()`): a frozen
+    // base's copies are made and freed at each use, so under LoRA only the adapters' stay.
+    let group_cached = if peft.is_some() {
+        groups
+            .iter()
+            .map(|(l, _)| cast_adapters(l))
+            .collect::<Res<Vec<u64>>>()?
+    } else {
+        group_casts.clone()
+    };
     let cached = group_of
         .iter()
         .enumerate()
         .filter(|&(i, _)| step.checkpointing.checkpoints_layer(i))
         .try_fold(0, |acc, (_, &g)| {
-            add(acc, group_casts.get(g).copied().unwrap_or(0))
+            add(acc, group_cached.get(g).copied().unwrap_or(0))
         })?;
     let fwd = CategoryBytes {
         activations: saved,
@@ -1551,7 +1580,13 @@ fn estimate_on(
                 parts.add(part, u64::try_from(share).unwrap_or(u64::MAX))?;
             }
             parts.add(SavedPart::LayerInputs, mul(layer_input, checkpointed)?)?;
-            let kept_casts = all_layer_casts.saturating_sub(cached);
+            let kept_casts = group_of
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| !step.checkpointing.checkpoints_layer(i))
+                .try_fold(0, |acc, (_, &g)| {
+                    add(acc, group_casts.get(g).copied().unwrap_or(0))
+                })?;
             parts.add(SavedPart::WeightCopies, add(kept_casts, head_cast)?)?;
             parts.add(SavedPart::Masks, kept_masks)?;
         }

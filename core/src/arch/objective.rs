@@ -286,6 +286,11 @@ pub fn estimate_objective(
         dropout: f.dropout && objective.kind != ObjectiveKind::Dpo,
         ..*f
     });
+    // TRL's autocast runs a base loaded in fp32 as AMP does
+    let step = &TrainingStep {
+        precision: peft.map_or(step.precision, |f| f.recipe(step.precision, true)),
+        ..*step
+    };
     let ctx = Ctx::new(arch, step, without_dropout.as_ref(), mesh);
     match objective.kind {
         ObjectiveKind::Dpo => dpo(&ctx, objective, replay),
@@ -396,13 +401,13 @@ impl<'a> Ctx<'a> {
     /// What one decoder layer holds at its peak in a no-grad forward of `tokens` tokens,
     /// besides the weights: the MLP's three inner tensors next to four of the residual
     /// stream (hidden, residual, normed input, output), or, with per-head q/k norms, the
-    /// query's fp32 norm (measured: `validation/RL.md`).
-    fn layer_working_set(&self, tokens: u64) -> u64 {
+    /// query's fp32 norm (measured: `validation/RL.md`); matmul outputs of `act` bytes.
+    fn layer_working_set(&self, tokens: u64, act: u64) -> u64 {
         let mut worst = 0;
         for (l, _) in self.arch.spec.layer_groups().0 {
             let h = st(tokens.saturating_mul(l.attention.hidden), self.resid);
             let inner = tokens.saturating_mul(l.mlp.inner_per_token() / self.tp);
-            let mlp = st(inner, self.act)
+            let mlp = st(inner, act)
                 .saturating_mul(3)
                 .saturating_add(h.saturating_mul(4));
             worst = worst.max(mlp);
@@ -410,7 +415,7 @@ impl<'a> Ctx<'a> {
                 let q = tokens.saturating_mul(l.attention.heads * l.attention.head_dim / self.tp);
                 let norm = st(q, 4)
                     .saturating_mul(2)
-                    .saturating_add(st(q, self.act))
+                    .saturating_add(st(q, act))
                     .saturating_add(h.saturating_mul(3));
                 worst = worst.max(norm);
             }
@@ -448,7 +453,7 @@ impl<'a> Ctx<'a> {
     /// copies when the weights run under autocast and require grad.
     fn scoring_working_set(&self, tokens: u64, scored: u64, casts: bool) -> u64 {
         let working = self
-            .layer_working_set(tokens)
+            .layer_working_set(tokens, self.act)
             .max(self.head_working_set(tokens, scored));
         if casts && self.casts_weights {
             working.saturating_add(self.weight_casts(false))
@@ -646,18 +651,24 @@ impl Objective {
 fn generation(ctx: &Ctx<'_>, sequences: u64, prompt: u64, completion: u64) -> (CategoryBytes, u64) {
     let spec = &ctx.arch.spec;
     let tp = ctx.tp;
+    // accelerate's autocast wraps the policy's own forward: a PeftModel's `generate` runs its
+    // base model's `generate`, whose forward is not wrapped (peft's
+    // PeftModelForCausalLM.generate -> base_model.generate), so an adapted model generates in
+    // its weights' dtype (measured: an AMP policy's KV cache is fp32)
+    let autocast = ctx.casts_weights && ctx.peft.is_none();
+    let act = if autocast { ctx.act } else { ctx.weight };
     // fp32 weights under autocast: the key leaves rotary (fp32 tables) or its fp32 norm in
     // fp32, the value the projection's 16 bits
     let per_layer = |l: &super::model::Layer, positions: u64| -> (u64, u64) {
         let a = &l.attention;
-        let key_bytes = if !ctx.casts_weights {
-            ctx.act
+        let key_bytes = if !autocast {
+            act
         } else if a.rotary_dim.is_some() || a.qk_norm.is_some() {
             4
         } else {
             2
         };
-        let value_bytes = if ctx.casts_weights { 2 } else { ctx.act };
+        let value_bytes = if autocast { 2 } else { act };
         let kept = a.window.map_or(positions, |w| positions.min(w));
         let rows = sequences.saturating_mul(a.kv_heads.div_ceil(tp).saturating_mul(kept));
         (
@@ -685,15 +696,11 @@ fn generation(ctx: &Ctx<'_>, sequences: u64, prompt: u64, completion: u64) -> (C
     let decode_extra = growing
         .saturating_add(logits.saturating_mul(2))
         .max(logits.saturating_mul(4));
-    let casts = if ctx.casts_weights && ctx.peft.is_none() {
-        ctx.weight_casts(true)
-    } else {
-        0
-    };
+    let casts = if autocast { ctx.weight_casts(true) } else { 0 };
     let kv_last = cache(last);
     let kv_prompt = cache(prompt);
     let prefill_extra = ctx
-        .layer_working_set(sequences.saturating_mul(prompt))
+        .layer_working_set(sequences.saturating_mul(prompt), act)
         .saturating_add(logits);
     let (kv, rest) =
         if kv_last.saturating_add(decode_extra) >= kv_prompt.saturating_add(prefill_extra) {

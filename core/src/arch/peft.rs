@@ -14,6 +14,8 @@
 //!   output takes its input's dtype, and it dequantizes its weight to 16 bits for a moment in
 //!   forward and in backward.
 
+use super::recipe::PrecisionRecipe;
+
 /// How the model's weights are trained.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Method {
@@ -287,6 +289,10 @@ pub struct Peft {
     pub double_quant: bool,
     /// QLoRA: `prepare_model_for_kbit_training` (the unquantized parameters upcast to fp32).
     pub kbit_prepare: bool,
+    /// The base loaded in fp32 (`torch_dtype=torch.float32`, as peft's FSDP LoRA example
+    /// loads it) whatever the recipe's weight dtype: QLoRA's unquantized parameters and its
+    /// 4-bit weights' `quant_state.dtype` (their dequantized copies) too.
+    pub base_fp32: bool,
 }
 
 impl Peft {
@@ -294,6 +300,21 @@ impl Peft {
     #[must_use]
     pub fn quantized(&self) -> bool {
         self.method == Method::Qlora
+    }
+
+    /// The recipe the step really runs with `recipe` asked for: a base loaded in fp32 is
+    /// fp32 already under AMP; under a 16-bit recipe nothing casts it, so the step runs in
+    /// fp32, or, under the trainer's own bf16 autocast (TRL's `bf16=True`: accelerate's
+    /// autocast around the forward), as AMP runs it.
+    #[must_use]
+    pub fn recipe(&self, recipe: PrecisionRecipe, trainer_autocast: bool) -> PrecisionRecipe {
+        if !self.base_fp32 || recipe.weight_bytes() == 4 {
+            recipe
+        } else if trainer_autocast {
+            PrecisionRecipe::AmpBf16
+        } else {
+            PrecisionRecipe::Fp32
+        }
     }
 }
 
@@ -401,6 +422,46 @@ mod tests {
             LoraTargets::parse(" , ", Naming::Gpt2),
             Err(TargetsError::Empty)
         );
+    }
+
+    #[track_caller]
+    fn runs_as(
+        base_fp32: bool,
+        asked: PrecisionRecipe,
+        trainer_autocast: bool,
+        runs: PrecisionRecipe,
+    ) {
+        let peft = Peft {
+            method: Method::Lora,
+            rank: 16,
+            dropout: false,
+            targets: LoraTargets::ALL_LINEAR,
+            adapter_fp32: true,
+            quant: Quant4::Nf4,
+            double_quant: true,
+            kbit_prepare: true,
+            base_fp32,
+        };
+        assert_eq!(peft.recipe(asked, trainer_autocast), runs);
+    }
+
+    /// A base loaded in fp32 is what AMP loads; under a 16-bit recipe nothing casts it (the
+    /// step runs in fp32) unless the trainer's own autocast does (as AMP).
+    #[test]
+    fn an_fp32_base_runs_as_fp32_or_amp() {
+        use PrecisionRecipe::*;
+        for asked in PrecisionRecipe::ALL {
+            runs_as(false, asked, false, asked);
+            runs_as(false, asked, true, asked);
+        }
+        for asked in [Fp32, AmpBf16, AmpFp16] {
+            runs_as(true, asked, false, asked);
+            runs_as(true, asked, true, asked);
+        }
+        for asked in [Bf16, MixedBf16, MixedFp16] {
+            runs_as(true, asked, false, Fp32);
+            runs_as(true, asked, true, AmpBf16);
+        }
     }
 
     /// Real CPU `Params4bit` of a [1000, 4096] weight (bitsandbytes 0.50.2, validation/PEFT.md):
