@@ -23,9 +23,10 @@
 //!   `release_available_cached_blocks` does nothing at the default `max_split_size`, then
 //!   `release_cached_blocks` hands every cached block that is a whole segment back
 //!   (`release_blocks`: `!block->prev && !block->next`) and `alloc_block` is retried; a
-//!   request that still does not fit is an out-of-memory error. Expandable segments would
-//!   unmap their free pages there (`unmap_block`): not modelled, so their device stays
-//!   infinite. `empty_cache` never runs.
+//!   request that still does not fit is an out-of-memory error. With expandable segments a
+//!   mapping past the capacity fails the same way, and `release_cached_blocks` unmaps the
+//!   whole pages of every free block (`release_blocks` -> `unmap_block`) before the retry.
+//!   `empty_cache` never runs.
 //! * No cross-stream uses (`record_stream`), so a freed block is free at once
 //!   (`free` calls `free_block` when `stream_uses` is empty).
 //!
@@ -406,7 +407,7 @@ impl CachingAllocator {
     /// Lets `cudaMalloc` hand out at most `bytes` in all (the device less the CUDA context
     /// and whatever lives outside the allocator), so that a cache miss that would pass it
     /// first releases the cached segments, as a real device does before it raises an
-    /// out-of-memory error. Default mode only (see the module documentation).
+    /// out-of-memory error (see the module documentation).
     pub fn set_capacity(&mut self, bytes: u64) {
         self.capacity = bytes;
     }
@@ -634,7 +635,25 @@ impl CachingAllocator {
     /// or, with expandable segments, `try_allocate_expandable_block`.
     fn alloc_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
         if self.expandable() {
-            return self.try_allocate_expandable_block(pool, size);
+            if let Some(block) = self.try_allocate_expandable_block(pool, size) {
+                return Some(block);
+            }
+            if self.capacity == u64::MAX {
+                return None;
+            }
+            // `malloc`'s retry: `release_cached_blocks` unmaps the free pages of the
+            // expandable segments (`release_blocks` -> `unmap_block`), so a hole a freed
+            // tensor left in the middle of a segment can be mapped again where it is needed
+            self.unmap_free_blocks();
+            if let Some(block) = self.try_allocate_expandable_block(pool, size) {
+                return Some(block);
+            }
+            // out of memory: mapped anyway, for how much the step misses
+            self.out_of_memory = true;
+            let capacity = std::mem::replace(&mut self.capacity, u64::MAX);
+            let block = self.try_allocate_expandable_block(pool, size);
+            self.capacity = capacity;
+            return block;
         }
         let alloc_size = get_allocation_size(size);
         // `malloc`'s retry: release the whole cached segments, then try again
@@ -682,6 +701,87 @@ impl CachingAllocator {
                 self.delete_block(slot);
             }
         }
+    }
+
+    /// `release_blocks` with expandable segments: every free block's whole pages are
+    /// unmapped (`unmap_block`).
+    fn unmap_free_blocks(&mut self) {
+        for kind in [PoolKind::Large, PoolKind::Small] {
+            let free: Vec<usize> = self
+                .pool(kind)
+                .blocks
+                .values()
+                .copied()
+                .filter(|&slot| self.blocks[slot].segment != NIL)
+                .collect();
+            for slot in free {
+                self.unmap_block(slot);
+            }
+        }
+    }
+
+    /// `unmap_block`: unmaps the pages wholly inside the free block `slot` (`unmap` rounds
+    /// its range inward), leaving the partial pages at either end as free mapped blocks, and
+    /// merges the unmapped part with unmapped neighbours.
+    fn unmap_block(&mut self, slot: usize) {
+        let b = self.blocks[slot];
+        let Some(&ExpandableSegment { base, page }) = self.segments.get(b.segment) else {
+            return;
+        };
+        let offset = b.addr.saturating_sub(base);
+        let begin = base.saturating_add(times(offset.div_ceil(page), page));
+        let end = base.saturating_add(times(offset.saturating_add(b.size) / page, page));
+        if end <= begin {
+            return;
+        }
+        self.pool_mut(b.pool)
+            .blocks
+            .remove(size_key(b.size, b.addr));
+        let mapped_rest = |addr, size, prev, next| Block {
+            addr,
+            size,
+            prev,
+            next,
+            segment: b.segment,
+            pool: b.pool,
+            allocated: false,
+            mapped: true,
+            generation: 0,
+            live: true,
+        };
+        if begin > b.addr {
+            // prev -> before -> slot
+            let before = self.new_block(mapped_rest(b.addr, begin - b.addr, b.prev, slot));
+            if let Some(p) = self.blocks.get_mut(b.prev) {
+                p.next = before;
+            }
+            self.blocks[slot].prev = before;
+            self.pool_mut(b.pool)
+                .blocks
+                .insert(size_key(begin - b.addr, b.addr), before);
+        }
+        let block_end = b.addr.saturating_add(b.size);
+        if end < block_end {
+            // slot -> after -> next
+            let after = self.new_block(mapped_rest(end, block_end - end, slot, b.next));
+            if let Some(n) = self.blocks.get_mut(b.next) {
+                n.prev = after;
+            }
+            self.blocks[slot].next = after;
+            self.pool_mut(b.pool)
+                .blocks
+                .insert(size_key(block_end - end, end), after);
+        }
+        let u = &mut self.blocks[slot];
+        u.addr = begin;
+        u.size = end - begin;
+        u.mapped = false;
+        self.reserved = self.reserved.saturating_sub(end - begin);
+        let (prev, next) = (self.blocks[slot].prev, self.blocks[slot].next);
+        self.try_merge_blocks(slot, prev);
+        self.try_merge_blocks(slot, next);
+        let addr = self.blocks[slot].addr;
+        self.pool_mut(b.pool).unmapped.insert(addr_key(addr), slot);
     }
 
     /// `should_split`: whether the rest of `block` after `size` bytes goes back to the pool.
@@ -864,7 +964,8 @@ impl CachingAllocator {
         let begin = offset / page;
         let end = offset.saturating_add(size).div_ceil(page);
         let mapped = times(end.saturating_sub(begin), page);
-        if mapped == 0 {
+        // `cuMemCreate` fails past what the device can hand out
+        if mapped == 0 || self.reserved.saturating_add(mapped) > self.capacity {
             // "return size of 0 indicates OOM"
             return false;
         }
@@ -1191,6 +1292,29 @@ mod tests {
         b.free(first);
         b.malloc(70 * MIB);
         assert_eq!((b.reserved(), b.out_of_memory()), (130 * MIB, false));
+    }
+
+    #[test]
+    fn expandable_segments_unmap_their_free_pages_before_running_out() {
+        const MIB: u64 = 1 << 20;
+        let steps = |capacity: Option<u64>| {
+            let mut a = CachingAllocator::new(AllocatorMode::Expandable);
+            if let Some(c) = capacity {
+                a.set_capacity(c);
+            }
+            let first = a.malloc(60 * MIB);
+            let _second = a.malloc(60 * MIB);
+            // a 60 MiB hole before the second tensor: too small for the next one
+            a.free(first);
+            let _third = a.malloc(100 * MIB);
+            (a.reserved(), a.allocated(), a.out_of_memory())
+        };
+        // an infinite device maps 100 MiB more past the hole
+        assert_eq!(steps(None), (220 * MIB, 160 * MIB, false));
+        // at 200 MiB the hole's pages are unmapped first
+        assert_eq!(steps(Some(200 * MIB)), (160 * MIB, 160 * MIB, false));
+        // at 150 MiB even that does not fit: mapped anyway, and said
+        assert_eq!(steps(Some(150 * MIB)), (160 * MIB, 160 * MIB, true));
     }
 
     #[test]
