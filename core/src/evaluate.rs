@@ -1561,10 +1561,14 @@ mod tests {
         // the same tensors, what the allocator holds differs
         assert_eq!(default.step.peak_bytes, expandable.step.peak_bytes);
         assert!(default.allocator.is_some() && typed.allocator.is_none());
-        assert!(default.reserved_bytes() > expandable.reserved_bytes());
+        assert_ne!(default.reserved_bytes(), expandable.reserved_bytes());
         assert!(expandable.reserved_bytes() > expandable.step.peak_bytes);
-        // expandable segments keep the reserve within a few percent of the peak
-        assert!(expandable.reserved_bytes() < expandable.step.peak_bytes / 100 * 103);
+        // the loss's fp32 tensors leave segments the next ones reuse: a reserve of a few
+        // percent (the loss replayed as one block per phase reserved a third more)
+        assert!(default.reserved_bytes() < default.step.peak_bytes / 100 * 110);
+        // where the device has room, an expandable segment keeps the hole the freed logits
+        // leave before their gradients (more reserved than by default here); near the
+        // capacity it unmaps it, so the largest batch is larger (below)
         assert_eq!(
             typed.reserved_bytes(),
             typed.step.peak_bytes + typed.step.peak_bytes / 20

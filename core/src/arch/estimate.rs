@@ -776,16 +776,18 @@ fn estimate_on(
                         .map(|i| step.checkpointing.checkpoints_layer(i))
                         .collect(),
                     embeddings_saved: acts.outside.saturating_sub(acts.head_saved),
-                    head_saved: acts.head_saved,
-                    loss_forward: acts.loss_forward,
-                    loss_buffers: acts.loss_buffers,
+                    head_saved: acts
+                        .head_saved
+                        .saturating_sub(acts.loss_tensors.saved_bytes()),
+                    loss: &acts.loss_tensors,
                     layer_backward,
                     input_gradient: storage(
                         shape.stream_tokens(tokens),
                         mul(spec.hidden(), d.resid())?,
                     )?,
                     head_gradients: if full {
-                        let tensors = spec.head_gradient_tensors();
+                        // the last layer's own gradients come with its backward
+                        let tensors = spec.head_parameter_tensors();
                         let mut head = trained_tensors(&tensors)?;
                         // a tied matrix's head share is stepped with its embedding share
                         let tied = spec

@@ -10,6 +10,7 @@
 use super::ops::{add, mul, storage, Linear, Res, SavedPart, Tape, T};
 use super::peft::Role;
 use super::recipe::{Compile, LossKind};
+use super::replay::{LossOp, LossTensors};
 use super::shape::StepShape;
 
 /// TRL's `_CHUNKED_LM_HEAD_CHUNK_SIZE`: valid tokens per chunk of `chunked_nll`.
@@ -38,7 +39,7 @@ pub(crate) struct CausalHead {
 }
 
 /// What the loss adds to the step beyond the tensors it saved on the tape.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LossCosts {
     /// Alive for a moment at the forward's loss, beyond the saved tensors.
     pub forward: u64,
@@ -51,6 +52,9 @@ pub(crate) struct LossCosts {
     /// Whether autocast's 16-bit copy of the head weight is saved for backward (the head runs
     /// as `lm_head` once); the chunked losses cast it again per chunk instead.
     pub keeps_head_cast: bool,
+    /// The loss's tensors one by one for the allocator's replay, where they are read off
+    /// the source (else `forward` and `backward` are replayed as one block each).
+    pub tensors: Option<LossTensors>,
 }
 
 /// SFTTrainer's metrics under no_grad on the model's output logits, which accelerate's
@@ -124,12 +128,47 @@ impl CausalHead {
         } else {
             mul(logits_32, backward_slices)?
         };
+        let tensors = (!s.loss_parallel && !s.in_place_loss)
+            .then(|| Self::upcast_tensors(logits_w, if w == 4 { 0 } else { logits_32 }));
         Ok(LossCosts {
             forward: at_loss,
             after_forward: forward,
             backward,
             keeps_head_cast: true,
+            tensors,
         })
+    }
+
+    /// transformers' `ForCausalLMLoss` (5.24) tensor by tensor, for the allocator's replay:
+    /// the head's logits, their fp32 copy (`logits.float()`; none when `upcast` is 0: they are
+    /// fp32 already), `log_softmax`'s output (saved; the copy is freed when the loss function
+    /// returns, the logits when the model's output is dropped). Backward: `nll_loss`'s
+    /// gradient, `log_softmax`'s (then the first is freed with the saved output, as the
+    /// engine releases a node's inputs and saved variables once it has run), the cast back to
+    /// the logits' dtype (`ToCopyBackward`, freeing the fp32 one), then the head's gradients.
+    /// The sizes are what makes the reserve at long contexts: each is a segment of its own, and
+    /// which freed one the next request reuses decides how many the step needs.
+    fn upcast_tensors(logits: u64, upcast: u64) -> LossTensors {
+        use LossOp::{Free, HeadGradients, Make};
+        let fp32 = if upcast == 0 { logits } else { upcast };
+        if upcast == 0 {
+            return LossTensors {
+                forward: vec![Make(logits), Make(fp32), Free(0)],
+                backward: vec![Make(fp32), Make(fp32), Free(2), Free(1), HeadGradients],
+            };
+        }
+        LossTensors {
+            forward: vec![Make(logits), Make(upcast), Make(fp32), Free(1), Free(0)],
+            backward: vec![
+                Make(fp32),
+                Make(fp32),
+                Free(3),
+                Free(2),
+                Make(logits),
+                Free(4),
+                HeadGradients,
+            ],
+        }
     }
 
     /// The loss compiled (on its own per block, or with the whole model), measured on
@@ -170,6 +209,7 @@ impl CausalHead {
             after_forward,
             backward: mul(storage(tv, logits.bytes)?, gradients)?,
             keeps_head_cast: true,
+            tensors: None,
         })
     }
 
@@ -215,6 +255,7 @@ impl CausalHead {
             after_forward: 0,
             backward,
             keeps_head_cast: false,
+            tensors: None,
         })
     }
 
@@ -246,6 +287,7 @@ impl CausalHead {
                 after_forward: 0,
                 backward: storage(per_chunk, w)?,
                 keeps_head_cast: true,
+                tensors: None,
             });
         }
         let mut chunk_bytes = 0;
@@ -261,6 +303,7 @@ impl CausalHead {
             after_forward: 0,
             backward: mul(chunk_bytes, 2)?,
             keeps_head_cast: true,
+            tensors: None,
         })
     }
 
@@ -298,6 +341,7 @@ impl CausalHead {
             after_forward: 0,
             backward: 0,
             keeps_head_cast: false,
+            tensors: None,
         })
     }
 
@@ -337,6 +381,7 @@ impl CausalHead {
             after_forward: 0,
             backward,
             keeps_head_cast: false,
+            tensors: None,
         })
     }
 
@@ -386,6 +431,7 @@ impl CausalHead {
             after_forward: 0,
             backward,
             keeps_head_cast: false,
+            tensors: None,
         })
     }
 }

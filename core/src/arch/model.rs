@@ -8,6 +8,7 @@ use super::ops::{
     NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::Role;
+use super::replay::LossTensors;
 use super::shape::StepShape;
 
 /// Where a layer's norms sit around its two sub-blocks.
@@ -791,6 +792,8 @@ pub(crate) struct ForwardTape {
     pub loss_buffers: u64,
     /// Extra forward transient at the loss (logits and their fp32 copy).
     pub loss_forward: u64,
+    /// The loss's tensors for the allocator's replay (their saved part is in `head_saved`).
+    pub loss_tensors: LossTensors,
     /// Extra transient after the model's forward returned (outside autocast).
     pub after_forward: u64,
     /// Largest set of live tensors in a no-grad forward at the head (with autocast's copy of
@@ -1010,15 +1013,24 @@ impl ModelSpec {
             Head::CausalLm { .. } => vec![v * h],
         }
     }
-    /// Parameters whose gradients exist once backward reaches the last layer: the head (and
-    /// a tied embedding), the final norm, and the last layer's output matmul.
     /// Elements of a tied matrix's head share among [`Self::head_gradient_tensors`]: a causal
     /// LM's head tied to its embeddings (one parameter, two uses).
     pub fn tied_head_matrix(&self) -> Option<u64> {
         (self.tied && self.embeds && self.heads && matches!(self.head, Head::CausalLm { .. }))
             .then(|| self.vocab() * self.token_width())
     }
+    /// Parameters whose gradients exist once backward reaches the last layer: the head's
+    /// ([`Self::head_parameter_tensors`]) and the last layer's output matmul.
     pub fn head_gradient_tensors(&self) -> Vec<u64> {
+        let mut t = self.head_parameter_tensors();
+        if let Some(last) = self.layers.last() {
+            last.mlp.down_params(&mut t);
+        }
+        t
+    }
+    /// The head's parameters (and a tied embedding's share), the final norm's: the
+    /// gradients the head's backward makes (the last layer's are its own).
+    pub fn head_parameter_tensors(&self) -> Vec<u64> {
         let (h, v) = (self.hidden(), self.vocab());
         let mut t = if self.heads {
             self.head_params()
@@ -1028,9 +1040,6 @@ impl ModelSpec {
         t.extend(self.tied_head_matrix());
         if self.head == Head::MaskedLm {
             t.push(v * h); // the tied decoder
-        }
-        if let Some(last) = self.layers.last() {
-            last.mlp.down_params(&mut t);
         }
         t
     }
@@ -1117,6 +1126,7 @@ impl ModelSpec {
         let hidden_r = storage(tokens, mul(h, r)?)?;
         let mut keeps_head_cast = true;
         let mut after_forward = 0;
+        let mut loss_tensors = None;
         let (loss_buffers, loss_forward, (inference, inference_layers, inference_attention)) =
             match self.head {
                 // a pipeline stage before the last sends its output on
@@ -1158,6 +1168,7 @@ impl ModelSpec {
                     let costs = head.loss(s.loss, &mut tape, x, s)?;
                     keeps_head_cast = costs.keeps_head_cast;
                     after_forward = costs.after_forward;
+                    loss_tensors = costs.tensors;
                     let logits_w = storage(tv, w)?;
                     let inner = storage(tokens, mul(self.max_inner(), w)?)?;
                     let k = self
@@ -1326,6 +1337,8 @@ impl ModelSpec {
             head_saved: total - head_start,
             loss_buffers,
             loss_forward,
+            loss_tensors: loss_tensors
+                .unwrap_or_else(|| LossTensors::blocks(loss_forward, loss_buffers)),
             after_forward,
             inference,
             inference_layers,

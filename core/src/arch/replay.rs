@@ -6,8 +6,10 @@
 //! does not order is approximated, and said here:
 //! - a tensor backward does not keep is freed once the next one is made (its consumer has
 //!   produced its output), the layer's output once the next layer's first tensor is made;
-//! - outside the layers, the embeddings' saved tensors, the head's and the loss's are one
-//!   block each, and so are the loss's forward transient and its gradient buffers;
+//! - outside the layers, the embeddings' saved tensors and the head's are one block each;
+//!   the loss's tensors are made and freed one by one where its source is read
+//!   ([`LossTensors`]: transformers' `ForCausalLMLoss`), else its forward transient and its
+//!   gradient buffers are one block each;
 //! - a layer's backward makes its transients, then its parameters' gradients (in order),
 //!   frees the transients, makes the gradient of its input and frees what it saved;
 //! - two steps run (the first creates the optimizer state after its backward, as
@@ -63,12 +65,10 @@ pub(crate) struct StepAllocations<'a> {
     pub checkpointed: Vec<bool>,
     /// Saved before the layers (embeddings, rotary tables, masks).
     pub embeddings_saved: u64,
-    /// Saved by the final norm, the head and the loss.
+    /// Saved by the final norm, the head and the loss, beyond what `loss` makes.
     pub head_saved: u64,
-    /// The loss's forward transient.
-    pub loss_forward: u64,
-    /// The loss's gradient buffers at the start of backward.
-    pub loss_buffers: u64,
+    /// The loss's tensors, made and freed in order in the forward and the backward.
+    pub loss: &'a LossTensors,
     /// A layer's backward transients.
     pub layer_backward: Vec<u64>,
     /// The gradient flowing between layers (one layer input's size).
@@ -92,6 +92,58 @@ pub(crate) struct StepAllocations<'a> {
     pub in_backward: bool,
     /// Forward and backward passes per optimizer step (gradient accumulation).
     pub micro_batches: u64,
+}
+
+/// One event of the loss's replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LossOp {
+    /// A tensor of this many bytes is made.
+    Make(u64),
+    /// The tensor made by the `n`-th [`LossOp::Make`] (forward and backward counted together)
+    /// is freed.
+    Free(usize),
+    /// The head's parameter gradients are made (backward only; at the end without it).
+    HeadGradients,
+}
+
+/// The loss's tensors in the order they are made and freed, from the head's output on.
+/// A tensor the forward makes and does not free is saved for backward; whatever backward
+/// leaves alive is freed once the gradient of the head's input is made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LossTensors {
+    /// From the logits to the loss.
+    pub forward: Vec<LossOp>,
+    /// From the loss's gradient to the head's.
+    pub backward: Vec<LossOp>,
+}
+
+impl LossTensors {
+    /// A forward transient and backward buffers of one block each.
+    #[must_use]
+    pub(crate) fn blocks(forward: u64, backward: u64) -> Self {
+        LossTensors {
+            forward: vec![LossOp::Make(forward), LossOp::Free(0)],
+            backward: vec![LossOp::Make(backward), LossOp::HeadGradients],
+        }
+    }
+
+    /// Bytes the forward makes and leaves for backward.
+    #[must_use]
+    pub(crate) fn saved_bytes(&self) -> u64 {
+        let made: Vec<u64> = self
+            .forward
+            .iter()
+            .filter_map(|op| match op {
+                LossOp::Make(b) => Some(*b),
+                _ => None,
+            })
+            .collect();
+        made.iter()
+            .enumerate()
+            .filter(|(i, _)| !self.forward.contains(&LossOp::Free(*i)))
+            .map(|(_, &b)| b)
+            .sum()
+    }
 }
 
 /// Micro-batches after which an accumulated step's replay repeats itself: from the fourth
@@ -215,6 +267,35 @@ struct Scratch {
     grads: Vec<BlockId>,
     /// Gradients waiting for another share before their step in backward.
     waiting: Vec<BlockId>,
+    /// The loss's tensors, by the order they were made (`None` once freed).
+    loss: Vec<Option<BlockId>>,
+}
+
+/// Runs the loss's `ops`, its tensors' blocks in `made`; `head_gradients` makes the head's.
+fn loss_ops(
+    a: &mut CachingAllocator,
+    made: &mut Vec<Option<BlockId>>,
+    ops: &[LossOp],
+    head_gradients: &mut dyn FnMut(&mut CachingAllocator),
+) {
+    for op in ops {
+        match *op {
+            LossOp::Make(bytes) => made.push(Some(a.malloc(bytes))),
+            LossOp::Free(n) => {
+                if let Some(id) = made.get_mut(n).and_then(Option::take) {
+                    a.free(id);
+                }
+            }
+            LossOp::HeadGradients => head_gradients(a),
+        }
+    }
+}
+
+/// Frees the loss's tensors still alive.
+fn free_loss(a: &mut CachingAllocator, made: &mut [Option<BlockId>]) {
+    for id in made.iter_mut().filter_map(Option::take) {
+        a.free(id);
+    }
 }
 
 thread_local! {
@@ -347,6 +428,7 @@ fn forward_backward(
         transients,
         grads,
         waiting,
+        loss,
     } = scratch;
     let mut gradients = Gradients {
         grads,
@@ -374,21 +456,28 @@ fn forward_backward(
         }
     }
     let head = a.malloc(s.head_saved);
-    let loss = a.malloc(s.loss_forward);
-    a.free(loss);
+    loss.clear();
+    loss_ops(a, loss, &s.loss.forward, &mut |_| {});
     flow.flush(a);
     if !s.trains {
+        free_loss(a, loss);
         a.free(head);
         a.free(embeddings);
         a.free(input);
         return;
     }
     // backward
-    let buffers = a.malloc(s.loss_buffers);
-    gradients.add(a, &s.head_gradients);
+    let mut head_gradients = false;
+    loss_ops(a, loss, &s.loss.backward, &mut |a| {
+        gradients.add(a, &s.head_gradients);
+        head_gradients = true;
+    });
+    if !head_gradients {
+        gradients.add(a, &s.head_gradients);
+    }
     a.free(head);
     let mut gradient = a.malloc(s.input_gradient);
-    a.free(buffers);
+    free_loss(a, loss);
     for (i, log) in s.layers.iter().enumerate().rev() {
         recomputed.clear();
         if s.checkpointed.get(i).copied().unwrap_or(false) {
@@ -473,6 +562,12 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A loss that allocates nothing.
+    static NO_LOSS: LossTensors = LossTensors {
+        forward: Vec::new(),
+        backward: Vec::new(),
+    };
+
     /// A one-layer step: two weights of 8 MiB (the embedding's and the layer's), the layer
     /// keeping 4 MiB for backward, AdamW's two 8 MiB moments per weight and foreach's 8 MiB
     /// temporary per weight; with `tied_head`, the head's share of a tied embedding waits
@@ -491,8 +586,7 @@ mod tests {
             checkpointed: vec![false],
             embeddings_saved: 0,
             head_saved: 0,
-            loss_forward: 0,
-            loss_buffers: 0,
+            loss: &NO_LOSS,
             layer_backward: Vec::new(),
             input_gradient: 0,
             head_gradients: if tied_head {
