@@ -1585,7 +1585,7 @@ pub const OVERHEADS: &[Spec] = &[
         Field::SafetyMargin,
         "Safety margin (%)",
         "safety-margin",
-        "",
+        "Kept free for what the estimate does not see: cuBLAS workspaces (tens of MiB), the CUDA context's variation by driver, a display or another process, fragmentation across streams. Default 5%.",
     ),
 ];
 

@@ -504,7 +504,7 @@ impl Default for HardwareSettings {
             cuda_context_mib: "500".to_owned(),
             allocator_reserve_percent: String::new(),
             allocator: AllocatorMode::Default,
-            safety_margin_percent: "15".to_owned(),
+            safety_margin_percent: "5".to_owned(),
         }
     }
 }
