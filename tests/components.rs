@@ -222,6 +222,7 @@ async fn sweep_table_highlights_the_chosen_batch() {
             peak_phase: Some(estimator_core::Phase::Backward),
             is_selected: false,
             fits: Some(batch <= 16),
+            tokens: None,
         })
     });
     let handle = leptos::mount::mount_to(root.clone(), move || {
