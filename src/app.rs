@@ -2,8 +2,8 @@
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, largest_peak_that_fits, parse_page,
-    sweep_markdown, sweep_tsv, ByteUnit, Decoded, Evaluation, Method, Mode, PartKind, Scenario,
-    SweepRow,
+    sweep_markdown, sweep_tsv, ByteUnit, Decoded, Evaluation, EvaluationError, Field,
+    LongestSequence, Method, Mode, ObjectiveKind, PartKind, Scenario, SweepAxis, SweepRow,
 };
 use leptos::prelude::*;
 
@@ -88,6 +88,39 @@ const ADVICE_DELAY: std::time::Duration = std::time::Duration::from_millis(150);
 /// How long the inputs must rest before the advisor's worker is asked: its search (tens of
 /// milliseconds) is then over before ADVICE_DELAY, and a burst of keystrokes asks once.
 const ADVICE_ASK_DELAY: std::time::Duration = std::time::Duration::from_millis(40);
+
+/// How long the inputs must rest before the longest sequence that fits is searched (a few
+/// dozen estimates and a few allocator replays: milliseconds), with the sweep over lengths:
+/// typing pays none of it.
+const SEQ_SEARCH_DELAY: std::time::Duration = std::time::Duration::from_millis(40);
+
+/// The longest sequence that fits and the sweep over sequence lengths, searched once the
+/// inputs rest, for the inputs of `query`.
+struct SeqAnswer {
+    /// The inputs it answers, as their query string: shown only while they are the page's.
+    query: String,
+    /// The longest sequence that fits (`None`: no GPU, the simple mode, an image model).
+    longest: Option<LongestSequence>,
+    /// The page at that length (`?query`), empty when none fits.
+    link: String,
+    /// The sweep over sequence lengths, when the table shows it.
+    rows: Vec<SweepRow>,
+}
+
+/// `f` of the rows the sweep table and the chart show: the sweep over lengths (its latest
+/// answer) when `seq`, else the batch sweep of the evaluation.
+fn with_sweep<T>(
+    seq: bool,
+    evaluation: Memo<Result<Evaluation, EvaluationError>>,
+    answer: RwSignal<Option<SeqAnswer>>,
+    f: impl FnOnce(&[SweepRow]) -> T,
+) -> T {
+    if seq {
+        answer.with(|a| f(a.as_ref().map_or(&[][..], |a| &a.rows)))
+    } else {
+        evaluation.with(|e| f(e.as_ref().map_or(&[][..], |e| &e.sweep)))
+    }
+}
 
 /// Runs the newest task given to it once `delay` has passed with no newer one: the work a
 /// keystroke schedules this way is paid once the typing pauses.
@@ -227,19 +260,80 @@ pub fn App() -> impl IntoView {
             )
         })
     });
-    let verdict = memo(move |_| evaluation.with(|e| verdict_markup(e.as_ref().ok(), unit.get())));
+    // The page as a query string: the share link, the address bar, the searches' key.
+    let query = memo(move |_| state.with(encode_query));
+    // The longest sequence that fits, and the sweep over lengths: searched once the inputs
+    // rest, shown while they are the inputs searched.
+    let seq_answer: RwSignal<Option<SeqAnswer>> = RwSignal::new(None);
+    let seq_shown = memo(move |_| {
+        state.with(|s| s.sweep_axis == SweepAxis::Seq && s.mode == Mode::Architecture)
+            && !page.with(|p| p.is_vision)
+    });
+    let seq_search = Debounced::new(SEQ_SEARCH_DELAY);
+    watch(move || {
+        query.track();
+        // the task reads the inputs when it runs: the newest ones
+        seq_search.run(move || {
+            let (longest, rows) = page.with_untracked(|p| {
+                p.scenario.as_ref().map_or((None, Vec::new()), |s| {
+                    let longest = s.longest_sequence();
+                    let rows = if seq_shown.get_untracked() {
+                        s.sequence_sweep(longest.as_ref())
+                    } else {
+                        Vec::new()
+                    };
+                    (longest, rows)
+                })
+            });
+            // the page at that length: the sequence, or DPO's and GRPO's completion
+            let link = match longest.and_then(|l| l.tokens) {
+                Some(tokens) => state.with_untracked(|s| {
+                    let mut at = s.clone();
+                    let tokens = tokens.to_string();
+                    let _ = if at.step.objective == ObjectiveKind::Sft {
+                        at.set(Field::SeqLen, &tokens)
+                    } else {
+                        at.set(Field::MaxCompletion, &tokens)
+                    };
+                    format!("?{}", encode_query(&at))
+                }),
+                None => String::new(),
+            };
+            seq_answer.set(Some(SeqAnswer {
+                query: query.get_untracked(),
+                longest,
+                link,
+                rows,
+            }));
+        });
+    });
+    let verdict = memo(move |_| {
+        evaluation.with(|e| {
+            seq_answer.with(|a| {
+                let longest = a
+                    .as_ref()
+                    .filter(|a| query.with(|q| *q == a.query))
+                    .and_then(|a| a.longest.as_ref().map(|l| (l, a.link.as_str())));
+                verdict_markup(e.as_ref().ok(), unit.get(), longest)
+            })
+        })
+    });
     let sweep_of = move |f: fn(&[SweepRow], ByteUnit) -> String| {
-        move || evaluation.with(|e| f(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
+        move || {
+            with_sweep(seq_shown.get(), evaluation, seq_answer, |rows| {
+                f(rows, unit.get())
+            })
+        }
     };
     let chart = memo(move |_| {
-        evaluation.with(|e| {
-            let (rows, line) = e.as_ref().map_or((&[][..], None), |e| {
-                let line = e
-                    .plan
+        let line = evaluation.with(|e| {
+            e.as_ref().ok().and_then(|e| {
+                e.plan
                     .capacity_bytes
-                    .map(|c| largest_peak_that_fits(c, &e.plan.overheads));
-                (&e.sweep[..], line)
-            });
+                    .map(|c| largest_peak_that_fits(c, &e.plan.overheads))
+            })
+        });
+        with_sweep(seq_shown.get(), evaluation, seq_answer, |rows| {
             chart_markup(rows, line, unit.get())
         })
     });
@@ -262,7 +356,6 @@ pub fn App() -> impl IntoView {
     // once typing pauses for URL_SYNC_DELAY: Chromium's replaceState costs milliseconds a
     // call, and localStorage's setItem a tenth of a keystroke. The share link carries the
     // query at once.
-    let query = memo(move |_| state.with(encode_query));
     // Leaving the page within the pause stores what the pause would have.
     let _ = window_event_listener_untyped("pagehide", move |_| {
         query.with_untracked(|q| browser::store(q));
@@ -538,6 +631,32 @@ pub fn App() -> impl IntoView {
         m.finish()
     });
 
+    // What the sweep varies: the batch or the sequence length (architecture mode, a model
+    // of sequences).
+    let axis_shown = memo(move |_| is_arch.get() && !page.with(|p| p.is_vision));
+    let axis_control = move || {
+        axis_shown.get().then(|| {
+            let is = move |axis: SweepAxis| move || state.with(|s| s.sweep_axis == axis);
+            view! {
+                <label class="sweep-axis">
+                    "Vary "
+                    <select
+                        data-testid="sweep-axis"
+                        on:change=move |ev| {
+                            let value = event_target_value(&ev);
+                            state.update(|s| {
+                                let _ = s.set(Field::SweepAxis, &value);
+                            });
+                        }
+                    >
+                        <option value="batch" prop:selected=is(SweepAxis::Batch)>"Batch size"</option>
+                        <option value="seq" prop:selected=is(SweepAxis::Seq)>"Sequence length"</option>
+                    </select>
+                </label>
+            }
+        })
+    };
+
     view! {
         <header class="page-header">
             <h1>"Batch Size Memory Estimator"</h1>
@@ -557,14 +676,16 @@ pub fn App() -> impl IntoView {
                 {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
                 {verdict_card(verdict)}
                 <FitAdvice plans=advice fits_now=fits_now show=show_plans />
-                {memory_chart(chart)}
+                {memory_chart(chart, seq_shown)}
                 {sweep_table(
                     memo(move |_| sweep_of(head_markup)()),
                     memo(move |_| {
-                        evaluation.with(|e| body_markup(e.as_ref().map_or(&[][..], |e| &e.sweep), unit.get()))
+                        with_sweep(seq_shown.get(), evaluation, seq_answer, |rows| body_markup(rows, unit.get()))
                     }),
                     memo(move |_| sweep_of(sweep_markdown)()),
                     memo(move |_| sweep_of(sweep_tsv)()),
+                    seq_shown,
+                    axis_control,
                 )}
             </div>
         </main>

@@ -222,6 +222,7 @@ async fn sweep_table_highlights_the_chosen_batch() {
             peak_phase: Some(estimator_core::Phase::Backward),
             is_selected: false,
             fits: Some(batch <= 16),
+            tokens: None,
         })
     });
     let handle = leptos::mount::mount_to(root.clone(), move || {
@@ -275,6 +276,73 @@ async fn sweep_table_highlights_the_chosen_batch() {
         .query_selector("[data-testid=\"copy-sweep-tsv\"]")
         .unwrap()
         .is_some());
+    drop(handle);
+}
+
+/// The sweep over sequence lengths: the same table, its first column the tokens, each row
+/// carrying its length; the title says what varies.
+#[wasm_bindgen_test]
+async fn sweep_table_over_sequence_lengths() {
+    let root = container();
+    let scenario = estimator_core::Scenario::parse(
+        &decode_query("m=arch&model=qwen3-0.6b&s=1024&b=2&r=bf16&gpu=rtx4090").state,
+    )
+    .unwrap();
+    let longest = scenario.longest_sequence().unwrap();
+    let rows = scenario.sequence_sweep(Some(&longest));
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        view! {
+            <SweepTable
+                rows=Signal::derive(move || rows.clone())
+                unit=Signal::derive(|| ByteUnit::Gb)
+            />
+        }
+    });
+    let rows = all_by_testid(&root, "sweep-row");
+    let lengths: Vec<String> = rows
+        .iter()
+        .map(|r| r.get_attribute("data-tokens").unwrap())
+        .collect();
+    assert_eq!(
+        lengths,
+        ["128", "256", "512", "1024", "2048", "4096", "8192"]
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r.get_attribute("data-batch").as_deref() == Some("2")));
+    let first = root.query_selector("thead th").unwrap().unwrap();
+    assert_eq!(first.text_content().unwrap(), "Sequence Length (tokens)");
+    assert_eq!(
+        by_testid(&root, "sweep-title").text_content().unwrap(),
+        "Sequence Length vs. Memory"
+    );
+    drop(handle);
+}
+
+/// The verdict's longest sequence: its tokens, its batch and the link to the page at it.
+#[wasm_bindgen_test]
+async fn the_verdict_says_the_longest_sequence_with_its_link() {
+    use batch_size_estimator::components::{verdict_card, verdict_markup};
+    let root = container();
+    let scenario = estimator_core::Scenario::parse(
+        &decode_query("m=arch&model=gpt2&s=512&b=1&gpu=h100-80").state,
+    )
+    .unwrap();
+    let e = scenario.evaluate().unwrap();
+    let longest = scenario.longest_sequence().unwrap();
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        verdict_card(Memo::new(move |_| {
+            verdict_markup(Some(&e), ByteUnit::Gb, Some((&longest, "?s=1024")))
+        }))
+    });
+    let line = by_testid(&root, "longest-seq");
+    assert_eq!(line.get_attribute("data-tokens").as_deref(), Some("1024"));
+    assert_eq!(
+        line.text_content().unwrap(),
+        "Longest sequence that fits at batch 1: 1,024 tokens (the most positions the model takes)."
+    );
+    let link = by_testid(&root, "longest-seq-link");
+    assert_eq!(link.get_attribute("href").as_deref(), Some("?s=1024"));
     drop(handle);
 }
 

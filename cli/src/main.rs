@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
-    EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LossKind, MaxBatch, Method, Mode,
-    ModelFamily, ObjectiveKind, OptimizerImpl, PageState, PartKind, Preset, Scenario, Trainer,
-    WeightFormat,
+    EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LongestSequence, LossKind, MaxBatch,
+    Method, Mode, ModelFamily, ObjectiveKind, OptimizerImpl, PageState, PartKind, Preset, Scenario,
+    Trainer, WeightFormat,
 };
 
 mod hub;
@@ -144,7 +144,9 @@ hardware:
 
 output:
   --advise              then the configurations that fit on the GPU, best first
-  --json                one JSON object instead of the readable breakdown
+  --json                one JSON object instead of the readable breakdown (with a GPU:
+                        max_batch, and max_seq, the longest sequence that fits at the
+                        batch given, on a grid of 128 tokens; DPO/GRPO: the completion)
   --gib                 readable figures in GiB instead of GB
   -h, --help            this text";
 
@@ -518,7 +520,11 @@ fn image_tokens(state: &PageState) -> Option<estimator_core::ImageTokens> {
     estimator_core::image_tokens(&arch, text, &vision).ok()
 }
 
-fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
+fn to_json(
+    e: &Evaluation,
+    state: &PageState,
+    longest: Option<&LongestSequence>,
+) -> serde_json::Value {
     let mut at_peak = serde_json::Map::new();
     for (kind, bytes) in &e.step.parts {
         at_peak.insert(kind.key().replace('-', "_"), (*bytes).into());
@@ -601,6 +607,17 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
             MaxBatch::NoneFits(_) => serde_json::Value::Null,
         };
     }
+    // the longest sequence that fits at the batch given (DPO and GRPO: the completion after
+    // the prompt), on a grid of `step` tokens; `tokens` null when not even one step fits
+    if let Some(l) = longest {
+        out["max_seq"] = serde_json::json!({
+            "tokens": l.tokens,
+            "batch": l.batch,
+            "step": l.step,
+            "prompt": l.prompt,
+            "at_model_limit": l.at_model_limit(),
+        });
+    }
     if let Some(p) = e.accumulation {
         out["accumulation"] = serde_json::json!({
             "micro_batch": p.micro_batch,
@@ -612,7 +629,7 @@ fn to_json(e: &Evaluation, state: &PageState) -> serde_json::Value {
     out
 }
 
-fn readable(e: &Evaluation, state: &PageState) -> String {
+fn readable(e: &Evaluation, state: &PageState, longest: Option<&LongestSequence>) -> String {
     let unit = state.byte_unit;
     let mut out = String::new();
     let fmt = |b: u64| {
@@ -738,6 +755,9 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         }
         None => {}
     }
+    if let Some(l) = longest {
+        out.push_str(&longest_line(l));
+    }
     if let Some(p) = e.accumulation {
         out.push_str(&format!(
             "accumulation      {} per GPU x {} steps x {} GPUs = {}\n",
@@ -748,6 +768,35 @@ fn readable(e: &Evaluation, state: &PageState) -> String {
         ));
     }
     out
+}
+
+/// The longest sequence line of the readable output.
+fn longest_line(l: &LongestSequence) -> String {
+    let what = if l.prompt.is_some() {
+        "completion tokens"
+    } else {
+        "tokens"
+    };
+    let after = l
+        .prompt
+        .map(|p| format!(" after the {}-token prompt", group_thousands(p)))
+        .unwrap_or_default();
+    match l.tokens {
+        Some(t) => format!(
+            "longest sequence  {} {what}{after} at batch {}{}\n",
+            group_thousands(t),
+            l.batch,
+            if l.at_model_limit() {
+                " (the most positions the model takes)"
+            } else {
+                ""
+            }
+        ),
+        None => format!(
+            "longest sequence  none at batch {}: not even {} {what}{after} fit\n",
+            l.batch, l.step
+        ),
+    }
 }
 
 /// The largest batch of a plan as a number, 0 when none fits.
@@ -914,6 +963,8 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // the longest sequence that fits at the batch given, with a GPU
+    let longest = scenario.as_ref().ok().and_then(Scenario::longest_sequence);
     let plans = if options.advise {
         match scenario.and_then(|s| s.advise(&options.state, ADVICE_LIMIT)) {
             Ok(plans) => Some(plans),
@@ -926,13 +977,13 @@ fn main() -> ExitCode {
         None
     };
     if options.json {
-        let mut out = to_json(&e, &options.state);
+        let mut out = to_json(&e, &options.state, longest.as_ref());
         if let Some(plans) = &plans {
             out["plans"] = plans_json(plans);
         }
         println!("{out}");
     } else {
-        print!("{}", readable(&e, &options.state));
+        print!("{}", readable(&e, &options.state, longest.as_ref()));
         if let Some(plans) = &plans {
             print!("{}", readable_plans(plans, options.state.byte_unit));
         }

@@ -1499,3 +1499,109 @@ fn accumulation_keeps_every_gradient_alive() {
         "{stdout}"
     );
 }
+
+/// `--json` gains `max_seq`, the longest sequence that fits at the batch given: it fits, a
+/// step more does not; the readable output says it; no GPU, no `max_seq`.
+#[test]
+fn the_longest_sequence_beside_the_largest_batch() {
+    let qlora = [
+        "--preset",
+        "llama3-8b",
+        "--batch",
+        "1",
+        "--precision",
+        "amp-bf16",
+        "--method",
+        "qlora",
+        "--optimizer",
+        "paged-adamw8bit",
+        "--checkpointing",
+        "full",
+        "--gpu",
+        "rtx4090",
+    ];
+    let json = |extra: &[&str]| {
+        let (code, stdout, stderr) = memest(&with(&with(&qlora, extra), &["--json"]));
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+    };
+    let v = json(&["--seq", "2048"]);
+    let max_seq = &v["max_seq"];
+    assert_eq!(max_seq["batch"], 1, "{max_seq}");
+    assert_eq!(max_seq["step"], 128, "{max_seq}");
+    assert!(max_seq["prompt"].is_null(), "{max_seq}");
+    let tokens = max_seq["tokens"].as_u64().unwrap();
+    assert!(tokens >= 2048 && tokens % 128 == 0, "{max_seq}");
+    let at = |seq: u64| json(&["--seq", &seq.to_string()])["verdict"]["fits"].clone();
+    assert_eq!(at(tokens), true);
+    assert_eq!(at(tokens + 128), false);
+    // the same at any typed length
+    assert_eq!(json(&["--seq", "512"])["max_seq"], *max_seq);
+    let (_, stdout, _) = memest(&with(&qlora, &["--seq", "2048"]));
+    assert!(
+        stdout.contains(&format!(
+            "longest sequence  {} tokens at batch 1\n",
+            estimator_core::group_thousands(tokens)
+        )),
+        "{stdout}"
+    );
+    // a larger batch, a shorter sequence
+    let four = json(&["--seq", "2048", "--batch", "4"]);
+    assert!(four["max_seq"]["tokens"].as_u64().unwrap() < tokens);
+    assert_eq!(four["max_seq"]["batch"], 4);
+    // nothing fits: null, and said so
+    let (code, stdout, _) = memest(&[
+        "--preset",
+        "llama3-70b",
+        "--batch",
+        "1",
+        "--precision",
+        "bf16",
+        "--gpu",
+        "rtx4090",
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v["max_seq"]["tokens"].is_null(), "{}", v["max_seq"]);
+    let (_, stdout, _) = memest(&[
+        "--preset",
+        "llama3-70b",
+        "--batch",
+        "1",
+        "--precision",
+        "bf16",
+        "--gpu",
+        "rtx4090",
+    ]);
+    assert!(
+        stdout.contains("longest sequence  none at batch 1: not even 128 tokens fit\n"),
+        "{stdout}"
+    );
+    // DPO: the completion after the prompt
+    let (code, stdout, stderr) = memest(&[
+        "--preset",
+        "qwen3-0.6b",
+        "--trainer",
+        "trl-dpo",
+        "--batch",
+        "1",
+        "--max-prompt",
+        "256",
+        "--max-completion",
+        "512",
+        "--precision",
+        "bf16",
+        "--gpu",
+        "rtx4090",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["max_seq"]["prompt"], 256, "{}", v["max_seq"]);
+    assert!(v["max_seq"]["tokens"].as_u64().unwrap() > 512);
+    // without a GPU there is nothing to fit
+    let (_, stdout, _) = memest(&["--preset", "llama3-8b", "--batch", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v.get("max_seq").is_none(), "{v}");
+}

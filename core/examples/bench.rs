@@ -44,6 +44,7 @@ fn main() {
                 peak_phase: None,
                 is_selected: false,
                 fits: None,
+                tokens: None,
             })
         });
         black_box(sweep_markdown(&rows, ByteUnit::Gb));
@@ -132,6 +133,21 @@ fn main() {
             seq += 1;
             let q = format!("m=arch&model=llama3-8b&gpu=rtx4090&b=1&s={seq}");
             black_box(fit_advice(black_box(&decode_query(&q).state), 5).ok());
+        },
+    );
+    // The longest sequence that fits (the page asks once the inputs rest): each run a new
+    // batch, so that its replays are not cached from the run before.
+    let mut batch = 0;
+    report(
+        "longest sequence: Llama-3-8B QLoRA on an RTX 4090, cold replays",
+        30,
+        || {
+            batch += 1;
+            let q = format!(
+                "m=arch&model=llama3-8b&s=2048&b={batch}&r=amp-bf16&gc=full&method=qlora&o=paged-adamw8bit&gpu=rtx4090"
+            );
+            let s = estimator_core::Scenario::parse(&decode_query(&q).state).expect("valid");
+            black_box(s.longest_sequence());
         },
     );
     let advise_70b = decode_query("m=arch&model=llama3-70b&s=2048&b=1&gpu=rtx4090").state;

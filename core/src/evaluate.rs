@@ -18,6 +18,12 @@ use crate::{
 #[cfg(feature = "vision")]
 mod vision;
 
+/// The longest sequence that fits and the sweep over sequence lengths.
+mod sequence;
+
+pub(crate) use sequence::{longest_sequence, sequence_sweep};
+pub use sequence::{LongestSequence, SEQ_STEP};
+
 /// A kind of memory in the breakdown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PartKind {
@@ -1509,7 +1515,7 @@ fn refine_max_batch(
 }
 
 /// The sweep row of `step` at `batch`: every column at the peak.
-fn sweep_row(batch: u64, step: &StepMemory, fits: Option<bool>) -> SweepRow {
+pub(crate) fn sweep_row(batch: u64, step: &StepMemory, fits: Option<bool>) -> SweepRow {
     let part = |kinds: &[PartKind]| {
         step.parts
             .iter()
@@ -1528,6 +1534,7 @@ fn sweep_row(batch: u64, step: &StepMemory, fits: Option<bool>) -> SweepRow {
         peak_phase: step.peak_phase,
         is_selected: false,
         fits,
+        tokens: None,
     }
 }
 

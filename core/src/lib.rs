@@ -28,7 +28,10 @@ mod trainer;
 pub use advisor::{fit_advice, Change, FitPlan, RankKey, Tier, MAX_GPU_MULTIPLIER, PLANS_PER_TIER};
 pub use allocator::{AllocatorMode, BlockId, CachingAllocator};
 pub use bytes::{format_bytes, format_in_unit, group_thousands, ByteUnit};
-pub use evaluate::{evaluate, Evaluation, EvaluationError, PartKind, PhasePeaks, StepMemory};
+pub use evaluate::{
+    evaluate, Evaluation, EvaluationError, LongestSequence, PartKind, PhasePeaks, StepMemory,
+    SEQ_STEP,
+};
 pub use formats::{Block, GgufType, KvDtype, WeightFormat};
 pub use hub::{
     read_config_body, wants_preprocessor, with_preprocessor, ConfigBody, HubError, HubId,
@@ -56,7 +59,7 @@ pub use state::{
     MAX_CONFIG_CHARS,
 };
 pub use sweep::{
-    sweep, sweep_batches, sweep_cells, sweep_header, sweep_markdown, sweep_tsv, SweepRow,
+    sweep, sweep_batches, sweep_cells, sweep_header, sweep_markdown, sweep_tsv, SweepAxis, SweepRow,
 };
 pub use trainer::{Trainer, TrainerDefaults};
 

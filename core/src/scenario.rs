@@ -52,6 +52,28 @@ impl Scenario {
         advise_parsed(state, &self.plan, &self.parsed, self.knobs, limit)
     }
 
+    /// The longest sequence that fits at the typed batch (in its accumulation passes), by
+    /// the largest batch's verdicts: a bisection over multiples of [`SEQ_STEP`] tokens
+    /// (DPO and GRPO: of the completion, the prompt held), the answer held to its own
+    /// allocator replay and the next length's. `None` without a GPU, in the simple mode and
+    /// for an image model. A few dozen estimates and a few replays: the page asks once the
+    /// inputs rest.
+    ///
+    /// [`SEQ_STEP`]: crate::SEQ_STEP
+    #[must_use]
+    pub fn longest_sequence(&self) -> Option<crate::LongestSequence> {
+        crate::evaluate::longest_sequence(&self.plan, &self.parsed, &self.knobs)
+    }
+
+    /// The sweep over sequence lengths at the typed batch: powers of two around the typed
+    /// length and the typed length, each row's [`tokens`](crate::SweepRow::tokens) its
+    /// whole sequence; a row fits when it is no longer than `longest` (from
+    /// [`Self::longest_sequence`]). Empty in the simple mode and for an image model.
+    #[must_use]
+    pub fn sequence_sweep(&self, longest: Option<&crate::LongestSequence>) -> Vec<crate::SweepRow> {
+        crate::evaluate::sequence_sweep(&self.plan, &self.parsed, &self.knobs, longest)
+    }
+
     /// The planning inputs (device, overheads, GPUs, sharding, global batch).
     #[must_use]
     pub fn plan(&self) -> &PlanInputs {

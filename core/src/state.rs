@@ -6,7 +6,7 @@ use crate::{
     AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Generator, Gpu, KvDtype,
     LossKind, Method, ObjectiveKind, Offload, Optimizer, OptimizerImpl, ParamUnit, Peft,
     PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reference, Reshard, Sharding,
-    TpPlan, WeightFormat,
+    SweepAxis, TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -96,6 +96,8 @@ pub struct PageState {
     pub mode: Mode,
     /// Unit the figures are shown in.
     pub byte_unit: ByteUnit,
+    /// What the sweep table and the chart vary: the batch or the sequence length.
+    pub sweep_axis: SweepAxis,
     /// The simple mode: the parameter count, its unit and precision, the activation memory per sample.
     pub simple: SimpleModel,
     /// Architecture mode: which model (a preset, or the pasted config).
@@ -190,7 +192,8 @@ impl Clone for PageState {
     }
 }
 
-/// The sections' key tables: every field's URL key but the mode's and the unit's.
+/// The sections' key tables: every field's URL key but the mode's, the unit's and the
+/// sweep axis's.
 const SECTION_KEYS: [&[(Field, &str)]; if cfg!(feature = "vision") { 8 } else { 7 }] = [
     SimpleModel::KEYS,
     ModelChoice::KEYS,
@@ -209,6 +212,7 @@ const FIELD_KEYS: [&str; Field::ALL.len()] = {
     let mut keys = [""; Field::ALL.len()];
     keys[Field::Mode as usize] = "m";
     keys[Field::ByteUnit as usize] = "u";
+    keys[Field::SweepAxis as usize] = "sweep";
     let mut section = 0;
     while section < SECTION_KEYS.len() {
         let table = SECTION_KEYS[section];
@@ -877,6 +881,8 @@ pub enum Field {
     PrefetchBucket,
     /// [`PageState::global_batch`].
     GlobalBatch,
+    /// [`PageState::sweep_axis`].
+    SweepAxis,
 }
 
 /// Longest text kept for a typed number: longer text is not a number a person typed.
@@ -884,7 +890,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 69 } else { 65 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 70 } else { 66 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -957,6 +963,7 @@ impl Field {
         Field::ReduceBucket,
         Field::PrefetchBucket,
         Field::GlobalBatch,
+        Field::SweepAxis,
         Field::Config,
     ];
 
@@ -1043,6 +1050,7 @@ impl Field {
             Field::ReduceBucket => "reduce bucket",
             Field::PrefetchBucket => "prefetch bucket",
             Field::GlobalBatch => "global batch",
+            Field::SweepAxis => "sweep axis",
         }
     }
 
@@ -1200,6 +1208,7 @@ impl Field {
         match self {
             Field::Mode => keys_of!(Mode),
             Field::ByteUnit => keys_of!(ByteUnit),
+            Field::SweepAxis => keys_of!(SweepAxis),
             Field::ParamsUnit => keys_of!(ParamUnit),
             Field::Precision => keys_of!(Precision),
             Field::Recipe => keys_of!(PrecisionRecipe),
@@ -1242,10 +1251,13 @@ impl Field {
 }
 
 impl PageState {
-    /// Whether `field` goes into links: every field but the image fields at their defaults
-    /// (so that every other link stays as it was).
+    /// Whether `field` goes into links: every field but the image fields and the sweep
+    /// axis at their defaults (so that every other link stays as it was).
     #[must_use]
     pub fn travels(&self, field: Field) -> bool {
+        if field == Field::SweepAxis {
+            return self.sweep_axis != SweepAxis::Batch;
+        }
         #[cfg(feature = "vision")]
         return self.vision.travels(field);
         #[cfg(not(feature = "vision"))]
@@ -1298,6 +1310,7 @@ impl PageState {
         Some(match field {
             Field::Mode => self.mode as usize,
             Field::ByteUnit => self.byte_unit as usize,
+            Field::SweepAxis => self.sweep_axis as usize,
             Field::ParamsUnit => self.simple.params_unit as usize,
             Field::Precision => self.simple.precision as usize,
             Field::Recipe => st.recipe as usize,
@@ -1385,6 +1398,7 @@ impl PageState {
                 match field {
                     Field::Mode => self.mode = *Mode::ALL.get(i)?,
                     Field::ByteUnit => self.byte_unit = *ByteUnit::ALL.get(i)?,
+                    Field::SweepAxis => self.sweep_axis = *SweepAxis::ALL.get(i)?,
                     Field::Precision => self.simple.precision = *Precision::ALL.get(i)?,
                     Field::Recipe => st.recipe = *PrecisionRecipe::ALL.get(i)?,
                     Field::Optimizer => st.optimizer = *Optimizer::ALL.get(i)?,
@@ -1871,12 +1885,12 @@ mod tests {
                 .iter()
                 .filter(|t| t.iter().any(|(f, _)| *f == field))
                 .count();
-            let top = matches!(field, Field::Mode | Field::ByteUnit);
+            let top = matches!(field, Field::Mode | Field::ByteUnit | Field::SweepAxis);
             assert_eq!(owners, usize::from(!top), "{field:?}");
             assert_eq!(Field::from_key(field.key()), Some(field), "{field:?}");
         }
         let listed: usize = tables.iter().map(|t| t.len()).sum();
-        assert_eq!(listed + 2, Field::ALL.len());
+        assert_eq!(listed + 3, Field::ALL.len());
     }
 
     /// Every field is typed text or a choice with its keys (but the model and the resharding,

@@ -3,6 +3,40 @@
 use crate::bytes::{format_in_unit, ByteUnit};
 use crate::Phase;
 
+/// What the sweep table varies: the batch (the sequence held) or the sequence length (the
+/// batch held). A display setting, in links as `sweep` when it is not the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum SweepAxis {
+    /// Batch sizes around the chosen one.
+    #[default]
+    Batch,
+    /// Sequence lengths around the chosen one (DPO and GRPO: completion lengths).
+    Seq,
+}
+
+impl SweepAxis {
+    /// Both, in the order the page offers them.
+    pub const ALL: [SweepAxis; 2] = [SweepAxis::Batch, SweepAxis::Seq];
+
+    /// Short stable key used in URLs.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            SweepAxis::Batch => "batch",
+            SweepAxis::Seq => "seq",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            SweepAxis::Batch => "Batch size",
+            SweepAxis::Seq => "Sequence length",
+        }
+    }
+}
+
 /// One row of the sweep table, in bytes, every column at the same moment: the peak.
 ///
 /// `model_state_bytes + activation_bytes + other_bytes() == total_bytes`. In architecture
@@ -24,6 +58,21 @@ pub struct SweepRow {
     pub is_selected: bool,
     /// Whether it fits on the chosen GPU, where one is chosen.
     pub fits: Option<bool>,
+    /// The sweep over sequence lengths: the tokens of each sequence at this row (DPO and
+    /// GRPO: the prompt and the completion), the batch held. `None` in the batch sweep.
+    pub tokens: Option<u64>,
+}
+
+impl SweepRow {
+    /// What the row varies: its tokens per sequence in the sweep over sequence lengths, its
+    /// batch otherwise.
+    #[must_use]
+    pub const fn swept(&self) -> u64 {
+        match self.tokens {
+            Some(tokens) => tokens,
+            None => self.batch,
+        }
+    }
 }
 
 impl SweepRow {
@@ -85,6 +134,8 @@ struct Columns {
     phases: bool,
     /// A GPU is chosen: a "Fits" column.
     fit: bool,
+    /// The sweep over sequence lengths: its first column is the tokens per sequence.
+    tokens: bool,
 }
 
 impl Columns {
@@ -92,6 +143,7 @@ impl Columns {
         Self {
             phases: rows.iter().any(|r| r.peak_phase.is_some()),
             fit: rows.iter().any(|r| r.fits.is_some()),
+            tokens: rows.iter().any(|r| r.tokens.is_some()),
         }
     }
 
@@ -99,7 +151,12 @@ impl Columns {
         let symbol = unit.symbol();
         let at = if self.phases { " at peak" } else { "" };
         let mut cells = vec![
-            "Batch Size".to_owned(),
+            if self.tokens {
+                "Sequence Length (tokens)"
+            } else {
+                "Batch Size"
+            }
+            .to_owned(),
             format!("Weights + Grad + Opt{at} ({symbol})"),
             format!("Activations{at} ({symbol})"),
         ];
@@ -119,7 +176,7 @@ impl Columns {
     /// The cells of `row`, figures written by `figure`.
     fn cells(self, row: &SweepRow, figure: impl Fn(u64) -> String) -> Vec<String> {
         let mut cells = vec![
-            row.batch.to_string(),
+            row.swept().to_string(),
             figure(row.model_state_bytes),
             figure(row.activation_bytes),
         ];
@@ -254,6 +311,7 @@ mod tests {
             peak_phase: None,
             is_selected: false,
             fits: None,
+            tokens: None,
         })
     }
 
@@ -293,6 +351,7 @@ mod tests {
                 peak_phase: Some(Phase::OptimizerStep),
                 is_selected: true,
                 fits: Some(true),
+                tokens: None,
             },
             SweepRow {
                 batch: 2,
@@ -302,6 +361,7 @@ mod tests {
                 peak_phase: Some(Phase::Forward),
                 is_selected: false,
                 fits: Some(false),
+                tokens: None,
             },
         ];
         assert_eq!(rows[0].other_bytes(), 1_500_000_000);

@@ -27,14 +27,24 @@ fn scale(value: u64, max: u64, span: u64) -> u64 {
 /// and the capacity line.
 pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec<String> {
     let mut m = Markup::default();
+    // the sweep over sequence lengths: each bar a length, the batch held
+    let seq = rows.iter().any(|r| r.tokens.is_some());
+    let name = |r: &SweepRow| match r.tokens {
+        Some(t) => format!("{t} tokens"),
+        None => format!("batch {}", r.batch),
+    };
     m.el(
         "title",
         &[("id", "chart-svg-title")],
-        "Peak memory by batch size",
+        if seq {
+            "Peak memory by sequence length"
+        } else {
+            "Peak memory by batch size"
+        },
     );
     let mut description = rows
         .iter()
-        .map(|r| format!("batch {}: {}", r.batch, format_bytes(r.total_bytes, unit)))
+        .map(|r| format!("{}: {}", name(r), format_bytes(r.total_bytes, unit)))
         .collect::<Vec<_>>()
         .join("; ");
     if let Some(line) = line {
@@ -112,14 +122,14 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
             (false, true) => "bar-group over",
             (true, true) => "bar-group selected over",
         };
-        let (x_attr, w_attr, batch) = (num(x), num(bar_w), num(r.batch));
+        let (x_attr, w_attr, batch) = (num(x), num(bar_w), num(r.swept()));
         let middle = num(x + bar_w / 2);
         m.open(
             "g",
             &[
                 ("class", class),
                 ("data-testid", "chart-bar"),
-                ("data-batch", &batch),
+                (if seq { "data-tokens" } else { "data-batch" }, &batch),
             ],
         )
         // one tooltip for the bar (one element fewer per bar than one per part)
@@ -127,7 +137,8 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
             "title",
             &[],
             &format!(
-                "batch {batch}: peak {}, model state {}",
+                "{}: peak {}, model state {}",
+                name(r),
                 format_bytes(r.total_bytes, unit),
                 format_bytes(r.model_state_bytes, unit)
             ),
@@ -246,7 +257,11 @@ pub fn chart_markup(rows: &[SweepRow], line: Option<u64>, unit: ByteUnit) -> Vec
             ("text-anchor", "middle"),
             ("class", "axis-label"),
         ],
-        "Batch size (samples per GPU)",
+        if seq {
+            "Sequence length (tokens, the batch held)"
+        } else {
+            "Batch size (samples per GPU)"
+        },
     );
     let middle = TOP + plot_h / 2;
     m.el(
@@ -277,16 +292,20 @@ pub fn MemoryChart(
     #[prop(into)]
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
-    memory_chart(memo(move |_| {
-        rows.with(|rows| chart_markup(rows, capacity_line.get(), unit.get()))
-    }))
+    memory_chart(
+        memo(move |_| rows.with(|rows| chart_markup(rows, capacity_line.get(), unit.get()))),
+        memo(move |_| rows.with(|r| r.iter().any(|r| r.tokens.is_some()))),
+    )
 }
 
-/// The chart card around its markup ([`chart_markup`]).
-pub fn memory_chart(chart: Memo<Vec<String>>) -> impl IntoView {
+/// The chart card around its markup ([`chart_markup`]); `seq`: the bars are the sweep over
+/// sequence lengths.
+pub fn memory_chart(chart: Memo<Vec<String>>, seq: Memo<bool>) -> impl IntoView {
     view! {
         <section class="card chart" aria-labelledby="chart-title">
-            <h2 id="chart-title">"Batch Size vs. Memory, as a chart"</h2>
+            <h2 id="chart-title">
+                {move || if seq.get() { "Sequence Length vs. Memory, as a chart" } else { "Batch Size vs. Memory, as a chart" }}
+            </h2>
             <svg
                 data-testid="memory-chart"
                 viewBox="0 0 640 300"

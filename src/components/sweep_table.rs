@@ -16,7 +16,7 @@ pub fn head_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
     m.finish()
 }
 
-/// The rows of the sweep table, the chosen batch highlighted, one string per row.
+/// The rows of the sweep table, the chosen batch (or length) highlighted, one string per row.
 pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> Vec<String> {
     let mut m = Markup::default();
     for row in rows {
@@ -28,11 +28,13 @@ pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> Vec<String> {
         let mut figures = figures.into_iter();
         let batch = figures.next().unwrap_or_default();
         let (batch_attr, total_attr) = (row.batch.to_string(), row.total_bytes.to_string());
+        let tokens_attr = row.tokens.map(|t| t.to_string()).unwrap_or_default();
         m.open(
             "tr",
             &[
                 ("data-testid", "sweep-row"),
                 ("data-batch", &batch_attr),
+                (when(row.tokens.is_some(), "data-tokens"), &tokens_attr),
                 ("data-total-bytes", &total_attr),
                 (when(row.is_selected, "class"), "selected"),
                 (when(row.is_selected, "aria-current"), "true"),
@@ -58,17 +60,23 @@ pub fn body_markup(rows: &[SweepRow], unit: ByteUnit) -> Vec<String> {
 }
 
 /// The sweep table around its markups ([`head_markup`], [`body_markup`]), with buttons that
-/// copy `markdown` and `tsv`.
+/// copy `markdown` and `tsv`; `seq`: the rows are the sweep over sequence lengths; `axis`:
+/// the control that chooses it.
 pub fn sweep_table(
     head: Memo<String>,
     body: Memo<Vec<String>>,
     markdown: Memo<String>,
     tsv: Memo<String>,
+    seq: Memo<bool>,
+    axis: impl IntoView + 'static,
 ) -> impl IntoView {
     view! {
         <section class="card sweep" aria-labelledby="sweep-title">
             <div class="card-header">
-                <h2 id="sweep-title">"Batch Size vs. Memory"</h2>
+                <h2 id="sweep-title" data-testid="sweep-title">
+                    {move || if seq.get() { "Sequence Length vs. Memory" } else { "Batch Size vs. Memory" }}
+                </h2>
+                {axis}
                 <div class="copy-buttons">
                     <CopyButton label="Copy as Markdown" testid="copy-sweep" text=markdown />
                     <CopyButton label="Copy for spreadsheet (TSV)" testid="copy-sweep-tsv" text=tsv />
@@ -77,7 +85,11 @@ pub fn sweep_table(
             <div class="table-scroll" tabindex="0" role="region" aria-labelledby="sweep-title">
                 <table data-testid="sweep-table">
                     <caption class="visually-hidden">
-                        "Memory of one training step at batch sizes around the chosen one, every column at the peak"
+                        {move || if seq.get() {
+                            "Memory of one training step at sequence lengths around the chosen one, the batch held, every column at the peak"
+                        } else {
+                            "Memory of one training step at batch sizes around the chosen one, every column at the peak"
+                        }}
                     </caption>
                     <thead>
                         <tr inner_html=head></tr>
@@ -104,5 +116,7 @@ pub fn SweepTable(
         memo(move |_| rows.with(|r| body_markup(r, unit.get()))),
         memo(move |_| rows.with(|r| sweep_markdown(r, unit.get()))),
         memo(move |_| rows.with(|r| sweep_tsv(r, unit.get()))),
+        memo(move |_| rows.with(|r| r.iter().any(|r| r.tokens.is_some()))),
+        (),
     )
 }

@@ -1,20 +1,88 @@
 //! Will it fit: the verdict, the largest batch and the accumulation plan.
 
 use crate::effect::memo;
-use estimator_core::{format_bytes, ByteUnit, Evaluation, MaxBatch};
+use estimator_core::{
+    format_bytes, group_thousands, ByteUnit, Evaluation, LongestSequence, MaxBatch,
+};
 use leptos::prelude::*;
 
 use crate::markup::{children, Markup};
 
-/// The verdict's markup, one string per paragraph or list: fits or not, by how much, what the need adds up, the largest batch
-/// and the accumulation plan (`None`: the inputs are invalid).
-pub fn verdict_markup(e: Option<&Evaluation>, unit: ByteUnit) -> Vec<String> {
+/// The verdict's markup, one string per paragraph or list: fits or not, by how much, what the need adds up, the largest batch,
+/// the longest sequence (once searched: `longest`, with the link that opens the page at
+/// it) and the accumulation plan (`None`: the inputs are invalid).
+pub fn verdict_markup(
+    e: Option<&Evaluation>,
+    unit: ByteUnit,
+    longest: Option<(&LongestSequence, &str)>,
+) -> Vec<String> {
     let mut m = Markup::default();
-    verdict_into(&mut m, e, unit);
+    verdict_into(&mut m, e, unit, longest);
     m.pieces()
 }
 
-fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
+/// The longest sequence that fits at the batch shown, its length a link to the page at it.
+fn longest_into(m: &mut Markup, l: &LongestSequence, link: &str, per_gpu: &str) {
+    let batch = l.batch.to_string();
+    let what = if l.prompt.is_some() {
+        "completion"
+    } else {
+        "sequence"
+    };
+    let tokens = l.tokens.unwrap_or(0).to_string();
+    m.open(
+        "p",
+        &[
+            ("data-testid", "longest-seq"),
+            ("data-tokens", &tokens),
+            ("data-batch", &batch),
+        ],
+    );
+    match l.tokens {
+        Some(t) => {
+            m.text("Longest ")
+                .text(what)
+                .text(" that fits at batch ")
+                .text(&batch)
+                .text(per_gpu);
+            if let Some(p) = l.prompt {
+                m.text(" (after the ")
+                    .text(&group_thousands(p))
+                    .text("-token prompt)");
+            }
+            m.text(": ")
+                .open("strong", &[])
+                .el(
+                    "a",
+                    &[("data-testid", "longest-seq-link"), ("href", link)],
+                    &format!("{} tokens", group_thousands(t)),
+                )
+                .close("strong");
+            if l.at_model_limit() {
+                m.text(" (the most positions the model takes)");
+            }
+            m.text(".");
+        }
+        None => {
+            m.text("No ")
+                .text(what)
+                .text(" of ")
+                .text(&l.step.to_string())
+                .text(" tokens fits at batch ")
+                .text(&batch)
+                .text(per_gpu)
+                .text(".");
+        }
+    }
+    m.close("p");
+}
+
+fn verdict_into(
+    m: &mut Markup,
+    e: Option<&Evaluation>,
+    unit: ByteUnit,
+    longest: Option<(&LongestSequence, &str)>,
+) {
     let Some(e) = e else {
         m.el(
             "p",
@@ -147,6 +215,9 @@ fn verdict_into(m: &mut Markup, e: Option<&Evaluation>, unit: ByteUnit) {
         }
         None => {}
     }
+    if let Some((l, link)) = longest {
+        longest_into(m, l, link, per_gpu);
+    }
     // the step shown: the typed batch, in as many passes as the global batch needs
     let passes = e.plan.micro_batches_at(e.batch);
     if passes > 1 && e.step.trainable_params > 0 {
@@ -217,6 +288,6 @@ pub fn VerdictCard(
     unit: Signal<ByteUnit>,
 ) -> impl IntoView {
     verdict_card(memo(move |_| {
-        evaluation.with(|e| verdict_markup(e.as_ref(), unit.get()))
+        evaluation.with(|e| verdict_markup(e.as_ref(), unit.get(), None))
     }))
 }

@@ -7,7 +7,15 @@ import { useServerAndBrowser, openPage, typeInto, urlSettled } from './harness.m
 
 const env = useServerAndBrowser({ before, after });
 
-const cards = (page) =>
+// The longest sequence joins the verdict once the inputs rest (40 ms): wait for it where it
+// comes (architecture mode on a GPU, as every link below), so that both pages are settled.
+const searched = (page) =>
+  page.waitForFunction(
+    () => !document.querySelector('[data-testid="sweep-axis"]') || document.querySelector('[data-testid="longest-seq"]'),
+  );
+
+const cards = async (page) =>
+  (await searched(page)) &&
   page.evaluate(() =>
     [
       '[data-testid="memory-chart"]',
