@@ -367,6 +367,17 @@ impl VisionLm {
             .chain(&self.lm_extra_params)
             .fold(0u64, |a, &b| a.saturating_add(b))
     }
+    /// Of the language model's extra parameters, those that run on a step with images
+    /// (`images`) or on a text-only one: Mllama's cross-attention layers (their norms and
+    /// gates first, four per layer) are skipped without images, its embedding rows run.
+    pub(crate) fn lm_extra_running(&self, images: bool) -> &[u64] {
+        let skipped = if images {
+            0
+        } else {
+            usize::try_from(self.cross_layers.saturating_mul(4)).unwrap_or(usize::MAX)
+        };
+        &self.lm_extra_params[skipped.min(self.lm_extra_params.len())..]
+    }
 }
 
 #[cfg(test)]

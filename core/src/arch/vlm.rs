@@ -534,16 +534,36 @@ pub fn estimate_vlm(
         padding: step.padding || (vlm.kind == VlmKind::Gemma3 && v.images > 0),
         ..*step
     };
+    let tower_backward = v.tower_trained;
     let tape = TrainerTape {
         // the image features need a gradient when the projector or the tower trains, and
         // so do the merged embeddings the first layer reads (Mllama's reach the
         // cross-attention layers instead)
         input_grad: vlm.kind != VlmKind::Mllama
             && v.images > 0
-            && (v.projector_trained || v.tower_trained),
+            && (v.projector_trained || tower_backward),
         ..TrainerTape::default()
     };
-    let lm = rank_step(arch, &lm_step, peft, &Mesh::SINGLE, tape)?;
+    let mut lm = rank_step(arch, &lm_step, peft, &Mesh::SINGLE, tape)?;
+    // Mllama on a text-only batch: MllamaTextModel skips its cross-attention layers
+    // (`cross_attention_states is None`), so they save nothing and their weights (and
+    // adapters) get no gradient and no optimizer state; their weights stay. The text tape
+    // models each as one of the (equal) self-attention layers: the step is that of the
+    // layers that run, with the skipped layers' weights beside it.
+    let mut skipped_weights = 0;
+    let cross = usize::try_from(vlm.cross_layers).unwrap_or(usize::MAX);
+    if v.images == 0 && cross > 0 && cross < arch.spec.layers.len() {
+        let mut running = arch.clone();
+        running.spec.layers.truncate(arch.spec.layers.len() - cross);
+        let ran = rank_step(&running, &lm_step, peft, &Mesh::SINGLE, tape)?;
+        let params = |e: &PeakEstimate| e.phase_peaks.first().map_or(0, |(_, c)| c.parameters);
+        skipped_weights = params(&lm).saturating_sub(params(&ran));
+        lm = PeakEstimate {
+            n_params: lm.n_params,
+            trainable_params: lm.trainable_params,
+            ..ran
+        };
+    }
     let p = step.precision;
     let b = step.batch;
     let trains = step.optimizer.trains();
@@ -555,18 +575,22 @@ pub fn estimate_vlm(
     let mut all = vlm.tower_params.clone();
     all.extend(&vlm.projector_params);
     all.extend(&vlm.lm_extra_params);
-    let weights = sum_st(&all, p.weight_bytes());
+    let weights = sum_st(&all, p.weight_bytes()).saturating_add(skipped_weights);
+    // What gets a gradient (and so optimizer state): the trained parts that run. On a
+    // text-only batch the tower and the projector do not run (nor Mllama's
+    // cross-attention layers): their gradients stay None and AdamW makes no state for them.
+    let runs = v.images > 0;
     let mut trained: Vec<(u64, u64)> = Vec::new();
     if trains {
-        if v.tower_trained {
+        if v.tower_trained && runs {
             let with_grad = vlm.tower_params.len().saturating_sub(vlm.gradless_tail);
             trained.extend(vlm.tower_params.iter().take(with_grad).map(|&e| (e, 1)));
         }
-        if v.projector_trained {
+        if v.projector_trained && runs {
             trained.extend(vlm.projector_params.iter().map(|&e| (e, 1)));
         }
         if lm_trained {
-            trained.extend(vlm.lm_extra_params.iter().map(|&e| (e, 1)));
+            trained.extend(vlm.lm_extra_running(runs).iter().map(|&e| (e, 1)));
         }
     }
     let grad_bytes = p.gradient_bytes();
@@ -641,7 +665,7 @@ pub fn estimate_vlm(
             .map(|(_, c)| *c);
         if let (Some(o), true) = (
             opt_phase,
-            v.images > 0 && (v.tower_trained || v.projector_trained),
+            v.images > 0 && (tower_backward || v.projector_trained),
         ) {
             let embedding = if lm_trained && !embedding_first {
                 sum_st(&arch.spec.embedding_parameter_tensors(), grad_bytes)
@@ -675,12 +699,12 @@ pub fn estimate_vlm(
                 activations: tower_side,
                 temporaries: proj_grads
                     .saturating_add(proj_out)
-                    .saturating_add(if v.tower_trained { proj_in } else { 0 })
+                    .saturating_add(if tower_backward { proj_in } else { 0 })
                     .saturating_add(waiting),
                 ..base
             };
             moments.push((BackwardMoment::Layers, projector));
-            if v.tower_trained {
+            if tower_backward {
                 moments.push((
                     BackwardMoment::Layers,
                     CategoryBytes {
@@ -715,16 +739,23 @@ pub fn estimate_vlm(
             best = (*ph, *c, t);
         }
     }
-    // requires_grad counts the tower's unused tail too
-    let tail: u64 = if trains && v.tower_trained {
-        let with_grad = vlm.tower_params.len().saturating_sub(vlm.gradless_tail);
-        vlm.tower_params.iter().skip(with_grad).sum()
-    } else {
-        0
-    };
-    let trainable = trained_elems
+    // requires_grad: the trained parts whether they run or not (the tower's unused tail too)
+    let mut requires_grad: Vec<&[u64]> = Vec::new();
+    if trains {
+        if v.tower_trained {
+            requires_grad.push(&vlm.tower_params);
+        }
+        if v.projector_trained {
+            requires_grad.push(&vlm.projector_params);
+        }
+        if lm_trained {
+            requires_grad.push(&vlm.lm_extra_params);
+        }
+    }
+    let trainable = requires_grad
         .iter()
-        .fold(tail, |acc, &e| acc.saturating_add(e));
+        .flat_map(|t| t.iter())
+        .fold(0u64, |acc, &e| acc.saturating_add(e));
     let mut saved_parts = lm.saved_parts.clone();
     if saved > 0 {
         saved_parts.push((SavedPart::Vision, saved));

@@ -8,7 +8,7 @@ use super::{MAX_DIM, MAX_LAYERS};
 
 /// Shown for every vision-language config.
 const MULTIMODAL_NOTE: &str =
-    "Vision-language model: without images only the language model is estimated; with images the vision tower, its projector and the image tokens are counted.";
+    "Vision-language model: the vision tower's and projector's weights are counted with or without images. Without images (a text-only batch) the vision side does not run: no vision activations, and no gradients or optimizer state for it, trained or not. With images the tower, its projector and the image tokens are counted in full. DPO, GRPO and tensor, context or pipeline parallelism are modelled for the language model alone, on text-only batches.";
 
 /// The vision-language wrappers read here: their language model is one of the text
 /// families, their vision side by [`read_vision`].
@@ -26,8 +26,8 @@ pub(super) fn vision_language(model_type: &str) -> Option<VlmKind> {
 
 /// A vision-language config: the language model from `text_config` (or, for the older flat
 /// Qwen2.5-VL configs, from the top level), filled with its config class's defaults where
-/// the published files rely on them, then the vision side. Estimated without images, the
-/// language model runs alone (the note says so); with images, `estimate_vlm` adds the tower.
+/// the published files rely on them, then the vision side, which `estimate_vlm` adds to the
+/// step (its weights only on a text-only batch, as the note says).
 pub(super) fn vision_language_model(
     kind: VlmKind,
     model_type: &str,
