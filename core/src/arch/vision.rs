@@ -649,6 +649,60 @@ mod tests {
         assert_eq!(back.as_ref(), Ok(&arch));
     }
 
+    /// An Idefics3 / SmolVLM config pasted without its processor's `size`: the longest
+    /// edge is 4 x the tower's `image_size` (SmolVLM's published processors: 2048 for
+    /// 512-pixel tiles, not Idefics3's class default 1456), and the model's notes say so.
+    #[test]
+    fn a_smolvlm_config_without_its_size_takes_four_tiles_a_side() {
+        let full = include_str!("../../../validation/configs/smolvlm2-500m.json");
+        let mut v: serde_json::Value = serde_json::from_str(full).expect("JSON");
+        v["vision_config"]
+            .as_object_mut()
+            .expect("vision_config")
+            .remove("size");
+        v.as_object_mut()
+            .expect("config")
+            .remove("preprocessor_config");
+        let arch = crate::arch::parse_hf_config(&v.to_string()).expect("a config");
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        assert!(matches!(
+            vlm.processor,
+            Processor::Split {
+                longest_edge: 2048,
+                tile: 512,
+                ..
+            }
+        ));
+        // as with the checkpoint's own processor (1344 x 896: 3 x 4 tiles + 1)
+        check(&vlm.processor, &[((1344, 896), (832, 31, 13312))]);
+        assert!(arch
+            .notes()
+            .iter()
+            .any(|n| n.contains("4 x the vision tower's image_size")));
+        let back = crate::arch::parse_hf_config(&arch.to_config_json());
+        assert_eq!(back.as_ref(), Ok(&arch));
+        // Idefics3's 364-pixel tiles: 1456, its class default
+        v["vision_config"]["image_size"] = 364.into();
+        v["vision_config"]["patch_size"] = 14.into();
+        v["vision_config"]["max_image_size"] = serde_json::json!({"longest_edge": 364});
+        let arch = crate::arch::parse_hf_config(&v.to_string()).expect("a config");
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        assert!(matches!(
+            vlm.processor,
+            Processor::Split {
+                longest_edge: 1456,
+                tile: 364,
+                ..
+            }
+        ));
+        // the checkpoint's size given: no note
+        let arch = crate::arch::parse_hf_config(full).expect("a config");
+        assert!(!arch
+            .notes()
+            .iter()
+            .any(|n| n.contains("4 x the vision tower's image_size")));
+    }
+
     #[test]
     fn empty_and_huge_images_are_refused() {
         let g = Processor::Fixed {
