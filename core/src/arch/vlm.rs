@@ -124,6 +124,11 @@ struct VisionBytes {
     /// a reference cycle in the forward's outputs (measured alive through the optimizer
     /// step).
     lingering: u64,
+    /// A checkpointed tower's backward (SigLIP layers): the last layer recomputed, what it
+    /// saves alive beside the checkpointed inputs while its MLP's backward runs, less the
+    /// last layer's output and the post-LayerNorm's statistics (freed by then, as is the
+    /// gradient of the projector's input); 0 where not modelled.
+    recompute: u64,
 }
 
 /// A byte count in saturating arithmetic: a figure past 64 bits saturates here and fails
@@ -172,6 +177,17 @@ fn m(a: u64, b: u64) -> u64 {
     a.saturating_mul(b)
 }
 
+/// Whether a frozen tower runs with a graph all the same: under gradient checkpointing
+/// transformers' `enable_input_require_grads` hooks the input embeddings of every
+/// sub-model that has them, the vision tower's too (`SmolVLMVisionTransformer.embeddings`),
+/// so the embeddings' output requires grad and the frozen tower's checkpointed layers keep
+/// their inputs and its backward runs (for the input gradients only). Measured for
+/// Idefics3 / SmolVLM (`VLM.md`); the other towers are not measured frozen under
+/// checkpointing.
+fn frozen_tower_graph(vlm: &VisionLm, v: &VisionInputs, gc: bool) -> bool {
+    gc && !v.tower_trained && v.images > 0 && vlm.kind == VlmKind::Idefics3
+}
+
 /// The bytes the vision side saves in one step of `b` samples.
 #[allow(clippy::too_many_lines)]
 fn vision_bytes(
@@ -198,6 +214,8 @@ fn vision_bytes(
     let bs = m(b, it.sequence);
     let mut saved = B(0);
     let tower = v.tower_trained && v.images > 0;
+    // a frozen tower with a graph (checkpointing's input hook)
+    let graph = frozen_tower_graph(vlm, v, gc);
     let projector = v.projector_trained && v.images > 0;
     // SigLIP / CLIP layer (VLM.md): residuals, LayerNorm stats and outputs, q/k/v, flash
     // output and log-sum-exp, the MLP's inner tensors (quick-GELU keeps its sigmoid too)
@@ -211,6 +229,7 @@ fn vision_bytes(
     let mut forward_extra = B(0);
     let mut lingering = B(0);
     let mut lm_side = B(0);
+    let mut recompute = B(0);
     let mut proj_saved = B(0);
     let projector_io;
     // token ids and labels
@@ -365,6 +384,19 @@ fn vision_bytes(
                 if !clip {
                     saved += r(nc, resid);
                 }
+            } else if graph {
+                // each checkpointed layer's input (the embeddings' output first), the
+                // post-LayerNorm's input and stats; nothing for the frozen weights
+                saved += r(nc, resid) * t.layers + r(nc, resid) + r(n, resid) * 2;
+                // the last layer recomputed in the backward: with frozen weights no linear
+                // keeps its input; q, k, v, the flash output, its log-sum-exp and RNG
+                // state, the mid residual, the LayerNorms' statistics, the GELU's input
+                let layer = r(nc, e) * 5 + r(ni, e) + r(n, resid) * 4 + r(m(n, h), 4) + B(1024);
+                recompute = B(layer.0.saturating_sub((r(nc, resid) + r(n, resid) * 2).0));
+                // (the hook makes the embeddings' output a leaf that requires grad: the
+                // backward's last step accumulates its `.grad`, freed with the graph;
+                // MemTracker holds that leaf, so the measurement keeps both through the
+                // optimizer step: VLM.md)
             }
             // the projector's rows: LLaVA's features per tile (without the class token's
             // unless the strategy is "full")
@@ -470,7 +502,7 @@ fn vision_bytes(
         }
     }
     // masked_scatter of the image features keeps its mask when anything before it trains
-    if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower) {
+    if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower || graph) {
         lm_side += r(bs, 1);
     }
     // autocast's 16-bit copies of the trained vision weights
@@ -490,7 +522,7 @@ fn vision_bytes(
             }
         }
     }
-    let backward_transient = if tower {
+    let backward_transient = if tower || graph {
         r(ni, e) * 2 + r(nc, resid)
     } else {
         B(0)
@@ -504,6 +536,7 @@ fn vision_bytes(
         projector_io: (projector_io.0 .0, projector_io.1 .0),
         backward_transient: backward_transient.0,
         lingering: lingering.0,
+        recompute: recompute.0,
     }
 }
 
@@ -534,11 +567,13 @@ pub fn estimate_vlm(
         padding: step.padding || (vlm.kind == VlmKind::Gemma3 && v.images > 0),
         ..*step
     };
-    let tower_backward = v.tower_trained;
+    // the tower's backward runs: it trains, or a frozen one runs with a graph
+    let tower_backward =
+        v.tower_trained || frozen_tower_graph(vlm, v, step.checkpointing != Checkpointing::None);
     let tape = TrainerTape {
-        // the image features need a gradient when the projector or the tower trains, and
-        // so do the merged embeddings the first layer reads (Mllama's reach the
-        // cross-attention layers instead)
+        // the image features need a gradient when the projector or the tower trains (or
+        // the tower runs with a graph), and so do the merged embeddings the first layer
+        // reads (Mllama's reach the cross-attention layers instead)
         input_grad: vlm.kind != VlmKind::Mllama
             && v.images > 0
             && (v.projector_trained || tower_backward),
@@ -709,10 +744,12 @@ pub fn estimate_vlm(
                     BackwardMoment::Layers,
                     CategoryBytes {
                         gradients: lm_grads.saturating_add(proj_grads),
-                        activations: tower_side.saturating_sub(vb.projector),
+                        activations: tower_side
+                            .saturating_sub(vb.projector)
+                            .saturating_add(vb.recompute),
                         temporaries: vb
                             .backward_transient
-                            .saturating_add(proj_in)
+                            .saturating_add(if vb.recompute > 0 { 0 } else { proj_in })
                             .saturating_add(waiting),
                         ..base
                     },
