@@ -179,13 +179,16 @@ fn m(a: u64, b: u64) -> u64 {
 
 /// Whether a frozen tower runs with a graph all the same: under gradient checkpointing
 /// transformers' `enable_input_require_grads` hooks the input embeddings of every
-/// sub-model that has them, the vision tower's too (`SmolVLMVisionTransformer.embeddings`),
-/// so the embeddings' output requires grad and the frozen tower's checkpointed layers keep
-/// their inputs and its backward runs (for the input gradients only). Measured for
-/// Idefics3 / SmolVLM (`VLM.md`); the other towers are not measured frozen under
-/// checkpointing.
+/// sub-model that has them, the vision tower's too (`SmolVLMVisionTransformer.embeddings`,
+/// SigLIP's `patch_embedding` in Gemma 3), so the embeddings' output requires grad and the
+/// frozen tower's checkpointed layers keep their inputs and its backward runs (for the input
+/// gradients only), and the projector after it keeps what it keeps after a trained tower.
+/// Measured for Idefics3 / SmolVLM and Gemma 3 (`VLM.md`); the other towers are not measured
+/// frozen under checkpointing.
 fn frozen_tower_graph(vlm: &VisionLm, v: &VisionInputs, gc: bool) -> bool {
-    gc && !v.tower_trained && v.images > 0 && vlm.kind == VlmKind::Idefics3
+    gc && !v.tower_trained
+        && v.images > 0
+        && matches!(vlm.kind, VlmKind::Idefics3 | VlmKind::Gemma3)
 }
 
 /// The bytes the vision side saves in one step of `b` samples.
@@ -410,7 +413,7 @@ fn vision_bytes(
                     VlmKind::Gemma3 => {
                         let tokens = m(n_img, lay.tokens);
                         let pooled = m(tokens, c);
-                        let norm = if tower {
+                        let norm = if tower || graph {
                             r(nc, e) + r(pooled, 4) * 2 + r(tokens, 4)
                         } else {
                             r(pooled, 4)
