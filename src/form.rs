@@ -1395,7 +1395,7 @@ pub const VISION: &[Spec] = &[
         Field::Images,
         "Images per sample",
         "images",
-        "0: the language model alone.",
+        "0: a text-only batch (the tower and projector weights still on the GPU).",
     ),
     Spec {
         field: Field::ImageSize,

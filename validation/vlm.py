@@ -197,6 +197,11 @@ class Family:
     def extra_inputs(self, batch, lays, ids):
         return {}
 
+    def text_only_inputs(self, batch, ids):
+        """What the processor returns beside the ids for a text-only batch (`--images 0`): no
+        pixel values, no image-side tensors."""
+        return {}
+
     def patch(self, model):
         pass
 
@@ -251,6 +256,10 @@ class QwenVL(Family):
         mmt = (ids == self.cfg.image_token_id).long()
         return {"image_grid_thw": grid, "mm_token_type_ids": mmt}
 
+    def text_only_inputs(self, batch, ids):
+        # the processor returns mm_token_type_ids with or without images (all 0 here)
+        return {"mm_token_type_ids": torch.zeros_like(ids)}
+
     def tower(self, model):
         v = model.model.visual
         skip = {"merger", "deepstack_merger_list"}
@@ -298,6 +307,9 @@ class Gemma3(Family):
     def extra_inputs(self, batch, lays, ids):
         # Gemma3Processor returns token_type_ids (mm_token_type_ids renamed): 1 on image tokens
         return {"token_type_ids": (ids == self.cfg.image_token_index).long()}
+
+    def text_only_inputs(self, batch, ids):
+        return {"token_type_ids": torch.zeros_like(ids)}
 
     def tower(self, model):
         return [model.model.vision_tower]
@@ -603,8 +615,14 @@ def build_inputs(fam, batch, images, image_size, text_tokens):
     row = fam.sample_ids(lays, text_tokens)
     ids = torch.tensor([row] * batch, dtype=torch.long)
     labels = ids.masked_fill(ids == fam.image_token_id(), -100)
-    extra = fam.extra_inputs(batch, lays, ids)
-    pix = fam.pixel_spec(batch, lays)
+    if lays:
+        extra = fam.extra_inputs(batch, lays, ids)
+        pix = fam.pixel_spec(batch, lays)
+    else:
+        # a text-only batch (--images 0): the processor returns no pixel values, and the
+        # model runs neither the tower nor the projector
+        extra = fam.text_only_inputs(batch, ids)
+        pix = {}
     return lays, ids, labels, extra, pix
 
 
@@ -759,7 +777,8 @@ def measure_vlm(config_path, model_name, batch, images, image_size, text_tokens,
         config, versions, sum(p.numel() for p in model.parameters()), step, t0,
         after={"versions": {"family": fam.name, "image_tokens": sum(l["tokens"] for l in lays),
                             "vision_patches": sum(l["patches"] for l in lays),
-                            "image_markup_tokens": sum(l["markup"] for l in lays), "image_layout": lays[0]}},
+                            "image_markup_tokens": sum(l["markup"] for l in lays),
+                            "image_layout": lays[0] if lays else None}},
         after_params={"trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
                       "vision_params": count(fam.tower(base)), "projector_params": count(fam.projector(base))})
     row["sdpa_kernels"] = dict(H.SDPA_LOG)
@@ -1028,7 +1047,8 @@ def dump_saved(config_path, batch, images, image_size, text_tokens, precision, a
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     H.add_model_args(ap, seq=None, precision="bf16")  # the sequence: text tokens + the images' tokens
-    ap.add_argument("--images", type=int, default=1, help="images per sample")
+    ap.add_argument("--images", type=int, default=1,
+                    help="images per sample (0: a text-only batch, the tower and projector idle on the GPU)")
     ap.add_argument("--image-size", type=int, nargs=2, default=[448, 448], metavar=("W", "H"))
     ap.add_argument("--text-tokens", type=int, default=256, help="text tokens per sample")
     ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")

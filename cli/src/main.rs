@@ -83,7 +83,7 @@ objective (TRL 1.16):
 
 images (vision-language models: qwen2_5_vl, qwen3_vl, gemma3, llava, llava_next,
 idefics3, smolvlm, mllama):
-  --images N            images per sample (default 0: the language model alone)
+  --images N            images per sample (default 0: text only, the tower's weights idle)
   --image-size WxH      each image's width x height in pixels (default 1024x768); the
                         processor's tiles and tokens follow from it (--json image_tokens)
   --vision V            the vision tower: frozen (default) or trained
@@ -515,7 +515,7 @@ fn image_tokens(state: &PageState) -> Option<estimator_core::ImageTokens> {
         return None;
     }
     let arch = state.architecture().ok()?;
-    let vision = state.parsed_vision(&arch).ok()??;
+    let vision = state.parsed_vision(&arch).ok()?.filter(|v| v.images > 0)?;
     let text = state.parsed_seq_len().ok()?;
     estimator_core::image_tokens(&arch, text, &vision).ok()
 }

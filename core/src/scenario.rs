@@ -136,7 +136,7 @@ pub fn parse_page(state: &PageState) -> Page {
         Some((_, Err(errors))) => {
             field_errors.extend(errors.into_iter().map(|(f, e)| (f, e.to_string())));
         }
-        Some((a, Ok(Some(v)))) => {
+        Some((a, Ok(Some(v)))) if v.images > 0 => {
             // (the estimate says why an image does not fit the processor)
             image_tokens = state
                 .parsed_seq_len()

@@ -367,6 +367,17 @@ impl VisionLm {
             .chain(&self.lm_extra_params)
             .fold(0u64, |a, &b| a.saturating_add(b))
     }
+    /// Of the language model's extra parameters, those that run on a step with images
+    /// (`images`) or on a text-only one: Mllama's cross-attention layers (their norms and
+    /// gates first, four per layer) are skipped without images, its embedding rows run.
+    pub(crate) fn lm_extra_running(&self, images: bool) -> &[u64] {
+        let skipped = if images {
+            0
+        } else {
+            usize::try_from(self.cross_layers.saturating_mul(4)).unwrap_or(usize::MAX)
+        };
+        &self.lm_extra_params[skipped.min(self.lm_extra_params.len())..]
+    }
 }
 
 #[cfg(test)]
@@ -636,6 +647,60 @@ mod tests {
         check(&vlm.processor, &[((1280, 1280), (2116, 2, 8464))]);
         let back = crate::arch::parse_hf_config(&arch.to_config_json());
         assert_eq!(back.as_ref(), Ok(&arch));
+    }
+
+    /// An Idefics3 / SmolVLM config pasted without its processor's `size`: the longest
+    /// edge is 4 x the tower's `image_size` (SmolVLM's published processors: 2048 for
+    /// 512-pixel tiles, not Idefics3's class default 1456), and the model's notes say so.
+    #[test]
+    fn a_smolvlm_config_without_its_size_takes_four_tiles_a_side() {
+        let full = include_str!("../../../validation/configs/smolvlm2-500m.json");
+        let mut v: serde_json::Value = serde_json::from_str(full).expect("JSON");
+        v["vision_config"]
+            .as_object_mut()
+            .expect("vision_config")
+            .remove("size");
+        v.as_object_mut()
+            .expect("config")
+            .remove("preprocessor_config");
+        let arch = crate::arch::parse_hf_config(&v.to_string()).expect("a config");
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        assert!(matches!(
+            vlm.processor,
+            Processor::Split {
+                longest_edge: 2048,
+                tile: 512,
+                ..
+            }
+        ));
+        // as with the checkpoint's own processor (1344 x 896: 3 x 4 tiles + 1)
+        check(&vlm.processor, &[((1344, 896), (832, 31, 13312))]);
+        assert!(arch
+            .notes()
+            .iter()
+            .any(|n| n.contains("4 x the vision tower's image_size")));
+        let back = crate::arch::parse_hf_config(&arch.to_config_json());
+        assert_eq!(back.as_ref(), Ok(&arch));
+        // Idefics3's 364-pixel tiles: 1456, its class default
+        v["vision_config"]["image_size"] = 364.into();
+        v["vision_config"]["patch_size"] = 14.into();
+        v["vision_config"]["max_image_size"] = serde_json::json!({"longest_edge": 364});
+        let arch = crate::arch::parse_hf_config(&v.to_string()).expect("a config");
+        let vlm = arch.vlm.as_deref().expect("a vision side");
+        assert!(matches!(
+            vlm.processor,
+            Processor::Split {
+                longest_edge: 1456,
+                tile: 364,
+                ..
+            }
+        ));
+        // the checkpoint's size given: no note
+        let arch = crate::arch::parse_hf_config(full).expect("a config");
+        assert!(!arch
+            .notes()
+            .iter()
+            .any(|n| n.contains("4 x the vision tower's image_size")));
     }
 
     #[test]

@@ -124,6 +124,11 @@ struct VisionBytes {
     /// a reference cycle in the forward's outputs (measured alive through the optimizer
     /// step).
     lingering: u64,
+    /// A checkpointed tower's backward (SigLIP layers): the last layer recomputed, what it
+    /// saves alive beside the checkpointed inputs while its MLP's backward runs, less the
+    /// last layer's output and the post-LayerNorm's statistics (freed by then, as is the
+    /// gradient of the projector's input); 0 where not modelled.
+    recompute: u64,
 }
 
 /// A byte count in saturating arithmetic: a figure past 64 bits saturates here and fails
@@ -172,6 +177,20 @@ fn m(a: u64, b: u64) -> u64 {
     a.saturating_mul(b)
 }
 
+/// Whether a frozen tower runs with a graph all the same: under gradient checkpointing
+/// transformers' `enable_input_require_grads` hooks the input embeddings of every
+/// sub-model that has them, the vision tower's too (`SmolVLMVisionTransformer.embeddings`,
+/// SigLIP's `patch_embedding` in Gemma 3), so the embeddings' output requires grad and the
+/// frozen tower's checkpointed layers keep their inputs and its backward runs (for the input
+/// gradients only), and the projector after it keeps what it keeps after a trained tower.
+/// Measured for Idefics3 / SmolVLM and Gemma 3 (`VLM.md`); the other towers are not measured
+/// frozen under checkpointing.
+fn frozen_tower_graph(vlm: &VisionLm, v: &VisionInputs, gc: bool) -> bool {
+    gc && !v.tower_trained
+        && v.images > 0
+        && matches!(vlm.kind, VlmKind::Idefics3 | VlmKind::Gemma3)
+}
+
 /// The bytes the vision side saves in one step of `b` samples.
 #[allow(clippy::too_many_lines)]
 fn vision_bytes(
@@ -198,6 +217,8 @@ fn vision_bytes(
     let bs = m(b, it.sequence);
     let mut saved = B(0);
     let tower = v.tower_trained && v.images > 0;
+    // a frozen tower with a graph (checkpointing's input hook)
+    let graph = frozen_tower_graph(vlm, v, gc);
     let projector = v.projector_trained && v.images > 0;
     // SigLIP / CLIP layer (VLM.md): residuals, LayerNorm stats and outputs, q/k/v, flash
     // output and log-sum-exp, the MLP's inner tensors (quick-GELU keeps its sigmoid too)
@@ -211,6 +232,7 @@ fn vision_bytes(
     let mut forward_extra = B(0);
     let mut lingering = B(0);
     let mut lm_side = B(0);
+    let mut recompute = B(0);
     let mut proj_saved = B(0);
     let projector_io;
     // token ids and labels
@@ -365,6 +387,19 @@ fn vision_bytes(
                 if !clip {
                     saved += r(nc, resid);
                 }
+            } else if graph {
+                // each checkpointed layer's input (the embeddings' output first), the
+                // post-LayerNorm's input and stats; nothing for the frozen weights
+                saved += r(nc, resid) * t.layers + r(nc, resid) + r(n, resid) * 2;
+                // the last layer recomputed in the backward: with frozen weights no linear
+                // keeps its input; q, k, v, the flash output, its log-sum-exp and RNG
+                // state, the mid residual, the LayerNorms' statistics, the GELU's input
+                let layer = r(nc, e) * 5 + r(ni, e) + r(n, resid) * 4 + r(m(n, h), 4) + B(1024);
+                recompute = B(layer.0.saturating_sub((r(nc, resid) + r(n, resid) * 2).0));
+                // (the hook makes the embeddings' output a leaf that requires grad: the
+                // backward's last step accumulates its `.grad`, freed with the graph;
+                // MemTracker holds that leaf, so the measurement keeps both through the
+                // optimizer step: VLM.md)
             }
             // the projector's rows: LLaVA's features per tile (without the class token's
             // unless the strategy is "full")
@@ -378,7 +413,7 @@ fn vision_bytes(
                     VlmKind::Gemma3 => {
                         let tokens = m(n_img, lay.tokens);
                         let pooled = m(tokens, c);
-                        let norm = if tower {
+                        let norm = if tower || graph {
                             r(nc, e) + r(pooled, 4) * 2 + r(tokens, 4)
                         } else {
                             r(pooled, 4)
@@ -470,7 +505,7 @@ fn vision_bytes(
         }
     }
     // masked_scatter of the image features keeps its mask when anything before it trains
-    if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower) {
+    if vlm.kind != VlmKind::Mllama && v.images > 0 && (lm_trained || projector || tower || graph) {
         lm_side += r(bs, 1);
     }
     // autocast's 16-bit copies of the trained vision weights
@@ -490,7 +525,7 @@ fn vision_bytes(
             }
         }
     }
-    let backward_transient = if tower {
+    let backward_transient = if tower || graph {
         r(ni, e) * 2 + r(nc, resid)
     } else {
         B(0)
@@ -504,6 +539,7 @@ fn vision_bytes(
         projector_io: (projector_io.0 .0, projector_io.1 .0),
         backward_transient: backward_transient.0,
         lingering: lingering.0,
+        recompute: recompute.0,
     }
 }
 
@@ -534,16 +570,38 @@ pub fn estimate_vlm(
         padding: step.padding || (vlm.kind == VlmKind::Gemma3 && v.images > 0),
         ..*step
     };
+    // the tower's backward runs: it trains, or a frozen one runs with a graph
+    let tower_backward =
+        v.tower_trained || frozen_tower_graph(vlm, v, step.checkpointing != Checkpointing::None);
     let tape = TrainerTape {
-        // the image features need a gradient when the projector or the tower trains, and
-        // so do the merged embeddings the first layer reads (Mllama's reach the
-        // cross-attention layers instead)
+        // the image features need a gradient when the projector or the tower trains (or
+        // the tower runs with a graph), and so do the merged embeddings the first layer
+        // reads (Mllama's reach the cross-attention layers instead)
         input_grad: vlm.kind != VlmKind::Mllama
             && v.images > 0
-            && (v.projector_trained || v.tower_trained),
+            && (v.projector_trained || tower_backward),
         ..TrainerTape::default()
     };
-    let lm = rank_step(arch, &lm_step, peft, &Mesh::SINGLE, tape)?;
+    let mut lm = rank_step(arch, &lm_step, peft, &Mesh::SINGLE, tape)?;
+    // Mllama on a text-only batch: MllamaTextModel skips its cross-attention layers
+    // (`cross_attention_states is None`), so they save nothing and their weights (and
+    // adapters) get no gradient and no optimizer state; their weights stay. The text tape
+    // models each as one of the (equal) self-attention layers: the step is that of the
+    // layers that run, with the skipped layers' weights beside it.
+    let mut skipped_weights = 0;
+    let cross = usize::try_from(vlm.cross_layers).unwrap_or(usize::MAX);
+    if v.images == 0 && cross > 0 && cross < arch.spec.layers.len() {
+        let mut running = arch.clone();
+        running.spec.layers.truncate(arch.spec.layers.len() - cross);
+        let ran = rank_step(&running, &lm_step, peft, &Mesh::SINGLE, tape)?;
+        let params = |e: &PeakEstimate| e.phase_peaks.first().map_or(0, |(_, c)| c.parameters);
+        skipped_weights = params(&lm).saturating_sub(params(&ran));
+        lm = PeakEstimate {
+            n_params: lm.n_params,
+            trainable_params: lm.trainable_params,
+            ..ran
+        };
+    }
     let p = step.precision;
     let b = step.batch;
     let trains = step.optimizer.trains();
@@ -555,18 +613,22 @@ pub fn estimate_vlm(
     let mut all = vlm.tower_params.clone();
     all.extend(&vlm.projector_params);
     all.extend(&vlm.lm_extra_params);
-    let weights = sum_st(&all, p.weight_bytes());
+    let weights = sum_st(&all, p.weight_bytes()).saturating_add(skipped_weights);
+    // What gets a gradient (and so optimizer state): the trained parts that run. On a
+    // text-only batch the tower and the projector do not run (nor Mllama's
+    // cross-attention layers): their gradients stay None and AdamW makes no state for them.
+    let runs = v.images > 0;
     let mut trained: Vec<(u64, u64)> = Vec::new();
     if trains {
-        if v.tower_trained {
+        if v.tower_trained && runs {
             let with_grad = vlm.tower_params.len().saturating_sub(vlm.gradless_tail);
             trained.extend(vlm.tower_params.iter().take(with_grad).map(|&e| (e, 1)));
         }
-        if v.projector_trained {
+        if v.projector_trained && runs {
             trained.extend(vlm.projector_params.iter().map(|&e| (e, 1)));
         }
         if lm_trained {
-            trained.extend(vlm.lm_extra_params.iter().map(|&e| (e, 1)));
+            trained.extend(vlm.lm_extra_running(runs).iter().map(|&e| (e, 1)));
         }
     }
     let grad_bytes = p.gradient_bytes();
@@ -641,7 +703,7 @@ pub fn estimate_vlm(
             .map(|(_, c)| *c);
         if let (Some(o), true) = (
             opt_phase,
-            v.images > 0 && (v.tower_trained || v.projector_trained),
+            v.images > 0 && (tower_backward || v.projector_trained),
         ) {
             let embedding = if lm_trained && !embedding_first {
                 sum_st(&arch.spec.embedding_parameter_tensors(), grad_bytes)
@@ -675,20 +737,22 @@ pub fn estimate_vlm(
                 activations: tower_side,
                 temporaries: proj_grads
                     .saturating_add(proj_out)
-                    .saturating_add(if v.tower_trained { proj_in } else { 0 })
+                    .saturating_add(if tower_backward { proj_in } else { 0 })
                     .saturating_add(waiting),
                 ..base
             };
             moments.push((BackwardMoment::Layers, projector));
-            if v.tower_trained {
+            if tower_backward {
                 moments.push((
                     BackwardMoment::Layers,
                     CategoryBytes {
                         gradients: lm_grads.saturating_add(proj_grads),
-                        activations: tower_side.saturating_sub(vb.projector),
+                        activations: tower_side
+                            .saturating_sub(vb.projector)
+                            .saturating_add(vb.recompute),
                         temporaries: vb
                             .backward_transient
-                            .saturating_add(proj_in)
+                            .saturating_add(if vb.recompute > 0 { 0 } else { proj_in })
                             .saturating_add(waiting),
                         ..base
                     },
@@ -715,16 +779,23 @@ pub fn estimate_vlm(
             best = (*ph, *c, t);
         }
     }
-    // requires_grad counts the tower's unused tail too
-    let tail: u64 = if trains && v.tower_trained {
-        let with_grad = vlm.tower_params.len().saturating_sub(vlm.gradless_tail);
-        vlm.tower_params.iter().skip(with_grad).sum()
-    } else {
-        0
-    };
-    let trainable = trained_elems
+    // requires_grad: the trained parts whether they run or not (the tower's unused tail too)
+    let mut requires_grad: Vec<&[u64]> = Vec::new();
+    if trains {
+        if v.tower_trained {
+            requires_grad.push(&vlm.tower_params);
+        }
+        if v.projector_trained {
+            requires_grad.push(&vlm.projector_params);
+        }
+        if lm_trained {
+            requires_grad.push(&vlm.lm_extra_params);
+        }
+    }
+    let trainable = requires_grad
         .iter()
-        .fold(tail, |acc, &e| acc.saturating_add(e));
+        .flat_map(|t| t.iter())
+        .fold(0u64, |acc, &e| acc.saturating_add(e));
     let mut saved_parts = lm.saved_parts.clone();
     if saved > 0 {
         saved_parts.push((SavedPart::Vision, saved));

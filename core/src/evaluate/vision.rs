@@ -24,10 +24,18 @@ pub(super) fn with_images(
     }
 }
 
-/// The step of one rank's whole model: with images, the vision-language model's
-/// (supervised fine-tuning or inference; data parallelism shards it above, the splits of
-/// the step and DPO / GRPO are modelled for the text models only); without, the text
-/// model's.
+/// Whether the step is the whole vision-language model's ([`crate::estimate_vlm`]'s): always
+/// with images; on a text-only batch, for supervised fine-tuning or inference on data
+/// parallelism (DPO, GRPO and the splits of the step are modelled for the language model
+/// alone, on text).
+fn whole_model_step(objective: &Objective, splits: bool, vision: &VisionInputs) -> bool {
+    vision.images > 0 || (objective.kind == crate::ObjectiveKind::Sft && !splits)
+}
+
+/// The step of one rank's whole model: a vision-language model's (supervised fine-tuning
+/// or inference; data parallelism shards it above, the splits of the step and DPO / GRPO
+/// are modelled for the text models only, and on a text-only batch give the language
+/// model's step); another model's, the text model's.
 pub(super) fn step(
     arch: &Architecture,
     step: &TrainingStep,
@@ -36,7 +44,8 @@ pub(super) fn step(
     objective: &Objective,
     vision: Option<&VisionInputs>,
 ) -> Result<PeakEstimate, crate::EstimateError> {
-    let Some(vision) = vision else {
+    let Some(vision) = vision.filter(|v| whole_model_step(objective, mesh.splits_the_step(), v))
+    else {
         return crate::estimate_objective(arch, step, peft, mesh, objective, None);
     };
     if objective.kind != crate::ObjectiveKind::Sft {
@@ -52,9 +61,9 @@ pub(super) fn step(
     crate::estimate_vlm(arch, step, peft, vision)
 }
 
-/// `e` with the vision side among the model's parameters when the step has images: the
-/// tower and the projector, and of what trains only the adapters counted as the text
-/// model's (the vision side's trained parts are already among them).
+/// `e` with the vision side among a vision-language model's parameters: the tower and the
+/// projector, and of what trains only the adapters counted as the text model's (the vision
+/// side's trained parts are already among them when the step was the whole model's).
 pub(super) fn with_vision_parameters(
     mut e: Evaluation,
     parsed: &Parsed,
@@ -63,10 +72,16 @@ pub(super) fn with_vision_parameters(
     let (Parsed::Architecture(m), Some(v)) = (parsed, knobs.vision) else {
         return e;
     };
+    let plan = &e.plan;
+    let splits =
+        plan.tensor_parallel > 1 || plan.context_parallel > 1 || plan.pipeline_parallel > 1;
+    let vision_trainable = if whole_model_step(&knobs.objective, splits, &v) {
+        m.arch.vision_trainable_count(&v)
+    } else {
+        0
+    };
     let adapters = if knobs.peft.is_some() {
-        e.step
-            .trainable_params
-            .saturating_sub(m.arch.vision_trainable_count(&v))
+        e.step.trainable_params.saturating_sub(vision_trainable)
     } else {
         0
     };
@@ -121,11 +136,26 @@ mod tests {
         assert_eq!(e.step.peak_bytes, direct.peak_bytes);
         assert_eq!(e.n_params, direct.n_params);
         assert!(e.n_params > arch.parameter_count());
-        // no images (the default): the language model alone, as before the image fields
+        // no images (the default): a text-only batch, the tower and projector idle on the
+        // GPU (their weights counted, nothing else of theirs)
         state.vision.images = crate::DEFAULT_IMAGES.to_owned();
         let none = evaluate(&state).unwrap();
         assert!(none.step.peak_bytes < e.step.peak_bytes);
-        assert_eq!(none.n_params, arch.parameter_count());
+        assert_eq!(
+            none.n_params,
+            arch.parameter_count() + arch.vision_parameter_count()
+        );
+        let text_only = crate::estimate_peak(&arch, &step).unwrap();
+        let idle = crate::estimate_vlm(&arch, &step, None, &crate::VisionInputs::new(0, 1024, 768))
+            .unwrap();
+        assert_eq!(none.step.peak_bytes, idle.peak_bytes);
+        assert!(idle.peak_bytes > text_only.peak_bytes);
+        // DPO on a text-only batch: the language model's step, as before (the vision side
+        // is modelled with supervised fine-tuning only), the tower among the parameters
+        let mut dpo = state.clone();
+        dpo.step.objective = crate::ObjectiveKind::Dpo;
+        let d = evaluate(&dpo).unwrap();
+        assert_eq!(d.n_params, none.n_params);
         state.vision.images = "x".to_owned();
         state.vision.image_size = "10x".to_owned();
         match evaluate(&state) {

@@ -4,9 +4,9 @@
 use super::{parse_count, Field, PageState, Section};
 use crate::number::{parse_whole_count, FieldError};
 
-/// Images per sample on a first visit (vision-language models): none, so that a
-/// multimodal config (Gemma 3's) and every link from before the image fields give the
-/// language model's figures as they did; the fields are there to add images.
+/// Images per sample on a first visit (vision-language models): none, a text-only batch
+/// (the vision tower and its projector are on the GPU all the same); the fields are there
+/// to add images.
 pub const DEFAULT_IMAGES: &str = "0";
 /// Image size on a first visit (vision-language models), width x height in pixels.
 pub const DEFAULT_IMAGE_SIZE: &str = "1024x768";
@@ -93,8 +93,8 @@ pub fn parse_image_size(text: &str) -> Result<(u64, u64), FieldError> {
 }
 
 impl PageState {
-    /// The images of a vision-language model's step (`None` without images, or for any
-    /// other model: the image fields are not its inputs).
+    /// The images of a vision-language model's step, none for a text-only batch (`None`
+    /// for any other model: the image fields are not its inputs).
     ///
     /// # Errors
     /// The fields and their messages.
@@ -113,10 +113,6 @@ impl PageState {
         let (Ok(images), Ok((width, height))) = (images, size) else {
             return Err(errors);
         };
-        if images == 0 {
-            // the language model alone, as the model's note says
-            return Ok(None);
-        }
         Ok(Some(crate::VisionInputs {
             images,
             width,

@@ -8,7 +8,11 @@ use super::{MAX_DIM, MAX_LAYERS};
 
 /// Shown for every vision-language config.
 const MULTIMODAL_NOTE: &str =
-    "Vision-language model: without images only the language model is estimated; with images the vision tower, its projector and the image tokens are counted.";
+    "Vision-language model: the vision tower's and projector's weights are counted with or without images. Without images (a text-only batch) the vision side does not run: no vision activations, and no gradients or optimizer state for it, trained or not. With images the tower, its projector and the image tokens are counted in full. DPO, GRPO and tensor, context or pipeline parallelism are modelled for the language model alone, on text-only batches.";
+
+/// Shown for an Idefics3 / SmolVLM config without its processor's `size`.
+const IDEFICS3_EDGE_NOTE: &str =
+    "No preprocessor size in this Idefics3 / SmolVLM config: each image is resized to a longest edge of 4 x the vision tower's image_size (as SmolVLM's published processors do: 2048 pixels for 512-pixel tiles), then split into tiles of the tower's size. To use the checkpoint's own, add its preprocessor_config.json to the pasted config as a \"preprocessor_config\" object (its size.longest_edge is read).";
 
 /// The vision-language wrappers read here: their language model is one of the text
 /// families, their vision side by [`read_vision`].
@@ -26,8 +30,8 @@ pub(super) fn vision_language(model_type: &str) -> Option<VlmKind> {
 
 /// A vision-language config: the language model from `text_config` (or, for the older flat
 /// Qwen2.5-VL configs, from the top level), filled with its config class's defaults where
-/// the published files rely on them, then the vision side. Estimated without images, the
-/// language model runs alone (the note says so); with images, `estimate_vlm` adds the tower.
+/// the published files rely on them, then the vision side, which `estimate_vlm` adds to the
+/// step (its weights only on a text-only batch, as the note says).
 pub(super) fn vision_language_model(
     kind: VlmKind,
     model_type: &str,
@@ -120,6 +124,7 @@ pub(super) fn vision_language_model(
     }
     outer.record("text_config", Value::Object(inner.used));
     let has_vision = m.get("vision_config").is_some_and(|v| *v != Value::Null);
+    let mut vision_notes = Vec::new();
     if has_vision || kind != VlmKind::Gemma3 {
         let heads = (arch.num_heads(), arch.num_kv_heads(), arch.head_dim());
         let vision = read_vision(
@@ -129,10 +134,12 @@ pub(super) fn vision_language_model(
             heads,
             arch.vocab_size(),
             cross_layers,
+            &mut vision_notes,
         )?;
         arch.vlm = Some(Box::new(vision));
     }
     arch.notes.insert(0, MULTIMODAL_NOTE);
+    arch.notes.extend(vision_notes);
     arch.compact = Value::Object(outer.used).to_string();
     Ok(arch)
 }
@@ -240,6 +247,7 @@ fn read_vision(
     lm_heads: (u64, u64, u64),
     lm_vocab: u64,
     cross_layers: u64,
+    notes: &mut Vec<&'static str>,
 ) -> Result<VisionLm, ConfigError> {
     // The readers of the vision_config (`r`) and of the preprocessor block (`pr`) hand their
     // first error on to the reader that reads next (`adopt`), and `outer` reports it at the
@@ -454,9 +462,15 @@ fn read_vision(
                         t.patch,
                         MAX_IMAGE_SIDE,
                     );
+                    // without the processor's size, SmolVLM's published processors' rule:
+                    // the longest edge 4 tiles of the tower's side (2048 for 512-pixel
+                    // tiles; Idefics3's class default 4 x 364 is the same rule)
                     let longest = edge(pre_map.get("size"), "longest_edge")
                         .or_else(|| edge(vc.get("size"), "longest_edge"))
-                        .unwrap_or(4 * 364);
+                        .unwrap_or_else(|| {
+                            notes.push(IDEFICS3_EDGE_NOTE);
+                            mul(4, image)
+                        });
                     let longest = outer.range("preprocessor_config.size", longest, 1, 1 << 16);
                     let per_tile = (tile / t.patch) * (tile / t.patch);
                     let tile_tokens = (per_tile / (scale * scale)).max(1);
