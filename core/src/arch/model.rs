@@ -512,7 +512,18 @@ impl Attention {
         if matches!(kernel, Kernel::Flash | Kernel::Efficient) {
             tape.save(out)?; // the fused kernels' backward reads their output
         }
-        if kernel == Kernel::Flash && self.rope_concat && self.rotary_dim.is_some() {
+        // eager: Phi-3's rotary `torch.cat` makes q head-major, so is flash's output, and
+        // `transpose(1, 2).reshape` copies it token-major for the output projection, which
+        // keeps the copy. Compiled, nothing of it is kept: the graph drops the `torch.cat`
+        // whose pass-through part is empty (full rotary) and q stays a view of the projection's
+        // token-major output (measured with inductor on a Phi-3 config: validation/COMPILE.md).
+        // With a partial rotary the cat is real, but the copy is then a pointwise function of
+        // flash's output, which the backward keeps anyway: the partitioner recomputes it.
+        if kernel == Kernel::Flash
+            && self.rope_concat
+            && self.rotary_dim.is_some()
+            && !tape.compiled
+        {
             tape.save(out)?;
             out = tape.tensor(ow, w)?;
         }
