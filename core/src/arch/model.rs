@@ -8,6 +8,7 @@ use super::ops::{
     NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::Role;
+use super::recipe::Compile;
 use super::shape::StepShape;
 
 /// Where a layer's norms sit around its two sub-blocks.
@@ -619,7 +620,18 @@ impl Layer {
                     a = norm(tape, a, post)?;
                 }
                 let a = dropout(tape, a, hd)?;
+                let input = x;
                 let x = residual(tape, x, a)?;
+                if sandwich && !hd && tape.compiled && s.compile == Compile::Layers {
+                    // A block compiled on its own (measured with inductor on a Gemma 3 config:
+                    // validation/COMPILE.md): the sum the pre-MLP norm reads is recomputed
+                    // from the block's input (a graph input, kept by the first norm) and the
+                    // post-attention norm's output, itself recomputed from that norm's kept
+                    // input (o_proj's output) and statistics: neither the sum nor the norm's
+                    // output is kept. The whole model's graph keeps the sum instead (as many
+                    // bytes as the addend `residual` keeps in its place, measured too).
+                    tape.recompute_sum_from(x, input);
+                }
                 let n = norm(tape, x, pre)?;
                 let mut m = mlp(tape, n)?;
                 if sandwich {

@@ -286,6 +286,13 @@ impl Tape {
         self.save(t)?;
         Ok(t)
     }
+    /// A compiled residual sum `sum` whose addend is recomputed too: an op that keeps the sum
+    /// keeps `stand_in` (a tensor kept already, so nothing more) instead of the addend.
+    pub fn recompute_sum_from(&mut self, sum: T, stand_in: T) {
+        if let Some(entry) = self.recomputed.iter_mut().find(|(id, _)| *id == sum.id) {
+            entry.1 = stand_in;
+        }
+    }
     /// `t.to(dtype)`: the same tensor when the dtype is already right (`to` is then a no-op).
     pub fn cast(&mut self, t: T, bytes: u64) -> Res<T> {
         if t.bytes == bytes {
