@@ -242,6 +242,20 @@ impl Attention {
             Kernel::Flash | Kernel::Efficient => self.masked(s) && self.repeat_kv_copies(),
         }
     }
+    /// Elements of the additive mask the memory-efficient kernel keeps: (batch, seq, seq)
+    /// with the last dimension padded to a multiple of 8, broadcast over the heads.
+    fn additive_mask(s: &StepShape) -> Res<u64> {
+        mul(s.batch, mul(s.seq, s.seq.div_ceil(8).saturating_mul(8))?)
+    }
+    /// Whether the layers' attention of one type share one additive mask: compiled whole
+    /// (and not checkpointed), the graph converts HF's bool mask, an input of every layer of
+    /// that type, once (`where` is pure: the graph computes it once for all its readers) and
+    /// the partitioner keeps that one tensor for every layer's backward (measured with
+    /// inductor on a sliding-window Mistral config: validation/COMPILE.md). Per block, each
+    /// block's graph converts it again and keeps its own, as eager does.
+    pub fn shares_masks(s: &StepShape) -> bool {
+        s.compile.whole_model() && !s.checkpointed
+    }
     /// Whether HF passes a mask (it skips it, for `is_causal`, unless a sliding window is
     /// shorter than the keys).
     pub fn masked(&self, s: &StepShape) -> bool {
@@ -453,14 +467,14 @@ impl Attention {
                 }
             }
             Kernel::Efficient => {
-                if masked {
+                // (compiled whole, the layers share one: `ModelSpec::forward`)
+                if masked && !Self::shares_masks(s) {
                     tape.part = SavedPart::Masks;
                     // SDPA turns HF's bool mask into an additive one in the query's dtype,
                     // per sample and broadcast over heads, in every layer; the efficient
                     // kernel pads its last dimension to a multiple of 8 and keeps it for
                     // backward
-                    let padded = s.seq.div_ceil(8).saturating_mul(8);
-                    tape.raw(mul(s.batch, mul(s.seq, padded)?)?, w)
+                    tape.raw(Self::additive_mask(s)?, w)
                         .and_then(|t| tape.save(t))?;
                     tape.part = SavedPart::Attention;
                 }
@@ -1089,6 +1103,24 @@ impl ModelSpec {
             let elems = mul(s.seq, self.rotary_width)?;
             tape.raw(elems, bytes).and_then(|t| tape.save(t))?; // cos
             tape.raw(elems, bytes).and_then(|t| tape.save(t))?; // sin
+        }
+        // compiled whole, one additive mask per attention type (window) that takes a mask,
+        // kept for all its layers ([`Attention::shares_masks`])
+        if Attention::shares_masks(s) {
+            let shared = distinct(
+                groups
+                    .iter()
+                    .filter(|(l, _)| {
+                        l.attention.kernel(s) == Kernel::Efficient && l.attention.masked(s)
+                    })
+                    .map(|(l, _)| l.attention.window),
+            );
+            let part = std::mem::replace(&mut tape.part, SavedPart::Masks);
+            for _ in 0..shared {
+                tape.raw(Attention::additive_mask(s)?, d.act)
+                    .and_then(|t| tape.save(t))?;
+            }
+            tape.part = part;
         }
         // Each distinct layer runs once on a tape of its own from a fresh input (what it saves
         // of its input counts in it, as it would in one long tape).
