@@ -135,7 +135,20 @@ def install_real_cpu_sdpa():
         # torch 2.15's CPU flash op takes grouped K/V (Hkv < Hq) directly, like the CUDA flash op
         # the harness dispatches to (checked: forward and backward, grads of K/V in Hkv heads)
         if attn_mask is not None:
-            raise RuntimeError("real-tensor check supports only SDPA without a mask")
+            # a mask (a sliding window the sequence reaches): on the GPU the harness's dispatcher
+            # picks the memory-efficient kernel, which converts HF's bool mask to an additive one
+            # in the query's dtype (per call, i.e. per layer), pads/expands it (_preprocess_mask)
+            # and saves it beside out + fp32 lse. The CPU flash op takes the same additive mask and
+            # saves it, out and an fp32 lse (B, H, L) for backward: the same set (the efficient
+            # kernel's lse is padded to a multiple of 32 rows: use seq % 32 == 0)
+            if attn_mask.dtype == torch.bool:
+                zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
+                ninf = torch.scalar_tensor(-float("inf"), dtype=query.dtype, device=query.device)
+                attn_mask = torch.where(attn_mask, zero, ninf)
+                del zero, ninf
+            attn_mask = _env._preprocess_mask(attn_mask, query, key)
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+                query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
             query, key, value, dropout_p, is_causal, scale=scale)[0]
     F.scaled_dot_product_attention = sdpa

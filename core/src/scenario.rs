@@ -173,6 +173,10 @@ pub fn parse_page(state: &PageState) -> Page {
                         crate::ModelFamily::Llama
                             | crate::ModelFamily::Qwen3
                             | crate::ModelFamily::Gpt2
+                            | crate::ModelFamily::Mistral
+                            | crate::ModelFamily::Phi3
+                            | crate::ModelFamily::Gemma3
+                            | crate::ModelFamily::Qwen3Moe
                     )
                 {
                     notes.push(COMPILE_MEASURED_ON);
@@ -196,7 +200,7 @@ pub fn parse_page(state: &PageState) -> Page {
 const NOT_A_CAUSAL_LM_LOSS: &str = "The trainers' losses are for next-token prediction: this model keeps its own loss (masked-LM or classification), whatever the Loss field says.";
 
 /// Said when a model outside the measured families is compiled.
-const COMPILE_MEASURED_ON: &str = "torch.compile is modelled from Llama, Qwen3 and GPT-2 measurements (validation/COMPILE.md): this model's norms, activations, residual adds and loss follow the same rules; its other parts (experts, routers, eager attention, other heads) keep eager's.";
+const COMPILE_MEASURED_ON: &str = "torch.compile is modelled from Llama, Qwen3, GPT-2, Mistral, Phi-3, Gemma 3 and Qwen3-MoE measurements (validation/COMPILE.md): this model's norms, activations, residual adds, experts and loss follow the same rules; its other parts (other routers, eager attention, other heads) keep eager's.";
 
 #[cfg(test)]
 mod tests {
@@ -213,6 +217,9 @@ mod tests {
             .notes
             .contains(&COMPILE_MEASURED_ON));
         assert!(!page("m=arch&model=qwen3-0.6b&comp=model")
+            .notes
+            .contains(&COMPILE_MEASURED_ON));
+        assert!(!page("m=arch&model=gemma3-1b&comp=layers")
             .notes
             .contains(&COMPILE_MEASURED_ON));
     }

@@ -532,6 +532,7 @@ fn estimate_on(
         loss_parallel: mesh.loss_parallel,
         in_place_loss: mesh.loss_parallel && mesh.plan == TpPlan::Megatron,
         compile: step.compile,
+        checkpointed: step.checkpointing != Checkpointing::None,
         scored_per_row: trainer.scored_per_row,
     };
     // each layer's group (the index into `groups` and the forward's per-group figures)

@@ -467,6 +467,7 @@ mod tests {
             loss_parallel: false,
             in_place_loss: false,
             compile: crate::arch::recipe::Compile::Off,
+            checkpointed: false,
             scored_per_row: None,
         };
         let head = CausalHead {

@@ -8,6 +8,7 @@ use super::ops::{
     NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::Role;
+use super::recipe::Compile;
 use super::replay::LossTensors;
 use super::shape::StepShape;
 
@@ -242,6 +243,20 @@ impl Attention {
             Kernel::Flash | Kernel::Efficient => self.masked(s) && self.repeat_kv_copies(),
         }
     }
+    /// Elements of the additive mask the memory-efficient kernel keeps: (batch, seq, seq)
+    /// with the last dimension padded to a multiple of 8, broadcast over the heads.
+    fn additive_mask(s: &StepShape) -> Res<u64> {
+        mul(s.batch, mul(s.seq, s.seq.div_ceil(8).saturating_mul(8))?)
+    }
+    /// Whether the layers' attention of one type share one additive mask: compiled whole
+    /// (and not checkpointed), the graph converts HF's bool mask, an input of every layer of
+    /// that type, once (`where` is pure: the graph computes it once for all its readers) and
+    /// the partitioner keeps that one tensor for every layer's backward (measured with
+    /// inductor on a sliding-window Mistral config: validation/COMPILE.md). Per block, each
+    /// block's graph converts it again and keeps its own, as eager does.
+    pub fn shares_masks(s: &StepShape) -> bool {
+        s.compile.whole_model() && !s.checkpointed
+    }
     /// Whether HF passes a mask (it skips it, for `is_causal`, unless a sliding window is
     /// shorter than the keys).
     pub fn masked(&self, s: &StepShape) -> bool {
@@ -453,14 +468,14 @@ impl Attention {
                 }
             }
             Kernel::Efficient => {
-                if masked {
+                // (compiled whole, the layers share one: `ModelSpec::forward`)
+                if masked && !Self::shares_masks(s) {
                     tape.part = SavedPart::Masks;
                     // SDPA turns HF's bool mask into an additive one in the query's dtype,
                     // per sample and broadcast over heads, in every layer; the efficient
                     // kernel pads its last dimension to a multiple of 8 and keeps it for
                     // backward
-                    let padded = s.seq.div_ceil(8).saturating_mul(8);
-                    tape.raw(mul(s.batch, mul(s.seq, padded)?)?, w)
+                    tape.raw(Self::additive_mask(s)?, w)
                         .and_then(|t| tape.save(t))?;
                     tape.part = SavedPart::Attention;
                 }
@@ -513,7 +528,18 @@ impl Attention {
         if matches!(kernel, Kernel::Flash | Kernel::Efficient) {
             tape.save(out)?; // the fused kernels' backward reads their output
         }
-        if kernel == Kernel::Flash && self.rope_concat && self.rotary_dim.is_some() {
+        // eager: Phi-3's rotary `torch.cat` makes q head-major, so is flash's output, and
+        // `transpose(1, 2).reshape` copies it token-major for the output projection, which
+        // keeps the copy. Compiled, nothing of it is kept: the graph drops the `torch.cat`
+        // whose pass-through part is empty (full rotary) and q stays a view of the projection's
+        // token-major output (measured with inductor on a Phi-3 config: validation/COMPILE.md).
+        // With a partial rotary the cat is real, but the copy is then a pointwise function of
+        // flash's output, which the backward keeps anyway: the partitioner recomputes it.
+        if kernel == Kernel::Flash
+            && self.rope_concat
+            && self.rotary_dim.is_some()
+            && !tape.compiled
+        {
             tape.save(out)?;
             out = tape.tensor(ow, w)?;
         }
@@ -609,7 +635,18 @@ impl Layer {
                     a = norm(tape, a, post)?;
                 }
                 let a = dropout(tape, a, hd)?;
+                let input = x;
                 let x = residual(tape, x, a)?;
+                if sandwich && !hd && tape.compiled && s.compile == Compile::Layers {
+                    // A block compiled on its own (measured with inductor on a Gemma 3 config:
+                    // validation/COMPILE.md): the sum the pre-MLP norm reads is recomputed
+                    // from the block's input (a graph input, kept by the first norm) and the
+                    // post-attention norm's output, itself recomputed from that norm's kept
+                    // input (o_proj's output) and statistics: neither the sum nor the norm's
+                    // output is kept. The whole model's graph keeps the sum instead (as many
+                    // bytes as the addend `residual` keeps in its place, measured too).
+                    tape.recompute_sum_from(x, input);
+                }
                 let n = norm(tape, x, pre)?;
                 let mut m = mlp(tape, n)?;
                 if sandwich {
@@ -1075,6 +1112,24 @@ impl ModelSpec {
             let elems = mul(s.seq, self.rotary_width)?;
             tape.raw(elems, bytes).and_then(|t| tape.save(t))?; // cos
             tape.raw(elems, bytes).and_then(|t| tape.save(t))?; // sin
+        }
+        // compiled whole, one additive mask per attention type (window) that takes a mask,
+        // kept for all its layers ([`Attention::shares_masks`])
+        if Attention::shares_masks(s) {
+            let shared = distinct(
+                groups
+                    .iter()
+                    .filter(|(l, _)| {
+                        l.attention.kernel(s) == Kernel::Efficient && l.attention.masked(s)
+                    })
+                    .map(|(l, _)| l.attention.window),
+            );
+            let part = std::mem::replace(&mut tape.part, SavedPart::Masks);
+            for _ in 0..shared {
+                tape.raw(Attention::additive_mask(s)?, d.act)
+                    .and_then(|t| tape.save(t))?;
+            }
+            tape.part = part;
         }
         // Each distinct layer runs once on a tape of its own from a fresh input (what it saves
         // of its input counts in it, as it would in one long tape).

@@ -286,6 +286,13 @@ impl Tape {
         self.save(t)?;
         Ok(t)
     }
+    /// A compiled residual sum `sum` whose addend is recomputed too: an op that keeps the sum
+    /// keeps `stand_in` (a tensor kept already, so nothing more) instead of the addend.
+    pub fn recompute_sum_from(&mut self, sum: T, stand_in: T) {
+        if let Some(entry) = self.recomputed.iter_mut().find(|(id, _)| *id == sum.id) {
+            entry.1 = stand_in;
+        }
+    }
     /// `t.to(dtype)`: the same tensor when the dtype is already right (`to` is then a no-op).
     pub fn cast(&mut self, t: T, bytes: u64) -> Res<T> {
         if t.bytes == bytes {
@@ -825,7 +832,11 @@ impl Moe {
                 saved(tape, mul(tokens, e)?, 4)?; // fp32 probabilities
                 saved(tape, mul(tokens, k)?, 8)?; // top-k indices
                 if norm_topk {
-                    saved(tape, tokens, 4)?; // their sum
+                    // compiled, the sum is recomputed from the kept top-k values (measured
+                    // with inductor on a Qwen3-MoE config: validation/COMPILE.md)
+                    if !tape.compiled {
+                        saved(tape, tokens, 4)?; // their sum
+                    }
                     saved(tape, mul(tokens, k)?, 4)?; // the top-k values, cloned by the division
                 }
                 if weights_fp32 {
@@ -877,14 +888,25 @@ impl Moe {
         saved(tape, e, 4)?;
         saved(tape, mul(rows, h)?, wd)?;
         saved(tape, mul(rows, 2 * i)?, wd)?;
-        let act_tensors = match self.act {
-            ExpertAct::Glu => 2,
-            ExpertAct::ClampedSwiglu => 5,
+        // Compiled, the activation is one fused pointwise group from the kept gate/up output
+        // to the down projection's input: the partitioner keeps that product (the grouped
+        // matmul's backward reads it) and recomputes the rest in backward, eager's
+        // `act(gate)` (Glu) or the clamps and the sigmoid (gpt-oss) included, as it does for a
+        // dense MLP's silu (measured with inductor on a Qwen3-MoE config: only the product is
+        // kept; gpt-oss's chain by the same rule, not measured)
+        let act_tensors = match (self.act, tape.compiled) {
+            (_, true) => 1,
+            (ExpertAct::Glu, false) => 2,
+            (ExpertAct::ClampedSwiglu, false) => 5,
         };
         for _ in 0..act_tensors {
             saved(tape, mul(rows, i)?, wd)?;
         }
-        saved(tape, rows, routing_bytes)?;
+        // the routing weights gathered per sorted row: compiled, an index of the kept top-k
+        // weights by the kept permutation, recomputed in backward (measured as above)
+        if !tape.compiled {
+            saved(tape, rows, routing_bytes)?;
+        }
         saved(tape, mul(rows, h)?, wd)?;
         if let Some(shared) = self.shared() {
             let out = shared.forward(tape, x, d)?;

@@ -40,6 +40,9 @@ pub(crate) struct StepShape {
     pub in_place_loss: bool,
     /// `torch.compile`: the blocks (and the loss) run as the partitioner's graphs.
     pub compile: Compile,
+    /// The layers run under activation checkpointing (any policy): what they save in the
+    /// forward is not what backward reads.
+    pub checkpointed: bool,
     /// Tokens per row the loss scores (labels not -100), when not all of them: DPO's and
     /// GRPO's completions, their prompts masked out.
     pub scored_per_row: Option<u64>,
