@@ -676,11 +676,114 @@ fn estimate_on(
     };
     buffers = add(buffers, input)?;
     let acts = spec.forward(&shape, &groups)?;
+    let cast = |e: &[u64]| -> Res<u64> {
+        if p.autocast() {
+            sum_storages(e, 2)
+        } else {
+            Ok(0)
+        }
+    };
+    // fp32 adapters are cast by autocast, the trainer's own on a 16-bit base too
+    let cast_adapters = |l: &Layer| -> Res<u64> {
+        if p.autocast() || (trainer.autocast && adapter_bytes == 4) {
+            sum_storages(&adapters(l), 2)
+        } else {
+            Ok(0)
+        }
+    };
+    // autocast's 16-bit weight copies, per layer group (4-bit weights are never cast; the
+    // adapters' copies are cached like any weight that needs a gradient)
+    let group_casts = groups
+        .iter()
+        .map(|(l, _)| {
+            let mut copied = l.linear_params(!trains);
+            if quantized {
+                for w in linear_weights(l) {
+                    if let Some(i) = copied.iter().position(|&c| c == w) {
+                        copied.swap_remove(i);
+                    }
+                }
+            }
+            add(cast(&copied)?, cast_adapters(l)?)
+        })
+        .collect::<Res<Vec<u64>>>()?;
+    let all_layer_casts = groups
+        .iter()
+        .zip(&group_casts)
+        .try_fold(0, |acc, ((_, count), c)| add(acc, mul(*c, *count)?))?;
+    // The first layer's weight copies that autocast makes for matmuls whose input needs no
+    // gradient are not kept (a frozen base without input gradients: every linear reading
+    // the layer's input, and those after it until an adapter has run).
+    let first_layer_casts = match (spec.layers.first(), peft) {
+        // (4-bit weights are never cast)
+        (Some(first), Some(f))
+            if p.autocast()
+                && !quantized
+                && !step.checkpointing.checkpoints_layer(0)
+                && !trainer.input_grad() =>
+        {
+            let stage = |role: Role| match role {
+                Role::O => 1,
+                Role::Gate | Role::Up | Role::GateUp | Role::Fc => 2,
+                Role::Down => 3,
+                _ => 0,
+            };
+            let linears = first.roled_linears();
+            let first_adapted = linears
+                .iter()
+                .filter(|(role, _)| f.targets.contains(*role))
+                .map(|(role, _)| stage(*role))
+                .min()
+                .unwrap_or(u8::MAX);
+            let uncopied: Vec<u64> = linears
+                .iter()
+                .filter(|(role, _)| stage(*role) <= first_adapted)
+                .map(|(_, lin)| lin.n_in * lin.n_out)
+                .collect();
+            cast(&uncopied)?
+        }
+        _ => 0,
+    };
+    // The layers' logs for the replay with the weight copies their matmuls save, after each
+    // layer's first op (the first layer without the copies it does not keep).
+    let (cast_logs, first_log) = if replay_mode.is_some() {
+        let with_casts = |log: &[(u64, bool)], cast: u64| {
+            let mut log = log.to_vec();
+            if cast > 0 {
+                log.insert(log.len().min(2), (cast, true));
+            }
+            log
+        };
+        let logs: Vec<Vec<(u64, bool)>> = acts
+            .per_group_log
+            .iter()
+            .zip(&group_casts)
+            .map(|(log, &cast)| with_casts(log, cast))
+            .collect();
+        let first = group_of.first().and_then(|&g| {
+            let cast = group_casts.get(g)?.saturating_sub(first_layer_casts);
+            Some(with_casts(acts.per_group_log.get(g)?, cast))
+        });
+        (logs, first)
+    } else {
+        (Vec::new(), None)
+    };
+    // the head's 16-bit weight copy, saved for its backward (a frozen head's too: autocast
+    // does not cache it, but the matmul saves the copy it was given)
+    let head_cast = if acts.keeps_head_cast || !trains {
+        cast(&spec.head_linears(!trains))?
+    } else {
+        0
+    };
     let allocations = match replay_mode {
         Some(device) => {
             let layers = group_of
                 .iter()
-                .filter_map(|&g| acts.per_group_log.get(g).map(Vec::as_slice))
+                .enumerate()
+                .filter_map(|(i, &g)| match (i, &first_log) {
+                    (0, Some(first)) => Some(first.as_slice()),
+                    _ => cast_logs.get(g).map(Vec::as_slice),
+                })
                 .collect();
             let sized = |tensors: &[u64], bytes: u64| -> Res<Vec<u64>> {
                 tensors.iter().map(|&e| storage(e, bytes)).collect()
@@ -777,9 +880,11 @@ fn estimate_on(
                         .map(|i| step.checkpointing.checkpoints_layer(i))
                         .collect(),
                     embeddings_saved: acts.outside.saturating_sub(acts.head_saved),
-                    head_saved: acts
-                        .head_saved
-                        .saturating_sub(acts.loss_tensors.saved_bytes()),
+                    head_saved: add(
+                        acts.head_saved
+                            .saturating_sub(acts.loss_tensors.saved_bytes()),
+                        head_cast,
+                    )?,
                     loss: &acts.loss_tensors,
                     layer_backward,
                     input_gradient: storage(
@@ -832,47 +937,6 @@ fn estimate_on(
         None => None,
     };
     let allocator = allocations.map(|(device, s)| replay(&s, device));
-    let cast = |e: &[u64]| -> Res<u64> {
-        if p.autocast() {
-            sum_storages(e, 2)
-        } else {
-            Ok(0)
-        }
-    };
-    // fp32 adapters are cast by autocast, the trainer's own on a 16-bit base too
-    let cast_adapters = |l: &Layer| -> Res<u64> {
-        if p.autocast() || (trainer.autocast && adapter_bytes == 4) {
-            sum_storages(&adapters(l), 2)
-        } else {
-            Ok(0)
-        }
-    };
-    // autocast's 16-bit weight copies, per layer group (4-bit weights are never cast; the
-    // adapters' copies are cached like any weight that needs a gradient)
-    let group_casts = groups
-        .iter()
-        .map(|(l, _)| {
-            let mut copied = l.linear_params(!trains);
-            if quantized {
-                for w in linear_weights(l) {
-                    if let Some(i) = copied.iter().position(|&c| c == w) {
-                        copied.swap_remove(i);
-                    }
-                }
-            }
-            add(cast(&copied)?, cast_adapters(l)?)
-        })
-        .collect::<Res<Vec<u64>>>()?;
-    let all_layer_casts = groups
-        .iter()
-        .zip(&group_casts)
-        .try_fold(0, |acc, ((_, count), c)| add(acc, mul(*c, *count)?))?;
-    let head_cast = if acts.keeps_head_cast || !trains {
-        cast(&spec.head_linears(!trains))?
-    } else {
-        0
-    };
-
     let base = CategoryBytes {
         parameters: params,
         buffers,
@@ -950,39 +1014,6 @@ fn estimate_on(
         .map(|(a, c)| add(*a, *c))
         .collect::<Res<Vec<u64>>>()?;
     let largest_layer = full_layers.iter().copied().max().unwrap_or(0);
-    // The first layer's weight copies that autocast makes for matmuls whose input needs no
-    // gradient are not kept (a frozen base without input gradients: every linear reading
-    // the layer's input, and those after it until an adapter has run).
-    let first_layer_casts = match (spec.layers.first(), peft) {
-        // (4-bit weights are never cast)
-        (Some(first), Some(f))
-            if p.autocast()
-                && !quantized
-                && !step.checkpointing.checkpoints_layer(0)
-                && !trainer.input_grad() =>
-        {
-            let stage = |role: Role| match role {
-                Role::O => 1,
-                Role::Gate | Role::Up | Role::GateUp | Role::Fc => 2,
-                Role::Down => 3,
-                _ => 0,
-            };
-            let linears = first.roled_linears();
-            let first_adapted = linears
-                .iter()
-                .filter(|(role, _)| f.targets.contains(*role))
-                .map(|(role, _)| stage(*role))
-                .min()
-                .unwrap_or(u8::MAX);
-            let uncopied: Vec<u64> = linears
-                .iter()
-                .filter(|(role, _)| stage(*role) <= first_adapted)
-                .map(|(_, lin)| lin.n_in * lin.n_out)
-                .collect();
-            cast(&uncopied)?
-        }
-        _ => 0,
-    };
     let all_layers = groups
         .iter()
         .zip(&full_layers)
@@ -2337,5 +2368,73 @@ mod tests {
         // the fp32 max and log-sum-exp (8)
         let diff = head(&off) - head(&on);
         assert_eq!(diff, tokens * (4 * v) - (tokens * (2 * v) + 2 * tokens * 4));
+    }
+
+    /// The allocator replays the step the estimate counts: for every text preset, full
+    /// fine-tuning, LoRA and QLoRA, AMP and pure bf16, with and without checkpointing, the
+    /// replay's allocated peak is the estimate's within a few percent (its reserve is scaled
+    /// onto the estimate's peak). A tensor the replay leaves out shows here: the frozen
+    /// base's weight copies under AMP, saved by each matmul, were a fifth of LoRA's peak.
+    #[test]
+    fn the_replay_allocates_the_estimated_peak() {
+        use crate::arch::peft::{LoraTargets, Quant4};
+        use crate::Method;
+        let mut offs = Vec::new();
+        for preset in Preset::ALL {
+            let arch = arch_of(preset);
+            if arch.is_vision() {
+                continue;
+            }
+            for method in [None, Some(Method::Lora), Some(Method::Qlora)] {
+                let peft = method.map(|method| Peft {
+                    method,
+                    rank: 16,
+                    dropout: false,
+                    targets: LoraTargets::ALL_LINEAR,
+                    adapter_fp32: true,
+                    quant: Quant4::Nf4,
+                    double_quant: true,
+                    kbit_prepare: true,
+                    base_fp32: false,
+                });
+                for precision in [PrecisionRecipe::AmpBf16, PrecisionRecipe::Bf16] {
+                    for checkpointing in [Checkpointing::None, Checkpointing::Full] {
+                        // (BERT and RoBERTa take 512 positions)
+                        let seq = arch.max_positions().unwrap_or(1024).min(1024);
+                        let s = TrainingStep {
+                            checkpointing,
+                            ..step(2, seq, precision, Optimizer::AdamW)
+                        };
+                        let e = estimate_rank_replayed(
+                            &arch,
+                            &s,
+                            peft.as_ref(),
+                            &Mesh::default(),
+                            AllocatorMode::Default,
+                        )
+                        .unwrap();
+                        let replay = e.allocator.unwrap();
+                        let peak = e.peak_bytes - e.paged_bytes;
+                        let off = (replay.allocated_bytes as f64 - peak as f64) / peak as f64;
+                        // (full fine-tuning of a small model with a large vocabulary ends
+                        // its replayed backward with more alive than the estimate: XLM-R
+                        // +12%, not yet found)
+                        let bound = if peft.is_some() { 0.05 } else { 0.13 };
+                        assert!(
+                            off.abs() < bound,
+                            "{} {method:?} {precision:?} {checkpointing:?}: {off}",
+                            preset.key()
+                        );
+                        offs.push(off.abs());
+                    }
+                }
+            }
+        }
+        offs.sort_by(f64::total_cmp);
+        assert!(
+            offs[offs.len() / 2] < 0.005,
+            "median {}",
+            offs[offs.len() / 2]
+        );
     }
 }
