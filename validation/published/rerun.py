@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Run a memest binary on every row of single-gpu.tsv and compare with the published figures.
+"""Run a memest binary on every row of single-gpu.tsv (or multi-gpu.tsv) and compare with the published figures.
 
-    python3 validation/published/rerun.py path/to/memest [--tsv FILE] [--out FILE.md]
+    python3 validation/published/rerun.py path/to/memest [--table multi-gpu] [--tsv FILE] [--out FILE.md]
 
 Standard library only. Prints a Markdown table (id | source | counter | published | ours |
 error | status), then the summary: median error, rows within 10%, OOM agreement. See
 README.md next to this file for what each counter means and how "ours" is read from
-`memest --json`.
+`memest --json`. `--table multi-gpu` runs multi-gpu.tsv (per-GPU figures of runs on several
+GPUs) and adds one summary line per counter; its `not-describable` rows (no memest flags) are
+listed and skipped.
 """
 
 import argparse
@@ -25,6 +27,23 @@ UNIT_BYTES = {"MiB": 2**20, "GiB": 2**30, "GB": 10**9}
 # memest's verdict counts this CUDA context when the row names no measured one
 DEFAULT_CONTEXT_MIB = 500
 SEQ_CEILING = 1 << 22  # 4M tokens: beyond any published context
+NOT_DESCRIBABLE = "not-describable"  # status of a row memest's flags cannot describe at all
+
+# what each table prints: its title, the label of its all-rows summary line, and whether a
+# summary line per counter follows (single-gpu.tsv's output is kept as it always was)
+TABLES = {
+    "single-gpu": {
+        "title": "# Published single-GPU figures against memest (`validation/published/rerun.py`)",
+        "all_label": "all rows, the unverified LF-QL ones included",
+        "by_counter": False,
+    },
+    "multi-gpu": {
+        "title": "# Published multi-GPU figures (per GPU) against memest "
+        "(`validation/published/rerun.py --table multi-gpu`)",
+        "all_label": "all rows, unverified ones included",
+        "by_counter": True,
+    },
+}
 
 
 class MemestError(Exception):
@@ -169,7 +188,13 @@ def evaluate(binary, row, args, with_margin):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("memest", help="path to the memest binary")
-    ap.add_argument("--tsv", default=os.path.join(HERE, "single-gpu.tsv"))
+    ap.add_argument(
+        "--table",
+        default="single-gpu",
+        help="which table of this folder: single-gpu (default) or multi-gpu (per-GPU figures "
+        "of multi-GPU runs); a NAME.tsv of this folder is read as NAME",
+    )
+    ap.add_argument("--tsv", help="read this file instead (default: the --table's file)")
     ap.add_argument("--out", help="also write the Markdown to this file")
     ap.add_argument(
         "--with-margin",
@@ -179,24 +204,38 @@ def main():
     opts = ap.parse_args()
     binary = os.path.abspath(opts.memest)
     configs = os.path.join(HERE, "configs")
+    table = opts.table[:-4] if opts.table.endswith(".tsv") else opts.table
+    tsv = opts.tsv or os.path.join(HERE, table + ".tsv")
+    if opts.tsv:  # a file named like one of the tables prints as that table
+        base = os.path.basename(opts.tsv)
+        table = base[:-4] if base[:-4] in TABLES else table
+    profile = TABLES.get(table, TABLES["multi-gpu"])
 
-    with open(opts.tsv, newline="") as f:
+    with open(tsv, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
     lines = [
-        "# Published single-GPU figures against memest (`validation/published/rerun.py`)",
+        profile["title"],
         "",
         f"memest: `{opts.memest}`; fit read {'with' if opts.with_margin else 'without'} the verdict's safety margin",
         "",
         "| id | source | counter | published | ours | error | status | detail |",
         "|---|---|---|---:|---:|---:|---|---|",
     ]
-    errors, errors_all, oom, oom_all, failed = [], [], [], [], []
+    errors, errors_all, oom, oom_all, failed, skipped = [], [], [], [], [], []
+    by_counter = {}
     for row in rows:
         args = shlex.split(row["memest_args"].replace("{configs}", configs))
         published = row["published"].strip()
         unit = row["unit"]
         pub_text = published if published == "OOM" else f"{fmt_num(float(published), unit)} {unit}"
+        if row["status"] == NOT_DESCRIBABLE or not args:
+            skipped.append(row["id"])
+            lines.append(
+                f"| {row['id']} | {short_source(row['source'])} | {row['counter']} | {pub_text} | "
+                f"- | - | {row['status']} | skipped: memest's flags cannot describe it (see the row's notes) |"
+            )
+            continue
         try:
             ours, err, agree, extra = evaluate(binary, row, args, opts.with_margin)
         except MemestError as e:
@@ -207,6 +246,7 @@ def main():
             errors_all.append(err)
             if counted:
                 errors.append(err)
+            by_counter.setdefault(row["counter"], []).append(err)
         if agree is not None:
             oom_all.append(agree)
             if counted:
@@ -226,18 +266,23 @@ def main():
         if not errs:
             return f"- {label}: no numeric rows"
         within = sum(1 for e in errs if abs(e) <= 10)
-        return (
+        text = (
             f"- {label}: median error {statistics.median(errs):+.1f}% "
             f"(median |error| {statistics.median(abs(e) for e in errs):.1f}%), "
-            f"{within} of {len(errs)} numeric rows within 10%; "
-            f"OOM agreement {sum(ooms)}/{len(ooms)}"
+            f"{within} of {len(errs)} numeric rows within 10%"
         )
+        return text if ooms is None else f"{text}; OOM agreement {sum(ooms)}/{len(ooms)}"
 
     lines += [
         "",
         summary(errors, oom, "rows with a re-found source (status approx)"),
-        summary(errors_all, oom_all, "all rows, the unverified LF-QL ones included"),
+        summary(errors_all, oom_all, profile["all_label"]),
     ]
+    if profile["by_counter"]:
+        for counter in sorted(by_counter):
+            lines.append(summary(by_counter[counter], None, f"counter {counter}, all rows"))
+    if skipped:
+        lines.append(f"- not describable by memest's flags, skipped: {', '.join(skipped)}")
     if failed:
         lines.append(f"- memest refused: {', '.join(failed)}")
     text = "\n".join(lines) + "\n"
