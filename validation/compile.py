@@ -11,6 +11,9 @@ step, zero_grad); what it varies is how the model is compiled by torch.compile:
   --compile layers  : every decoder block `block.compile(backend, fullgraph=True)` (torchtitan apply_compile,
                       torchtune compile_model) and the loss function compiled on its own (torchtune
                       compile_loss, torchtitan BaseLoss._maybe_compile); embeddings, final norm, LM head eager;
+  --compile blocks  : every decoder block compiled as for `layers`, the loss eager (torchtitan before
+                      2025-04; a torchtune recipe with a loss other than its chunked ones, whose
+                      `training.compile_loss` result the full-finetune recipes drop);
   --compile off     : no compile (measure.py's row; with --real, the eager reference of the inductor check).
 
 Backend: `aot_eager_decomp_partition` by default = AOTAutograd with inductor's decomposition table and
@@ -233,9 +236,11 @@ def apply_compile(model, mode, backend):
     if mode == "model":
         # accelerate 1.16 Accelerator.prepare_model: torch.compile(model, **dynamo_plugin.to_kwargs())
         return torch.compile(model, backend=be)
-    if mode == "layers":
+    if mode in ("layers", "blocks"):
         for blk in decoder_layers(model):
             blk.compile(backend=be, fullgraph=True)  # torchtitan: fullgraph=True; torchtune: default
+        if mode == "blocks":
+            return model
         orig = model.loss_function
         model.loss_function = torch.compile(orig, backend=be)
         return model
@@ -252,7 +257,7 @@ def measure_compiled(config_path, model_name, batch, seq, precision, optimizer, 
     `gradient_checkpointing_enable()` and the block compiled inside it (the checkpoint runs eagerly around
     the compiled block)."""
     titan_ac = bool(gc) and mode != "off" and gc_nesting == "titan"
-    if titan_ac and mode != "layers":
+    if titan_ac and mode not in ("layers", "blocks"):
         raise SystemExit("gc_nesting=titan needs --compile layers (torchtitan compiles per block)")
     if mode == "off" and not real and cfg_dict is None:
         # the eager reference row: measure.py itself
@@ -367,7 +372,7 @@ def main(argv=None):
     H.add_model_args(ap, precision="bf16")
     ap.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
     ap.add_argument("--gc", action="store_true")
-    ap.add_argument("--compile", choices=["off", "layers", "model"], default="layers")
+    ap.add_argument("--compile", choices=["off", "blocks", "layers", "model"], default="layers")
     ap.add_argument("--gc-nesting", choices=["titan", "hf"], default="titan",
                     help="with --gc: checkpoint inside the compiled block (torchtitan) or around it (HF)")
     ap.add_argument("--backend", default="aot_eager_decomp_partition")
