@@ -1281,7 +1281,8 @@ pub const KERNEL: &[Spec] = &[
     ),
 ];
 
-/// `torch.compile` (training only): off, each block and the loss, or the whole model.
+/// `torch.compile` (training only): off, each block (the loss eager or compiled), or the whole
+/// model.
 pub const COMPILE: &[Spec] = &[choice(
     Field::Compile,
     "torch.compile",

@@ -48,7 +48,8 @@ step:
                         (N from 2 to 8: layers N-1, 2N-1, ... as torchtitan and
                         torchtune choose them), ops (torchtitan's per-op policy: SDPA and
                         every other matmul saved)
-  --compile C           torch.compile: off (default), layers (each block and the loss:
+  --compile C           torch.compile: off (default), blocks (each block, the loss eager:
+                        torchtitan before 2025-04), layers (each block and the loss:
                         torchtitan, torchtune), model (the whole model with its loss:
                         HF Trainer torch_compile=True)
   --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,

@@ -807,9 +807,13 @@ fn compile_lowers_the_saved_activations() {
     assert!(layers_query.contains("comp=layers"), "{layers_query}");
     assert!(model_query.contains("comp=model"), "{model_query}");
     assert!(layers < off && model <= layers, "{off} {layers} {model}");
+    // the blocks compiled, the loss eager: between the two
+    let (blocks, blocks_query) = run(&["--compile", "blocks"]);
+    assert!(blocks_query.contains("comp=blocks"), "{blocks_query}");
+    assert!(layers < blocks && blocks < off, "{off} {blocks} {layers}");
     let (code, _, stderr) = memest(&with(&base, &["--compile", "jit"]));
     assert_eq!(code, 2);
-    assert!(stderr.contains("off, layers, model"), "{stderr}");
+    assert!(stderr.contains("off, blocks, layers, model"), "{stderr}");
 }
 
 /// What the caching allocator reserves: `--json` always has `reserved_bytes`, above the

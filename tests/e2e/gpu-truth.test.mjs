@@ -73,7 +73,7 @@ test('selective checkpointing lies between none and every layer, and travels in 
   await context.close();
 });
 
-test('torch.compile keeps less for backward, per layer or whole model, and travels in the link', async () => {
+test('torch.compile keeps less for backward, per layer (the loss compiled or eager) or whole model, and travels in the link', async () => {
   const base = '/?m=arch&model=llama3.2-1b&b=1&s=2048&r=bf16&gpu=none&oi=fused';
   const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
   const eager = Number(await bytesOf(page, 'total'));
@@ -85,6 +85,12 @@ test('torch.compile keeps less for backward, per layer or whole model, and trave
   assert.ok(model < eager, `${model}`);
   await urlSettled(page);
   assert.equal(new URL(page.url()).searchParams.get('comp'), 'model');
+  // the blocks compiled and the loss eager (torchtitan before 2025-04): between the two
+  await choose(page, 'compile', 'blocks');
+  const blocks = await changed(page, 'total', model);
+  assert.ok(layers < blocks && blocks < eager, `${blocks}`);
+  await urlSettled(page);
+  assert.equal(new URL(page.url()).searchParams.get('comp'), 'blocks');
   assert.deepEqual(errors, []);
   await context.close();
 });

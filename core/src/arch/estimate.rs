@@ -2251,6 +2251,27 @@ mod tests {
         estimate_peak(&arch_of(P(preset)), &s).expect("estimates")
     }
 
+    /// Blocks compiled with the loss eager (torchtitan before 2025-04): the blocks keep what
+    /// compiled blocks keep, the head and the loss what eager's keep (the fp32 upcast and
+    /// its log_softmax), so at long sequences with a large vocabulary it needs more than
+    /// `layers` and less than eager.
+    #[test]
+    fn blocks_compiled_with_the_loss_eager() {
+        let part = |e: &PeakEstimate, head: bool| -> u64 {
+            e.saved_parts
+                .iter()
+                .filter(|(p, _)| (*p == SavedPart::HeadAndLoss) == head)
+                .map(|(_, b)| b)
+                .sum()
+        };
+        let at = |c| compiled("llama3.2-1b", 1, 8192, PrecisionRecipe::Bf16, c);
+        let (off, blocks, layers) = (at(Compile::Off), at(Compile::Blocks), at(Compile::Layers));
+        assert_eq!(part(&blocks, true), part(&off, true));
+        assert_eq!(part(&blocks, false), part(&layers, false));
+        assert!(part(&layers, true) < part(&off, true));
+        assert!(layers.peak_bytes < blocks.peak_bytes && blocks.peak_bytes < off.peak_bytes);
+    }
+
     #[test]
     fn compile_keeps_less_for_llama_style_models() {
         use PrecisionRecipe::{AmpBf16, Bf16};

@@ -96,7 +96,7 @@ impl CausalHead {
         let tokens = tape.tokens;
         let tv = mul(tokens, v)?;
         let logits = Linear::new(h, v, false).run(Role::Head, tape, x, d)?;
-        if s.compile.blocks() && !s.loss_parallel && !s.in_place_loss && !self.softcap {
+        if s.compile.loss() && !s.loss_parallel && !s.in_place_loss && !self.softcap {
             return self.compiled_loss(kind, tape, logits, s);
         }
         if self.softcap {
@@ -270,7 +270,7 @@ impl CausalHead {
         Linear::new(h, v, false).run(Role::Head, tape, x, d)?;
         let chunks = TORCHTUNE_CHUNKS.min(s.seq.max(1));
         let per_chunk = mul(mul(s.batch, s.seq.div_ceil(chunks))?, v)?;
-        if s.compile.blocks() {
+        if s.compile.loss() {
             // torchtune's `compile_loss` compiles the per-chunk cross-entropy: each chunk's
             // 16-bit logits (a separate output of the head) are kept with their per-token
             // max and log-sum-exp, and backward makes one chunk's gradient in their dtype

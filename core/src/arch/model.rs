@@ -8,7 +8,6 @@ use super::ops::{
     NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
 };
 use super::peft::Role;
-use super::recipe::Compile;
 use super::replay::LossTensors;
 use super::shape::StepShape;
 
@@ -637,7 +636,7 @@ impl Layer {
                 let a = dropout(tape, a, hd)?;
                 let input = x;
                 let x = residual(tape, x, a)?;
-                if sandwich && !hd && tape.compiled && s.compile == Compile::Layers {
+                if sandwich && !hd && tape.compiled && !s.compile.whole_model() {
                     // A block compiled on its own (measured with inductor on a Gemma 3 config:
                     // validation/COMPILE.md): the sum the pre-MLP norm reads is recomputed
                     // from the block's input (a graph input, kept by the first norm) and the

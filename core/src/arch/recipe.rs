@@ -296,6 +296,10 @@ pub enum Compile {
     /// Eager PyTorch.
     #[default]
     Off,
+    /// Each transformer block compiled on its own, the loss eager (torchtitan's
+    /// `apply_compile` before it compiled the loss in 2025-04; a torchtune full-finetune recipe
+    /// with a loss other than its chunked ones, where `compile_loss`'s result is dropped).
+    Blocks,
     /// Each transformer block compiled on its own, and the loss on its own (torchtitan's
     /// `apply_compile`, torchtune's `compile_model` + `compile_loss`): the embeddings, the
     /// final norm and the head stay eager.
@@ -307,13 +311,19 @@ pub enum Compile {
 
 impl Compile {
     /// Every setting, in the order the page lists them.
-    pub const ALL: [Compile; 3] = [Compile::Off, Compile::Layers, Compile::Model];
+    pub const ALL: [Compile; 4] = [
+        Compile::Off,
+        Compile::Blocks,
+        Compile::Layers,
+        Compile::Model,
+    ];
 
     /// Short stable key (the URL's and the CLI's).
     #[must_use]
     pub const fn key(self) -> &'static str {
         match self {
             Compile::Off => "off",
+            Compile::Blocks => "blocks",
             Compile::Layers => "layers",
             Compile::Model => "model",
         }
@@ -324,6 +334,7 @@ impl Compile {
     pub const fn label(self) -> &'static str {
         match self {
             Compile::Off => "Off (eager)",
+            Compile::Blocks => "Per block, loss eager (torchtitan before 2025-04)",
             Compile::Layers => "Per block + loss (torchtitan, torchtune)",
             Compile::Model => "Whole model (HF Trainer torch_compile)",
         }
@@ -339,6 +350,12 @@ impl Compile {
     #[must_use]
     pub const fn blocks(self) -> bool {
         !matches!(self, Compile::Off)
+    }
+
+    /// Whether the loss runs compiled (on its own, or in the whole model's graph).
+    #[must_use]
+    pub const fn loss(self) -> bool {
+        matches!(self, Compile::Layers | Compile::Model)
     }
 
     /// Whether the final norm and the rotary tables are inside the compiled graph.
