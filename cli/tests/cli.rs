@@ -1508,6 +1508,40 @@ fn accumulation_keeps_every_gradient_alive() {
     );
 }
 
+/// DDP with accumulation: the passes before the last run under `no_sync()` (accelerate's
+/// `accumulate`, the HF Trainer's), where `DistributedDataParallel.forward` skips
+/// `reducer.prepare_for_forward` and the reducer's autograd hooks do nothing, so each
+/// gradient accumulates into `.grad` as without DDP; the reducer's flat buckets, allocated
+/// at construction, neither grow nor go. The step needs the same gradients more than DDP
+/// without accumulation (torch 2.15's `nn/parallel/distributed.py`; derived, not measured:
+/// DDP does not run on fake tensors).
+#[test]
+fn ddp_accumulates_under_no_sync_as_one_gpu_does() {
+    let base = [
+        "--preset",
+        "llama3.2-1b",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+        "--precision",
+        "bf16",
+        "--optimizer",
+        "adamw",
+        "--json",
+    ];
+    let peak = |extra: &[&str]| json_of(&base, extra)["peak_bytes"].as_u64().unwrap();
+    let ddp = ["--gpus", "2", "--sharding", "ddp"];
+    let (ddp_alone, ddp_accumulated) = (
+        peak(&with(&ddp, &["--global-batch", "2"])),
+        peak(&with(&ddp, &["--global-batch", "16"])),
+    );
+    let (alone, accumulated) = (peak(&[]), peak(&["--global-batch", "8"]));
+    assert_eq!(ddp_accumulated - ddp_alone, accumulated - alone);
+    // the buckets: a second copy of the bf16 gradients
+    assert_eq!(ddp_alone - alone, 2_471_628_800);
+}
+
 /// `--json` gains `max_seq`, the longest sequence that fits at the batch given: it fits, a
 /// step more does not; the readable output says it; no GPU, no `max_seq`.
 #[test]
