@@ -977,14 +977,20 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    // what the page says beside the model (what is not modelled, what is assumed)
+    let notes = estimator_core::parse_page(&options.state).notes;
     if options.json {
         let mut out = to_json(&e, &options.state, longest.as_ref());
         if let Some(plans) = &plans {
             out["plans"] = plans_json(plans);
         }
+        out["notes"] = serde_json::json!(notes);
         println!("{out}");
     } else {
         print!("{}", readable(&e, &options.state, longest.as_ref()));
+        for note in &notes {
+            println!("note              {note}");
+        }
         if let Some(plans) = &plans {
             print!("{}", readable_plans(plans, options.state.byte_unit));
         }

@@ -1542,6 +1542,38 @@ fn ddp_accumulates_under_no_sync_as_one_gpu_does() {
     assert_eq!(ddp_alone - alone, 2_471_628_800);
 }
 
+/// The notes the page shows beside the model come with the figures: CPU offload asked for
+/// with LoRA is said to be left out of them.
+#[test]
+fn the_page_s_notes_come_with_the_figures() {
+    let base = [
+        "--preset",
+        "llama3-70b",
+        "--gpus",
+        "8",
+        "--sharding",
+        "fsdp2",
+        "--method",
+        "lora",
+    ];
+    let notes = |extra: &[&str]| json_of(&base, &with(extra, &["--json"]))["notes"].clone();
+    assert_eq!(notes(&[]), serde_json::json!([]));
+    let offloaded = notes(&["--offload", "optimizer+params"]);
+    assert!(
+        offloaded[0]
+            .as_str()
+            .unwrap()
+            .starts_with("CPU offload is modelled for full"),
+        "{offloaded}"
+    );
+    let (code, stdout, _) = memest(&with(&base, &["--offload", "optimizer+params"]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("\nnote              CPU offload"),
+        "{stdout}"
+    );
+}
+
 /// `--json` gains `max_seq`, the longest sequence that fits at the batch given: it fits, a
 /// step more does not; the readable output says it; no GPU, no `max_seq`.
 #[test]

@@ -181,6 +181,11 @@ pub fn parse_page(state: &PageState) -> Page {
                 {
                     notes.push(COMPILE_MEASURED_ON);
                 }
+                if state.training.method != crate::Method::Full
+                    && state.parallel.offload != crate::Offload::None
+                {
+                    notes.push(OFFLOAD_NOT_FOR_ADAPTERS);
+                }
                 notes
             })
             .unwrap_or_default(),
@@ -202,10 +207,26 @@ const NOT_A_CAUSAL_LM_LOSS: &str = "The trainers' losses are for next-token pred
 /// Said when a model outside the measured families is compiled.
 const COMPILE_MEASURED_ON: &str = "torch.compile is modelled from Llama, Qwen3, GPT-2, Mistral, Phi-3, Gemma 3 and Qwen3-MoE measurements (validation/COMPILE.md): this model's norms, activations, residual adds, experts and loss follow the same rules; its other parts (other routers, eager attention, other heads) keep eager's.";
 
+/// Said when CPU offload is asked for with LoRA or QLoRA: the engines' offload is modelled
+/// for full fine-tuning only (issue 34), and a figure must not pass for one it is not.
+const OFFLOAD_NOT_FOR_ADAPTERS: &str = "CPU offload is modelled for full fine-tuning only: with LoRA or QLoRA these figures are those without offload (the sharded base, the adapters' gradients and optimizer states all on the GPU), so an offloaded run needs less than shown.";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{decode_query, evaluate, fit_advice};
+
+    #[test]
+    fn offload_with_adapters_is_said_to_be_left_out() {
+        let notes = |q: &str| parse_page(&decode_query(q).state).notes;
+        let base = "m=arch&model=llama3-70b&gpus=8&shard=fsdp2";
+        assert!(notes(&format!("{base}&method=lora&off=optimizer%2Bparams"))
+            .contains(&OFFLOAD_NOT_FOR_ADAPTERS));
+        assert!(
+            !notes(&format!("{base}&off=optimizer%2Bparams")).contains(&OFFLOAD_NOT_FOR_ADAPTERS)
+        );
+        assert!(!notes(&format!("{base}&method=lora")).contains(&OFFLOAD_NOT_FOR_ADAPTERS));
+    }
 
     #[test]
     fn compile_is_noted_outside_the_measured_families() {
