@@ -1701,7 +1701,7 @@ pub const PIPELINE_MORE: &[Spec] = &[
         Field::Microbatches,
         "Micro-batches per step",
         "microbatches",
-        "Through the pipeline; empty: one per stage.",
+        "Through the pipeline, each of the batch size above; empty: one per stage.",
     ),
 ];
 

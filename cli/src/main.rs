@@ -30,7 +30,9 @@ model (one of):
   --query QUERY         the page's query string (a shared link's part after '?')
 
 step:
-  --batch N             samples per step (per GPU)
+  --batch N             samples per step (per GPU); with --pp, per micro-batch: a stage
+                        runs --microbatches of them per step (torchtitan's local batch
+                        divided by its micro-batches)
   --seq N               tokens per sample (image side in pixels for ViT; text tokens for
                         a vision-language model, its image tokens added; DPO and GRPO take
                         --max-prompt and --max-completion instead)
