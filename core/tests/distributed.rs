@@ -8,7 +8,8 @@ use serde_json::Value;
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
 /// The page query of a measured row: the harness writes the world size as `n` (the page's
-/// `gpus`) and 0/1 for the switches (the page's on/off).
+/// `gpus`), 0/1 for the switches (the page's on/off) and the interleaved schedule as
+/// `interleaved1f1b` with its chunks per rank.
 fn page_query(row: &Value) -> String {
     let query = row["query"].as_str().expect("query");
     let mut parts = Vec::new();
@@ -25,6 +26,9 @@ fn page_query(row: &Value) -> String {
                 }
             )),
             "off" if value == "none" => {}
+            // the harness's schedule name, and its chunks per rank (the page's are 2)
+            "pps" if value == "interleaved1f1b" => parts.push("pps=interleaved".to_owned()),
+            "ppv" => assert_eq!(value, "2", "{query}"),
             _ => parts.push(part.to_owned()),
         }
     }

@@ -1234,8 +1234,28 @@ fn estimate_on(
                 hidden_states
             };
             let receives = u64::from(!spec.embeds) + u64::from(!spec.heads);
+            // each forward in flight holds its chunk's layers' tensors and output; the
+            // embeddings' only with the first chunk's, the head's and loss's (and the
+            // logits as output) only with the last chunk's
+            let c = stage.chunks_in_flight();
+            let head = if spec.heads {
+                add(acts.head_saved, head_cast)?
+            } else {
+                0
+            };
+            let embeddings = acts.outside.saturating_sub(acts.head_saved);
+            let layers = saved.saturating_sub(add(head, embeddings)?);
+            let layers = crate::plan::mul_div(layers, c.chunks, c.per_stage.max(1));
+            let layers = u64::try_from(layers).map_err(|_| EstimateError::TooLarge)?;
+            let outputs = add(
+                mul(output, c.last)?,
+                mul(hidden_states, c.chunks.saturating_sub(c.last))?,
+            )?;
             add(
-                mul(add(saved, output)?, stage.in_flight())?,
+                add(
+                    add(layers, outputs)?,
+                    add(mul(head, c.last)?, mul(embeddings, c.first)?)?,
+                )?,
                 mul(mul(hidden_states, receives)?, stage.microbatches)?,
             )?
         }

@@ -103,7 +103,7 @@ pub use estimate::{
 };
 pub use families::parse_hf_config;
 pub use family::ModelFamily;
-pub use mesh::{Mesh, PipelineSchedule, Stage, TpPlan};
+pub use mesh::{ChunksInFlight, Mesh, PipelineSchedule, Stage, TpPlan};
 pub(crate) use objective::vllm_reservation_bytes;
 pub use objective::{estimate_objective, Generator, Objective, ObjectiveKind, Reference};
 pub use ops::SavedPart;
