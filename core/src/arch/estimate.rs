@@ -1227,7 +1227,14 @@ fn estimate_on(
     // the gradients coming back (measured: validation/pipeline.py)
     let saved = match mesh.stage {
         Some(stage) => {
-            let hidden_states = storage(tokens, mul(spec.hidden(), d.act)?)?;
+            // (sequence parallelism sends each rank its slice of the tokens: measured with
+            // validation/pipeline.py --tp 2 --sp 1, s8192)
+            let boundary_tokens = if mesh.sequence_parallel && mesh.tensor > 1 {
+                tokens.div_ceil(mesh.tensor)
+            } else {
+                tokens
+            };
+            let hidden_states = storage(boundary_tokens, mul(spec.hidden(), d.act)?)?;
             let output = if spec.heads {
                 storage(tokens, mul(shape.loss_vocab, d.act)?)?
             } else {
