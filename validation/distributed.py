@@ -133,7 +133,8 @@ def _install_fsdp_alloc_tags():
 # Parallelism
 # ----------------------------------------------------------------------------------------------
 def decoder_layers(model):
-    return list(model.model.layers)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return list(base.model.layers)
 
 
 def _no_parallel_style():
@@ -256,6 +257,9 @@ def build_query(o, world):
     q["cp"] = o.cp if o.strategy in ("cp", "fsdp2-cp") else 1
     q["ep"] = 1
     q["off"] = "none"
+    if o.lora:
+        # peft's defaults: adapters in fp32 (autocast_adapter_dtype), no dropout here
+        q.update({"method": "lora", "lr": o.lora, "lt": "all-linear", "ld": 0, "ldt": "fp32"})
     s = "&".join(f"{k}={v}" for k, v in q.items())
     return s
 
@@ -341,6 +345,15 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         model = H.build_model(cfg, arch, o.attn, dtype)
         if o.gc:
             model.gradient_checkpointing_enable()
+        if o.lora:
+            # peft's LoRA on every linear but the head, before sharding (as accelerate and
+            # torchtune wrap it): FSDP2 shards the frozen base and the adapters alike
+            from peft import LoraConfig, get_peft_model
+            if o.gc:
+                model.enable_input_require_grads()
+            with H.swap_via_set_data():  # (as validation/peft.py: _apply under the fake mode)
+                model = get_peft_model(model, LoraConfig(r=o.lora, lora_alpha=32, lora_dropout=0.0,
+                                                         target_modules="all-linear"))
         model.train(True)
         model.config.use_cache = False
         n_params = sum(p.numel() for p in model.parameters())
@@ -414,7 +427,7 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         reshard_after_forward=bool(o.raf) if dp_mesh is not None else None,
         mp_policy="param_dtype=bf16,reduce_dtype=fp32" if mixed else None,
         tp_plan="torchtitan-llama (HF names)" if tp_mesh is not None else None,
-        tied_embeddings=tied, process_group="fake",
+        tied_embeddings=tied, process_group="fake", lora_rank=o.lora or None,
         dtensor_prop_isolated=not o.naive_prop,
         **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
             "cp_rotate_method": o.cp_rotate,
@@ -447,6 +460,7 @@ def parser():
     ap.add_argument("--precision", choices=["bf16", "mixed-bf16", "fp32", "amp_bf16"], default="bf16")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true")
+    ap.add_argument("--lora", type=int, default=0, help="peft LoRA of this rank on all linears (0: full)")
     ap.add_argument("--naive-prop", action="store_true",
                     help="do not isolate DTensor's global-shape propagation (shows its phantom tensors)")
     H.add_run_args(ap)
@@ -477,7 +491,7 @@ def main(argv=None):
 FLAGS = {"model": "--model-name", "preset": "--preset", "strategy": "--strategy", "world": "--world",
          "tp": "--tp", "cp": "--cp", "cp_lb": "--cp-lb", "cp_rotate": "--cp-rotate", "sp": "--sp", "lp": "--lp",
          "raf": "--raf", "batch": "--batch", "seq": "--seq", "precision": "--precision", "attn": "--attn",
-         "gc": "--gc", "naive_prop": "--naive-prop"}
+         "gc": "--gc", "naive_prop": "--naive-prop", "lora": "--lora"}
 INT_SWITCHES = ("cp_lb", "sp", "lp", "raf")  # flags taking 1/0
 
 
@@ -502,6 +516,7 @@ def entry_of(row):
     if "cp_load_balance" in c:
         e["cp_lb"] = c["cp_load_balance"] is not None
     e["naive_prop"] = c.get("dtensor_prop_isolated") is False
+    e["lora"] = c.get("lora_rank") or 0
     return e
 
 

@@ -962,6 +962,26 @@ pub(crate) fn shard_step(
                 }
                 _ => 0,
             };
+            // FSDP2 with LoRA (no engine): the root unit (embeddings, final norm, head) is
+            // gathered from the first forward to the end of backward, as the engine has it
+            // (measured: validation/distributed.py --lora). A 4-bit base's root is not the
+            // elements' share of its bytes, so QLoRA is left without it.
+            // Without `reshard_after_forward` every layer stays gathered from its forward to
+            // its backward too.
+            let lora_root = match peft {
+                Some(p) if !p.quantized() && plan.sharding == Sharding::Fsdp2 && n > 1 => {
+                    let kept = match plan.reshard_after_forward {
+                        crate::Reshard::On => 0,
+                        crate::Reshard::Off => units.layers,
+                        crate::Reshard::To(r) => units.layers.div_ceil(r.max(1)),
+                    };
+                    let root = u128::from(whole_params)
+                        * u128::from(units.root.saturating_add(kept))
+                        / u128::from(rank_params);
+                    u64::try_from(root).unwrap_or(u64::MAX)
+                }
+                _ => 0,
+            };
             let mut phase_totals = [None::<u64>; 2];
             let mut training_best = (Phase::Forward, 0u64);
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
@@ -969,6 +989,11 @@ pub(crate) fn shard_step(
                 let sharded = if engine.is_some() {
                     *c
                 } else {
+                    let root = if *phase == Phase::OptimizerStep {
+                        0
+                    } else {
+                        lora_root
+                    };
                     let state = shard(
                         ShardedState {
                             parameter_bytes: c.parameters,
@@ -977,6 +1002,11 @@ pub(crate) fn shard_step(
                         },
                         gathered,
                     );
+                    // (beside the shards, not within the whole model's bytes)
+                    let state = ShardedState {
+                        parameter_bytes: state.parameter_bytes.saturating_add(root),
+                        ..state
+                    };
                     // The optimizer step's temporaries are parameter-sized: they shard with
                     // the optimizer states.
                     let temporaries = if *phase == Phase::OptimizerStep && (opt_sharded || ep > 1) {
