@@ -962,23 +962,38 @@ pub(crate) fn shard_step(
                 }
                 _ => 0,
             };
-            // FSDP2 with LoRA (no engine): the root unit (embeddings, final norm, head) is
-            // gathered from the first forward to the end of backward, as the engine has it
-            // (measured: validation/distributed.py --lora). A 4-bit base's root is not the
-            // elements' share of its bytes, so QLoRA is left without it.
-            // Without `reshard_after_forward` every layer stays gathered from its forward to
-            // its backward too.
+            // FSDP2 with LoRA or QLoRA (no engine): the root unit (embeddings, final norm,
+            // head) is gathered from the first forward to the end of backward, as the
+            // engine has it (measured for LoRA: validation/distributed.py --lora); without
+            // `reshard_after_forward` every layer stays gathered from its forward to its
+            // backward too. A 4-bit base's root is not quantized: its elements in their own
+            // dtype (fp32 after `prepare_model_for_kbit_training` or loaded so; derived).
             let lora_root = match peft {
-                Some(p) if !p.quantized() && plan.sharding == Sharding::Fsdp2 && n > 1 => {
+                Some(p) if plan.sharding == Sharding::Fsdp2 && n > 1 => {
                     let kept = match plan.reshard_after_forward {
                         crate::Reshard::On => 0,
                         crate::Reshard::Off => units.layers,
                         crate::Reshard::To(r) => units.layers.div_ceil(r.max(1)),
                     };
-                    let root = u128::from(whole_params)
-                        * u128::from(units.root.saturating_add(kept))
-                        / u128::from(rank_params);
-                    u64::try_from(root).unwrap_or(u64::MAX)
+                    let share = |elements: u64| {
+                        let b = u128::from(whole_params) * u128::from(elements)
+                            / u128::from(rank_params);
+                        u64::try_from(b).unwrap_or(u64::MAX)
+                    };
+                    if p.quantized() {
+                        let bytes = if p.kbit_prepare || p.base_fp32 {
+                            4
+                        } else {
+                            step.precision.weight_bytes()
+                        };
+                        let root = units.root.saturating_mul(bytes);
+                        let layers = whole_params.saturating_sub(root);
+                        let kept = u128::from(layers) * u128::from(kept)
+                            / u128::from(units.layers.max(1));
+                        root.saturating_add(u64::try_from(kept).unwrap_or(u64::MAX))
+                    } else {
+                        share(units.root.saturating_add(kept))
+                    }
                 }
                 _ => 0,
             };
