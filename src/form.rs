@@ -1607,19 +1607,33 @@ pub const DATA_PARALLEL: &[Spec] = &[
     ),
 ];
 
-/// Architecture mode: FSDP2's resharding.
-pub const FSDP2: &[Spec] = &[choice(
-    Field::ReshardAfterForward,
-    "FSDP2 reshard after forward",
-    "reshard-after-forward",
-    &[
-        ("on", "On: each layer re-gathered for backward"),
-        ("off", "Off: gathered layers kept until backward"),
-        ("2", "To 2 GPUs"),
-        ("4", "To 4 GPUs"),
-        ("8", "To 8 GPUs (a node)"),
-    ],
-)];
+/// Architecture mode: FSDP2's resharding and units.
+pub const FSDP2: &[Spec] = &[
+    choice(
+        Field::ReshardAfterForward,
+        "FSDP2 reshard after forward",
+        "reshard-after-forward",
+        &[
+            ("on", "On: each layer re-gathered for backward"),
+            ("off", "Off: gathered layers kept until backward"),
+            ("2", "To 2 GPUs"),
+            ("4", "To 4 GPUs"),
+            ("8", "To 8 GPUs (a node)"),
+        ],
+    ),
+    choice(
+        Field::ShardEmbeddings,
+        "Embeddings and head as FSDP units",
+        "shard-embeddings",
+        &[
+            ("off", "Off: in the root, gathered through the step"),
+            (
+                "on",
+                "On: gathered while they run (torchtune's custom_sharded_layers)",
+            ),
+        ],
+    ),
+];
 
 /// Architecture mode: DeepSpeed's buckets.
 pub const DEEPSPEED: &[Spec] = &[

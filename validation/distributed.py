@@ -227,11 +227,16 @@ def replicate_the_rest(root, tp_mesh):
             NoParallel()._apply(mod, tp_mesh)
 
 
-def apply_fsdp(model, dp_mesh, raf, mp):
+def apply_fsdp(model, dp_mesh, raf, mp, shard_embeddings=False):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     kw = {"mesh": dp_mesh}
     if mp:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if shard_embeddings:
+        # torchtune's custom_sharded_layers ['tok_embeddings', 'output'], sharded like the layers
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        fully_shard(base.model.embed_tokens, reshard_after_forward=raf, **kw)
+        fully_shard(base.lm_head, reshard_after_forward=raf, **kw)
     for layer in decoder_layers(model):
         fully_shard(layer, reshard_after_forward=raf, **kw)
     # torchtitan: the root's reshard_after_forward=False would keep embed/lm_head/norm unsharded;
@@ -257,6 +262,8 @@ def build_query(o, world):
     q["cp"] = o.cp if o.strategy in ("cp", "fsdp2-cp") else 1
     q["ep"] = 1
     q["off"] = "none"
+    if o.shard_embeddings:
+        q["fse"] = "on"
     if o.lora:
         # peft's defaults: adapters in fp32 (autocast_adapter_dtype), no dropout here
         q.update({"method": "lora", "lr": o.lora, "lt": "all-linear", "ld": 0, "ldt": "fp32"})
@@ -360,7 +367,7 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         if tp_mesh is not None:
             tied = apply_tp(model, tp_mesh, o.sp, o.lp)
         if dp_mesh is not None:
-            apply_fsdp(model, dp_mesh, bool(o.raf), mixed)
+            apply_fsdp(model, dp_mesh, bool(o.raf), mixed, bool(o.shard_embeddings))
         ids = torch.randint(0, H.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
         labels = ids
         # with SP the embedding output is (B, S/tp, H): HF would derive the positions from it
@@ -428,6 +435,7 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         mp_policy="param_dtype=bf16,reduce_dtype=fp32" if mixed else None,
         tp_plan="torchtitan-llama (HF names)" if tp_mesh is not None else None,
         tied_embeddings=tied, process_group="fake", lora_rank=o.lora or None,
+        shard_embeddings=bool(o.shard_embeddings) or None,
         dtensor_prop_isolated=not o.naive_prop,
         **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
             "cp_rotate_method": o.cp_rotate,
@@ -461,6 +469,8 @@ def parser():
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--gc", action="store_true")
     ap.add_argument("--lora", type=int, default=0, help="peft LoRA of this rank on all linears (0: full)")
+    ap.add_argument("--shard-embeddings", type=int, default=0,
+                    help="FSDP2 units for the embeddings and the head (torchtune's custom_sharded_layers; 1/0)")
     ap.add_argument("--naive-prop", action="store_true",
                     help="do not isolate DTensor's global-shape propagation (shows its phantom tensors)")
     H.add_run_args(ap)
@@ -491,8 +501,9 @@ def main(argv=None):
 FLAGS = {"model": "--model-name", "preset": "--preset", "strategy": "--strategy", "world": "--world",
          "tp": "--tp", "cp": "--cp", "cp_lb": "--cp-lb", "cp_rotate": "--cp-rotate", "sp": "--sp", "lp": "--lp",
          "raf": "--raf", "batch": "--batch", "seq": "--seq", "precision": "--precision", "attn": "--attn",
-         "gc": "--gc", "naive_prop": "--naive-prop", "lora": "--lora"}
-INT_SWITCHES = ("cp_lb", "sp", "lp", "raf")  # flags taking 1/0
+         "gc": "--gc", "naive_prop": "--naive-prop", "lora": "--lora",
+         "shard_embeddings": "--shard-embeddings"}
+INT_SWITCHES = ("cp_lb", "sp", "lp", "raf", "shard_embeddings")  # flags taking 1/0
 
 
 def argv_of(entry):
@@ -517,6 +528,7 @@ def entry_of(row):
         e["cp_lb"] = c["cp_load_balance"] is not None
     e["naive_prop"] = c.get("dtensor_prop_isolated") is False
     e["lora"] = c.get("lora_rank") or 0
+    e["shard_embeddings"] = int(bool(c.get("shard_embeddings")))
     return e
 
 

@@ -122,6 +122,11 @@ hardware:
   --reshard-after-forward on|off|N
                         FSDP2: free each layer's gathered weights after its forward
                         (default on), keep them, or reshard them over N GPUs
+  --shard-embeddings on|off
+                        FSDP2: the embeddings and the head as their own units,
+                        gathered only while they run (torchtune's
+                        custom_sharded_layers: ['tok_embeddings', 'output']; default
+                        off: in the root, gathered from forward to the end of backward)
   --offload O           none (default), optimizer (DeepSpeed offload_optimizer),
                         optimizer+params (ZeRO-3 offload_param, FSDP2 CPUOffloadPolicy):
                         the host RAM it needs is printed
@@ -228,7 +233,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 59] = [
+const FIELD_FLAGS: [(&str, Field); 60] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -265,6 +270,7 @@ const FIELD_FLAGS: [(&str, Field); 59] = [
     ("--sharding", Field::Sharding),
     ("--tp", Field::TensorParallel),
     ("--sp", Field::SequenceParallel),
+    ("--shard-embeddings", Field::ShardEmbeddings),
     ("--loss-parallel", Field::LossParallel),
     ("--tp-plan", Field::TpPlan),
     ("--cp", Field::ContextParallel),

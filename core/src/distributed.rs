@@ -45,7 +45,9 @@ pub(crate) struct Fsdp2Rank {
     /// The sharded parameters, gradients and optimizer states.
     pub state: ShardedState,
     /// The root unit (embeddings, final norm, head) gathered: from its first forward to
-    /// the end of backward (the root never reshards after forward).
+    /// the end of backward (the root never reshards after forward). With the embeddings
+    /// and the head as their own units (torchtune's `custom_sharded_layers`), the larger of
+    /// them, which the loss and the end of backward hold gathered.
     root: u64,
     /// The largest layer gathered.
     layer: u64,
@@ -91,6 +93,7 @@ impl Fsdp2Rank {
         reshard_after_forward: Reshard,
         loss_outside: bool,
         offloaded: bool,
+        root_gathered: u64,
     ) -> Self {
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
@@ -127,7 +130,7 @@ impl Fsdp2Rank {
         };
         Fsdp2Rank {
             state,
-            root: units.root.saturating_mul(gathered),
+            root: root_gathered.saturating_mul(gathered),
             layer: units.largest_layer.saturating_mul(gathered),
             layers: units.layers.saturating_mul(gathered),
             kept: match reshard_after_forward {
@@ -138,7 +141,7 @@ impl Fsdp2Rank {
             reduce: units
                 .largest_layer
                 .saturating_mul(gathered.saturating_add(reduced)),
-            root_reduce: units.root.saturating_mul(gathered.saturating_add(reduced)),
+            root_reduce: root_gathered.saturating_mul(gathered.saturating_add(reduced)),
             gathered,
             tape_gradient: recipe.gradient_bytes().max(1),
             tape_gradients: persistent(|c| c.gradients),

@@ -884,6 +884,14 @@ pub(crate) fn shard_step(
             // each hold different units gathered); ZeRO over expert parallelism keeps the
             // whole-state split below
             let trains_all = step.optimizer.trains() && peft.is_none();
+            // the elements FSDP2 holds gathered as its root: the embeddings, the final norm
+            // and the head; with the embeddings and the head as their own units (torchtune's
+            // `custom_sharded_layers`), one of the two, while it runs (a tied matrix is one)
+            let root_gathered = if plan.shard_embeddings && !arch.tie_word_embeddings() {
+                units.root.div_ceil(2)
+            } else {
+                units.root
+            };
             let group = n.saturating_mul(mesh.context.max(1));
             let engine = match plan.sharding {
                 Sharding::Fsdp2 if trains_all => Some(RankEngine::Fsdp2(Fsdp2Rank::new(
@@ -894,6 +902,7 @@ pub(crate) fn shard_step(
                     plan.reshard_after_forward,
                     mesh.loss_parallel,
                     plan.offload != Offload::None,
+                    root_gathered,
                 ))),
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && ep <= 1 => {
                     Some(RankEngine::Zero(ZeroRank::new(
@@ -986,13 +995,13 @@ pub(crate) fn shard_step(
                         } else {
                             step.precision.weight_bytes()
                         };
-                        let root = units.root.saturating_mul(bytes);
-                        let layers = whole_params.saturating_sub(root);
-                        let kept = u128::from(layers) * u128::from(kept)
-                            / u128::from(units.layers.max(1));
+                        let root = root_gathered.saturating_mul(bytes);
+                        let layers = whole_params.saturating_sub(units.root.saturating_mul(bytes));
+                        let kept =
+                            u128::from(layers) * u128::from(kept) / u128::from(units.layers.max(1));
                         root.saturating_add(u64::try_from(kept).unwrap_or(u64::MAX))
                     } else {
-                        share(units.root.saturating_add(kept))
+                        share(root_gathered.saturating_add(kept))
                     }
                 }
                 _ => 0,

@@ -546,6 +546,9 @@ pub struct ParallelSettings {
     pub context_parallel: String,
     /// FSDP2's `reshard_after_forward`.
     pub reshard_after_forward: Reshard,
+    /// FSDP2: the embeddings and the head as their own units (torchtune's
+    /// `custom_sharded_layers`), not in the root.
+    pub shard_embeddings: bool,
     /// Pipeline stages (architecture mode), as typed.
     pub pipeline_parallel: String,
     /// The pipeline's schedule.
@@ -577,6 +580,7 @@ impl Default for ParallelSettings {
             tp_plan: TpPlan::Torchtitan,
             context_parallel: "1".to_owned(),
             reshard_after_forward: Reshard::On,
+            shard_embeddings: false,
             pipeline_parallel: "1".to_owned(),
             pipeline_schedule: PipelineSchedule::OneFOneB,
             microbatches: String::new(),
@@ -600,6 +604,7 @@ impl Section for ParallelSettings {
         (Field::TpPlan, "tpp"),
         (Field::ContextParallel, "cp"),
         (Field::ReshardAfterForward, "raf"),
+        (Field::ShardEmbeddings, "fse"),
         (Field::PipelineParallel, "pp"),
         (Field::PipelineSchedule, "pps"),
         (Field::Microbatches, "mb"),
@@ -661,6 +666,8 @@ pub struct PlanInputs {
     pub context_parallel: u64,
     /// FSDP2's `reshard_after_forward`.
     pub reshard_after_forward: Reshard,
+    /// FSDP2: the embeddings and the head as their own units, not in the root.
+    pub shard_embeddings: bool,
     /// Pipeline stages.
     pub pipeline_parallel: u64,
     /// The pipeline's schedule.
@@ -865,6 +872,8 @@ pub enum Field {
     ContextParallel,
     /// [`ParallelSettings::reshard_after_forward`].
     ReshardAfterForward,
+    /// [`ParallelSettings::shard_embeddings`].
+    ShardEmbeddings,
     /// [`ParallelSettings::pipeline_parallel`].
     PipelineParallel,
     /// [`ParallelSettings::pipeline_schedule`].
@@ -890,7 +899,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 70 } else { 66 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 71 } else { 67 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -955,6 +964,7 @@ impl Field {
         Field::TpPlan,
         Field::ContextParallel,
         Field::ReshardAfterForward,
+        Field::ShardEmbeddings,
         Field::PipelineParallel,
         Field::PipelineSchedule,
         Field::Microbatches,
@@ -1042,6 +1052,7 @@ impl Field {
             Field::TpPlan => "tensor-parallel plan",
             Field::ContextParallel => "context parallelism",
             Field::ReshardAfterForward => "reshard after forward",
+            Field::ShardEmbeddings => "embeddings as their own FSDP units",
             Field::PipelineParallel => "pipeline parallelism",
             Field::PipelineSchedule => "pipeline schedule",
             Field::Microbatches => "micro-batches",
@@ -1225,7 +1236,8 @@ impl Field {
             | Field::DoubleQuant
             | Field::KbitPrepare
             | Field::SequenceParallel
-            | Field::LossParallel => &ON_OFF,
+            | Field::LossParallel
+            | Field::ShardEmbeddings => &ON_OFF,
             Field::Objective => keys_of!(ObjectiveKind),
             Field::Reference => keys_of!(Reference),
             Field::Generator => keys_of!(Generator),
@@ -1343,6 +1355,7 @@ impl PageState {
             Field::Gpu => self.hardware.gpu? as usize,
             Field::Allocator => self.hardware.allocator as usize,
             Field::SequenceParallel => usize::from(!par.sequence_parallel),
+            Field::ShardEmbeddings => usize::from(!par.shard_embeddings),
             Field::LossParallel => usize::from(!par.loss_parallel),
             Field::TpPlan => par.tp_plan as usize,
             Field::Offload => par.offload as usize,
@@ -1429,6 +1442,7 @@ impl PageState {
                     Field::Allocator => self.hardware.allocator = *AllocatorMode::ALL.get(i)?,
                     Field::Sharding => par.sharding = *Sharding::ALL.get(i)?,
                     Field::SequenceParallel => par.sequence_parallel = i == 0,
+                    Field::ShardEmbeddings => par.shard_embeddings = i == 0,
                     Field::LossParallel => par.loss_parallel = i == 0,
                     Field::TpPlan => par.tp_plan = *TpPlan::ALL.get(i)?,
                     Field::PipelineSchedule => {
@@ -1759,6 +1773,7 @@ impl PageState {
                 tp_plan: self.parallel.tp_plan,
                 context_parallel: cp,
                 reshard_after_forward: self.parallel.reshard_after_forward,
+                shard_embeddings: self.parallel.shard_embeddings,
                 pipeline_parallel: pp,
                 pipeline_schedule: self.parallel.pipeline_schedule,
                 microbatches,
