@@ -80,6 +80,19 @@ pub(crate) struct Fsdp2Rank {
     group: u64,
 }
 
+/// How FSDP2 wraps and runs the model, beside the tape and its units.
+pub(crate) struct Fsdp2Settings {
+    /// `reshard_after_forward` of the layers.
+    pub reshard_after_forward: Reshard,
+    /// The loss is computed outside the model's forward (and so outside the root unit).
+    pub loss_outside: bool,
+    /// `CPUOffloadPolicy`.
+    pub offloaded: bool,
+    /// The elements held gathered as the root: the root unit's, or with the embeddings
+    /// and the head as their own units (torchtune's `custom_sharded_layers`) the larger.
+    pub root_gathered: u64,
+}
+
 impl Fsdp2Rank {
     /// The rank of a group of `group` GPUs for the tape `estimate` (one tensor-parallel
     /// rank's whole step) whose parameters are `units`, in the precision `recipe` names:
@@ -90,11 +103,14 @@ impl Fsdp2Rank {
         units: &ParameterUnits,
         recipe: PrecisionRecipe,
         group: u64,
-        reshard_after_forward: Reshard,
-        loss_outside: bool,
-        offloaded: bool,
-        root_gathered: u64,
+        settings: &Fsdp2Settings,
     ) -> Self {
+        let &Fsdp2Settings {
+            reshard_after_forward,
+            loss_outside,
+            offloaded,
+            root_gathered,
+        } = settings;
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
         // reduced

@@ -899,10 +899,12 @@ pub(crate) fn shard_step(
                     units,
                     step.precision,
                     group,
-                    plan.reshard_after_forward,
-                    mesh.loss_parallel,
-                    plan.offload != Offload::None,
-                    root_gathered,
+                    &crate::distributed::Fsdp2Settings {
+                        reshard_after_forward: plan.reshard_after_forward,
+                        loss_outside: mesh.loss_parallel,
+                        offloaded: plan.offload != Offload::None,
+                        root_gathered,
+                    },
                 ))),
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && ep <= 1 => {
                     Some(RankEngine::Zero(ZeroRank::new(
