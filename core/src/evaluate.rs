@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::distributed::{mesh_of, Fsdp2Rank, RankEngine, ZeroRank, ZeroSettings};
+use crate::distributed::{mesh_of, Fsdp2Rank, Fsdp2Settings, RankEngine, ZeroRank, ZeroSettings};
 use crate::formats::WeightShape;
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::Offload;
@@ -899,7 +899,7 @@ pub(crate) fn shard_step(
                     units,
                     step.precision,
                     group,
-                    &crate::distributed::Fsdp2Settings {
+                    &Fsdp2Settings {
                         reshard_after_forward: plan.reshard_after_forward,
                         loss_outside: mesh.loss_parallel,
                         offloaded: plan.offload != Offload::None,
