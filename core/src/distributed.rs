@@ -266,17 +266,30 @@ impl Fsdp2Rank {
                 temporaries: c.temporaries.saturating_add(self.reduce),
                 ..*c
             },
-            // the embeddings' gradients (the tape's, gathered dtype), then the root's
-            // reduce-scatter input once they are summed
-            BackwardMoment::Embedding => CategoryBytes {
-                parameters: shards,
-                gradients: s.gradient_bytes,
-                optimizer_states: s.optimizer_state_bytes,
-                temporaries: self
-                    .unsharded_gradients(c.temporaries)
-                    .max(self.root_reduce),
-                ..*c
-            },
+            // the embeddings' gradients (the tape's, gathered dtype) made with the root
+            // gathered; then the root reshards before its reduce-scatter input is filled
+            // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`
+            // before `foreach_reduce`)
+            BackwardMoment::Embedding => {
+                let making = CategoryBytes {
+                    parameters: shards,
+                    gradients: s.gradient_bytes,
+                    optimizer_states: s.optimizer_state_bytes,
+                    temporaries: self.unsharded_gradients(c.temporaries),
+                    ..*c
+                };
+                let reducing = CategoryBytes {
+                    parameters: s.parameter_bytes,
+                    temporaries: self.root_reduce,
+                    ..making
+                };
+                let total = |m: &CategoryBytes| m.total().unwrap_or(u64::MAX);
+                if total(&reducing) > total(&making) {
+                    reducing
+                } else {
+                    making
+                }
+            }
         }
     }
 }
