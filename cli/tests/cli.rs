@@ -1544,10 +1544,8 @@ fn ddp_accumulates_under_no_sync_as_one_gpu_does() {
 
 /// torchtune's `custom_sharded_layers`: the embeddings and the head as their own FSDP2
 /// units are gathered only while they run. On 8 ranks Llama 3 8B (untied, b1 s1024, full
-/// checkpointing) needed 2,236,928,000 bytes less so, measured on the fake process group;
-/// the estimate saves the root's half at the end of backward only, about 1.05 GB, and
-/// reads the units' step 15% high (`validation/DISTRIBUTED.md`): it must save something,
-/// never more than measured. A tied matrix is one unit either way.
+/// checkpointing) needed 2,236,928,000 bytes less so, measured on the fake process group
+/// (both rows within 3%: `validation/DISTRIBUTED.md`). A tied matrix is one unit either way.
 #[test]
 fn embeddings_as_their_own_fsdp_units() {
     let peak = |preset: &str, fse: &str| {
@@ -1575,7 +1573,7 @@ fn embeddings_as_their_own_fsdp_units() {
             .unwrap()
     };
     let saved = peak("llama3-8b", "off") - peak("llama3-8b", "on");
-    assert!(saved > 1_000_000_000 && saved <= 2_236_928_000, "{saved}");
+    assert!(saved.abs_diff(2_236_928_000) < 750_000_000, "{saved}");
     assert_eq!(peak("llama3.2-1b", "off"), peak("llama3.2-1b", "on"));
 }
 

@@ -78,6 +78,8 @@ pub(crate) struct Fsdp2Rank {
     /// Host RAM the offloaded shards take.
     pub host_bytes: u64,
     group: u64,
+    /// [`Fsdp2Settings::own_units`].
+    own_units: bool,
 }
 
 /// How FSDP2 wraps and runs the model, beside the tape and its units.
@@ -91,6 +93,9 @@ pub(crate) struct Fsdp2Settings {
     /// The elements held gathered as the root: the root unit's, or with the embeddings
     /// and the head as their own units (torchtune's `custom_sharded_layers`) the larger.
     pub root_gathered: u64,
+    /// The embeddings and the head are their own units: after the head's backward they
+    /// reshard and reduce its gradient, so the layers' backward holds neither.
+    pub own_units: bool,
 }
 
 impl Fsdp2Rank {
@@ -110,6 +115,7 @@ impl Fsdp2Rank {
             loss_outside,
             offloaded,
             root_gathered,
+            own_units,
         } = settings;
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
@@ -167,6 +173,7 @@ impl Fsdp2Rank {
             accumulating: accumulates(estimate),
             host_bytes,
             group,
+            own_units,
         }
     }
 
@@ -257,15 +264,32 @@ impl Fsdp2Rank {
             // a layer's weights gathered again and the previous layer's prefetched, its
             // gradients on their way to the reduce-scatter; the layers behind it reduced
             // (their share of the tape's gradients, sharded)
-            BackwardMoment::Layers => CategoryBytes {
-                parameters: shards
-                    .saturating_add(self.layers_gathered(self.layer.saturating_mul(2))),
-                gradients: scale(s.gradient_bytes, c.gradients, self.tape_gradients)
-                    .min(s.gradient_bytes),
-                optimizer_states: s.optimizer_state_bytes,
-                temporaries: c.temporaries.saturating_add(self.reduce),
-                ..*c
-            },
+            BackwardMoment::Layers => {
+                // with their own units the head has resharded and its gradient (the
+                // tape's, unsharded) is reduced before the layers' backward (measured:
+                // validation/distributed.py --shard-embeddings)
+                let (root, head_gradient) = if self.own_units {
+                    (
+                        self.root,
+                        scale(self.root, self.tape_gradient, self.gathered),
+                    )
+                } else {
+                    (0, 0)
+                };
+                CategoryBytes {
+                    parameters: shards
+                        .saturating_sub(root)
+                        .saturating_add(self.layers_gathered(self.layer.saturating_mul(2))),
+                    gradients: scale(s.gradient_bytes, c.gradients, self.tape_gradients)
+                        .min(s.gradient_bytes),
+                    optimizer_states: s.optimizer_state_bytes,
+                    temporaries: c
+                        .temporaries
+                        .saturating_sub(head_gradient)
+                        .saturating_add(self.reduce),
+                    ..*c
+                }
+            }
             // the embeddings' gradients (the tape's, gathered dtype) made with the root
             // gathered; then the root reshards before its reduce-scatter input is filled
             // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`

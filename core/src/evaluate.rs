@@ -887,7 +887,8 @@ pub(crate) fn shard_step(
             // the elements FSDP2 holds gathered as its root: the embeddings, the final norm
             // and the head; with the embeddings and the head as their own units (torchtune's
             // `custom_sharded_layers`), one of the two, while it runs (a tied matrix is one)
-            let root_gathered = if plan.shard_embeddings && !arch.tie_word_embeddings() {
+            let own_units = plan.shard_embeddings && !arch.tie_word_embeddings();
+            let root_gathered = if own_units {
                 units.root.div_ceil(2)
             } else {
                 units.root
@@ -904,6 +905,7 @@ pub(crate) fn shard_step(
                         loss_outside: mesh.loss_parallel,
                         offloaded: plan.offload != Offload::None,
                         root_gathered,
+                        own_units,
                     },
                 ))),
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && ep <= 1 => {
