@@ -1010,6 +1010,14 @@ pub(crate) fn shard_step(
                 }
                 _ => 0,
             };
+            // With the embeddings and the head as their own units, the head is gathered at
+            // the loss and resharded before the layers' backward: the step holds it or a
+            // layer, not both (measured: distributed.py --lora 16 --shard-embeddings 1).
+            let lora_root = if own_units {
+                lora_root.saturating_sub(gathered)
+            } else {
+                lora_root
+            };
             let mut phase_totals = [None::<u64>; 2];
             let mut training_best = (Phase::Forward, 0u64);
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
