@@ -1018,6 +1018,22 @@ pub(crate) fn shard_step(
             } else {
                 lora_root
             };
+            // FSDP2's `MixedPrecisionPolicy` on a LoRA model loaded in fp32 (the mixed
+            // recipes): the frozen base's shards stay fp32, gathered and computed in bf16;
+            // the tape counts the base in bf16, so each shard holds as much again
+            // (measured: distributed.py --lora 16 --precision mixed-bf16)
+            let lora_fp32_shards = match peft {
+                Some(p)
+                    if !p.quantized()
+                        && !p.base_fp32
+                        && step.precision.master_weights()
+                        && plan.sharding == Sharding::Fsdp2
+                        && n > 1 =>
+                {
+                    whole_params.div_ceil(n)
+                }
+                _ => 0,
+            };
             let mut phase_totals = [None::<u64>; 2];
             let mut training_best = (Phase::Forward, 0u64);
             let mut best: Option<(Phase, CategoryBytes, u64)> = None;
@@ -1029,7 +1045,8 @@ pub(crate) fn shard_step(
                         0
                     } else {
                         lora_root
-                    };
+                    }
+                    .saturating_add(lora_fp32_shards);
                     let state = shard(
                         ShardedState {
                             parameter_bytes: c.parameters,
