@@ -22,8 +22,6 @@ pub(crate) fn mesh_of(plan: &PlanInputs) -> Mesh {
     }
 }
 
-/// `bytes * numerator / denominator`, without overflow on the way (the denominator taken
-/// as at least 1): a share of a tape's bytes.
 /// Whether the tape accumulates gradients over micro-batches: only then are gradients alive
 /// in its forward.
 fn accumulates(estimate: &PeakEstimate) -> bool {
@@ -33,7 +31,9 @@ fn accumulates(estimate: &PeakEstimate) -> bool {
         .any(|(p, c)| *p == Phase::Forward && c.gradients > 0)
 }
 
-fn scale(bytes: u64, numerator: u64, denominator: u64) -> u64 {
+/// `bytes * numerator / denominator`, without overflow on the way (the denominator taken
+/// as at least 1): a share of a tape's bytes.
+pub(crate) fn scale(bytes: u64, numerator: u64, denominator: u64) -> u64 {
     u64::try_from(crate::plan::mul_div(bytes, numerator, denominator.max(1))).unwrap_or(u64::MAX)
 }
 
@@ -155,11 +155,9 @@ impl Fsdp2Rank {
             root: root_gathered.saturating_mul(gathered),
             layer: units.largest_layer.saturating_mul(gathered),
             layers: units.layers.saturating_mul(gathered),
-            kept: match reshard_after_forward {
-                Reshard::On => 0,
-                Reshard::Off => units.layers.saturating_mul(gathered),
-                Reshard::To(r) => units.layers.div_ceil(r.max(1)).saturating_mul(gathered),
-            },
+            kept: reshard_after_forward
+                .kept(units.layers)
+                .saturating_mul(gathered),
             reduce: units
                 .largest_layer
                 .saturating_mul(gathered.saturating_add(reduced)),

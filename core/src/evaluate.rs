@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use crate::distributed::{mesh_of, Fsdp2Rank, Fsdp2Settings, RankEngine, ZeroRank, ZeroSettings};
+use crate::distributed::{
+    mesh_of, scale, Fsdp2Rank, Fsdp2Settings, RankEngine, ZeroRank, ZeroSettings,
+};
 use crate::formats::WeightShape;
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::Offload;
@@ -981,42 +983,38 @@ pub(crate) fn shard_step(
             // `reshard_after_forward` every layer stays gathered from its forward to its
             // backward too. A 4-bit base's root is not quantized: its elements in their own
             // dtype (fp32 after `prepare_model_for_kbit_training` or loaded so; derived).
+            // With the embeddings and the head as their own units, the head is gathered at
+            // the loss and resharded before the layers' backward: the step holds it or a
+            // layer, not both (measured: distributed.py --lora 16 --shard-embeddings 1).
             let lora_root = match peft {
                 Some(p) if plan.sharding == Sharding::Fsdp2 && n > 1 => {
-                    let kept = match plan.reshard_after_forward {
-                        crate::Reshard::On => 0,
-                        crate::Reshard::Off => units.layers,
-                        crate::Reshard::To(r) => units.layers.div_ceil(r.max(1)),
-                    };
-                    let share = |elements: u64| {
-                        let b = u128::from(whole_params) * u128::from(elements)
-                            / u128::from(rank_params);
-                        u64::try_from(b).unwrap_or(u64::MAX)
-                    };
-                    if p.quantized() {
+                    let kept = plan.reshard_after_forward.kept(units.layers);
+                    let held = if p.quantized() {
                         let bytes = if p.kbit_prepare || p.base_fp32 {
                             4
                         } else {
                             step.precision.weight_bytes()
                         };
-                        let root = root_gathered.saturating_mul(bytes);
                         let layers = whole_params.saturating_sub(units.root.saturating_mul(bytes));
-                        let kept =
-                            u128::from(layers) * u128::from(kept) / u128::from(units.layers.max(1));
-                        root.saturating_add(u64::try_from(kept).unwrap_or(u64::MAX))
+                        root_gathered.saturating_mul(bytes).saturating_add(scale(
+                            layers,
+                            kept,
+                            units.layers,
+                        ))
                     } else {
-                        share(root_gathered.saturating_add(kept))
+                        scale(
+                            whole_params,
+                            root_gathered.saturating_add(kept),
+                            rank_params,
+                        )
+                    };
+                    if own_units {
+                        held.saturating_sub(gathered)
+                    } else {
+                        held
                     }
                 }
                 _ => 0,
-            };
-            // With the embeddings and the head as their own units, the head is gathered at
-            // the loss and resharded before the layers' backward: the step holds it or a
-            // layer, not both (measured: distributed.py --lora 16 --shard-embeddings 1).
-            let lora_root = if own_units {
-                lora_root.saturating_sub(gathered)
-            } else {
-                lora_root
             };
             // FSDP2's `MixedPrecisionPolicy` on a LoRA model loaded in fp32 (the mixed
             // recipes): the frozen base's shards stay fp32, gathered and computed in bf16;

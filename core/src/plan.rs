@@ -358,6 +358,17 @@ impl Reshard {
         Reshard::To(8),
     ];
 
+    /// Of a model's `layers` (elements or bytes), what stays gathered from the layers'
+    /// forward to their backward: nothing, all of it, or its share of the smaller group.
+    #[must_use]
+    pub(crate) const fn kept(self, layers: u64) -> u64 {
+        match self {
+            Reshard::On => 0,
+            Reshard::Off => layers,
+            Reshard::To(r) => layers.div_ceil(if r == 0 { 1 } else { r }),
+        }
+    }
+
     /// Short stable key used in URLs and the CLI: `on`, `off` or the number of GPUs.
     #[must_use]
     pub fn key(self) -> String {
@@ -624,17 +635,25 @@ pub fn max_batch_that_fits<E>(
             bad = Some(probe);
         }
     }
-    if let Some(mut bad) = bad {
-        while bad - good > 1 {
-            let mid = good + (bad - good) / 2;
-            if fits(mid) {
-                good = mid;
-            } else {
-                bad = mid;
-            }
-        }
+    if let Some(bad) = bad {
+        good = bisect(good, bad, &mut fits);
     }
     Ok(MaxBatch::Fits(good))
+}
+
+/// The largest `k` in `low..high` whose `fits` holds, by bisection, `low` known to fit (or
+/// standing for "none") and `high` not: `low` is returned when `low + 1` does not fit.
+pub(crate) fn bisect(low: u64, high: u64, mut fits: impl FnMut(u64) -> bool) -> u64 {
+    let (mut good, mut bad) = (low, high);
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if fits(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
 }
 
 /// Micro-batch per GPU x accumulation steps x GPUs for a global batch.

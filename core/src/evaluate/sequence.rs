@@ -9,6 +9,7 @@
 //! GPU's capacity less the safety margin.
 
 use super::{fit_verdict, resolve_reserve, step_at, sweep_row, Model, Parsed};
+use crate::plan::bisect;
 use crate::state::{PlanInputs, MAX_SEQ_LEN};
 use crate::{FitVerdict, ObjectiveKind, SweepRow};
 
@@ -244,21 +245,6 @@ impl<'a> Search<'a> {
         }
         (good > 0).then_some(good)
     }
-}
-
-/// The largest `k` in `low..high` whose `fits` holds, by bisection (`low` stands for
-/// "none": it is returned when `low + 1` does not fit).
-fn bisect(low: u64, high: u64, mut fits: impl FnMut(u64) -> bool) -> u64 {
-    let (mut good, mut bad) = (low, high);
-    while bad - good > 1 {
-        let mid = good + (bad - good) / 2;
-        if fits(mid) {
-            good = mid;
-        } else {
-            bad = mid;
-        }
-    }
-    good
 }
 
 /// The longest sequence that fits at the typed batch, `None` without a GPU or where no
