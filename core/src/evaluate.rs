@@ -977,16 +977,22 @@ pub(crate) fn shard_step(
                 }
                 _ => 0,
             };
-            // FSDP2 with LoRA or QLoRA (no engine): the root unit (embeddings, final norm,
-            // head) is gathered from the first forward to the end of backward, as the
-            // engine has it (measured for LoRA: validation/distributed.py --lora); without
-            // `reshard_after_forward` every layer stays gathered from its forward to its
-            // backward too. A 4-bit base's root is not quantized: its elements in their own
-            // dtype (fp32 after `prepare_model_for_kbit_training` or loaded so; derived).
-            // With the embeddings and the head as their own units, the head is gathered at
-            // the loss and resharded before the layers' backward: the step holds it or a
-            // layer, not both (measured: distributed.py --lora 16 --shard-embeddings 1).
-            let lora_root = match peft {
+            // FSDP2 with LoRA or QLoRA (no engine), beside the shards: what is gathered in
+            // the forward and the backward, and what a mixed recipe's shards add.
+            // - The root unit (embeddings, final norm, head) is gathered from the first
+            //   forward to the end of backward, as the engine has it (measured for LoRA:
+            //   validation/distributed.py --lora); without `reshard_after_forward` every
+            //   layer stays gathered from its forward to its backward too. A 4-bit base's
+            //   root is not quantized: its elements in their own dtype (fp32 after
+            //   `prepare_model_for_kbit_training` or loaded so; derived).
+            // - With the embeddings and the head as their own units, the head is gathered at
+            //   the loss and resharded before the layers' backward: the step holds it or a
+            //   layer, not both (measured: distributed.py --lora 16 --shard-embeddings 1).
+            // - FSDP2's `MixedPrecisionPolicy` on a LoRA model loaded in fp32 (the mixed
+            //   recipes) keeps the frozen base's shards in fp32, gathered and computed in
+            //   bf16; the tape counts the base in bf16, so each shard holds as much again
+            //   (measured: distributed.py --lora 16 --precision mixed-bf16).
+            let (lora_root, lora_fp32_shards) = match peft {
                 Some(p) if plan.sharding == Sharding::Fsdp2 && n > 1 => {
                     let kept = plan.reshard_after_forward.kept(units.layers);
                     let held = if p.quantized() {
@@ -1008,29 +1014,15 @@ pub(crate) fn shard_step(
                             rank_params,
                         )
                     };
-                    if own_units {
+                    let root = if own_units {
                         held.saturating_sub(gathered)
                     } else {
                         held
-                    }
+                    };
+                    let mixed = !p.quantized() && !p.base_fp32 && step.precision.master_weights();
+                    (root, if mixed { whole_params.div_ceil(n) } else { 0 })
                 }
-                _ => 0,
-            };
-            // FSDP2's `MixedPrecisionPolicy` on a LoRA model loaded in fp32 (the mixed
-            // recipes): the frozen base's shards stay fp32, gathered and computed in bf16;
-            // the tape counts the base in bf16, so each shard holds as much again
-            // (measured: distributed.py --lora 16 --precision mixed-bf16)
-            let lora_fp32_shards = match peft {
-                Some(p)
-                    if !p.quantized()
-                        && !p.base_fp32
-                        && step.precision.master_weights()
-                        && plan.sharding == Sharding::Fsdp2
-                        && n > 1 =>
-                {
-                    whole_params.div_ceil(n)
-                }
-                _ => 0,
+                _ => (0, 0),
             };
             let mut phase_totals = [None::<u64>; 2];
             let mut training_best = (Phase::Forward, 0u64);
