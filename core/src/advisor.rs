@@ -54,8 +54,9 @@
 use std::fmt;
 
 use crate::arch::STEADY_PASSES;
-use crate::evaluate::{largest_batch, shard_step, step_at, unsharded, Knobs, Parsed, Unsharded};
+use crate::evaluate::{largest_batch, step_at, unsharded, Knobs, Parsed, Unsharded};
 use crate::fasthash::FxHashMap;
+use crate::rank::shard_step;
 use crate::state::{Field, PageState, PlanInputs};
 use crate::{
     fit_verdict, plan_accumulation, AccumulationPlan, Checkpointing, EvaluationError, FitVerdict,
@@ -966,7 +967,7 @@ impl<'a> Search<'a> {
             // every stage's step, uncached
             return step_at(&model, plan, batch);
         }
-        let mesh = crate::distributed::mesh_of(plan);
+        let mesh = crate::rank::mesh_of(plan);
         // The estimate depends on the give-ups and the batch alone: the mesh does not
         // change with the GPUs, sharding or expert parallelism, the KV dtype acts after the
         // estimate, and training ignores the weight format. Its index is kept in `cache`

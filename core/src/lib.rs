@@ -9,7 +9,6 @@
 mod advisor;
 mod allocator;
 mod bytes;
-mod distributed;
 mod evaluate;
 mod fasthash;
 mod formats;
@@ -19,6 +18,7 @@ mod number;
 mod optimizer;
 mod plan;
 mod query;
+mod rank;
 mod scenario;
 mod simple;
 mod state;

@@ -1,0 +1,373 @@
+//! PyTorch's FSDP2 as it allocates on one rank, phase by phase, on top of the rank's tape.
+
+use super::{accumulates, scale};
+use crate::state::PlanInputs;
+use crate::{
+    Architecture, BackwardMoment, CategoryBytes, ParameterUnits, PeakEstimate, Peft, Phase,
+    PrecisionRecipe, Reshard, ShardedState,
+};
+
+/// One FSDP2 rank: `fully_shard` on every layer and on the root, each parameter split on
+/// its first dimension over the group (rank 0 holding the larger share of an uneven split).
+/// What it holds beyond the tape was measured with PyTorch's own FSDP2 on a fake process
+/// group (`validation/DISTRIBUTED.md`).
+pub(crate) struct Fsdp2Rank {
+    /// The sharded parameters, gradients and optimizer states.
+    pub state: ShardedState,
+    /// The root unit (embeddings, final norm, head) gathered: from its first forward to
+    /// the end of backward (the root never reshards after forward). With the embeddings
+    /// and the head as their own units (torchtune's `custom_sharded_layers`), the larger of
+    /// them, which the loss and the end of backward hold gathered.
+    root: u64,
+    /// The largest layer gathered.
+    layer: u64,
+    /// Every layer gathered.
+    layers: u64,
+    /// What every layer keeps from its forward to its backward: nothing, all of it
+    /// (`reshard_after_forward=False`) or its share of a smaller group (an int).
+    kept: u64,
+    /// One layer's gradients before their reduce-scatter: unsharded, then copied into the
+    /// reduce-scatter input (in `reduce_dtype`).
+    reduce: u64,
+    /// The root's gradients on their way to its reduce-scatter, at the end of backward.
+    root_reduce: u64,
+    /// Bytes per element of a gathered parameter and of the tape's gradients: the root's
+    /// unsharded gradients are the tape's, in the gathered dtype.
+    gathered: u64,
+    tape_gradient: u64,
+    /// The tape's gradients, all of them.
+    tape_gradients: u64,
+    reshard_after_forward: Reshard,
+    /// The loss is computed outside the model's forward (and so outside the root unit).
+    loss_outside: bool,
+    /// `CPUOffloadPolicy`: the shards live in host RAM and the CPU steps them.
+    offloaded: bool,
+    /// Gradient accumulation: each micro-batch's reduce-scatter adds into the sharded
+    /// gradients, which then live through the later micro-batches' forward and backward.
+    accumulating: bool,
+    /// Host RAM the offloaded shards take.
+    pub host_bytes: u64,
+    group: u64,
+    /// [`Fsdp2Settings::own_units`].
+    own_units: bool,
+}
+
+/// How FSDP2 wraps and runs the model, beside the tape and its units.
+pub(crate) struct Fsdp2Settings {
+    /// `reshard_after_forward` of the layers.
+    pub reshard_after_forward: Reshard,
+    /// The loss is computed outside the model's forward (and so outside the root unit).
+    pub loss_outside: bool,
+    /// `CPUOffloadPolicy`.
+    pub offloaded: bool,
+    /// The elements held gathered as the root: the root unit's, or with the embeddings
+    /// and the head as their own units (torchtune's `custom_sharded_layers`) the larger.
+    pub root_gathered: u64,
+    /// The embeddings and the head are their own units: after the head's backward they
+    /// reshard and reduce its gradient, so the layers' backward holds neither.
+    pub own_units: bool,
+}
+
+impl Fsdp2Rank {
+    /// The rank of a group of `group` GPUs for the tape `estimate` (one tensor-parallel
+    /// rank's whole step) whose parameters are `units`, in the precision `recipe` names:
+    /// the mixed recipes are FSDP2's `MixedPrecisionPolicy(param_dtype=bf16,
+    /// reduce_dtype=fp32)` on fp32 parameters; the others keep the parameters' dtype.
+    pub(crate) fn new(
+        estimate: &PeakEstimate,
+        units: &ParameterUnits,
+        recipe: PrecisionRecipe,
+        group: u64,
+        settings: &Fsdp2Settings,
+    ) -> Self {
+        let &Fsdp2Settings {
+            reshard_after_forward,
+            loss_outside,
+            offloaded,
+            root_gathered,
+            own_units,
+        } = settings;
+        let group = group.max(1);
+        // bytes per element: sharded (the optimizer's parameter), gathered (compute),
+        // reduced
+        let (sharded, gathered, reduced) = if recipe.master_weights() {
+            (4, 2, 4)
+        } else {
+            let b = recipe.weight_bytes();
+            (b, b, b)
+        };
+        let persistent = |bytes: fn(&CategoryBytes) -> u64| estimate.persistent(bytes);
+        let shard = units.sharded_elements(group);
+        // the same bytes per parameter as one GPU's state (the mixed recipes' fp32 master
+        // is the sharded parameter itself), split over the group
+        let whole = persistent(|c| c.parameters)
+            .saturating_add(persistent(|c| c.gradients))
+            .saturating_add(persistent(|c| c.optimizer_states));
+        let elems = units.root.saturating_add(units.layers).max(1);
+        let parameter_bytes = shard.saturating_mul(sharded);
+        let gradient_bytes = parameter_bytes;
+        // a padded shard carries its optimizer states at the same padding
+        let optimizer_state_bytes = scale(whole, shard, elems)
+            .saturating_sub(parameter_bytes.saturating_add(gradient_bytes));
+        let shards = ShardedState {
+            parameter_bytes,
+            gradient_bytes,
+            optimizer_state_bytes,
+        };
+        // offloaded, the GPU holds only what is gathered and reduced
+        let (state, host_bytes) = if offloaded {
+            (ShardedState::default(), shards.total())
+        } else {
+            (shards, 0)
+        };
+        Fsdp2Rank {
+            state,
+            root: root_gathered.saturating_mul(gathered),
+            layer: units.largest_layer.saturating_mul(gathered),
+            layers: units.layers.saturating_mul(gathered),
+            kept: reshard_after_forward
+                .kept(units.layers)
+                .saturating_mul(gathered),
+            reduce: units
+                .largest_layer
+                .saturating_mul(gathered.saturating_add(reduced)),
+            root_reduce: root_gathered.saturating_mul(gathered.saturating_add(reduced)),
+            gathered,
+            tape_gradient: recipe.gradient_bytes().max(1),
+            tape_gradients: persistent(|c| c.gradients),
+            reshard_after_forward,
+            loss_outside,
+            offloaded,
+            accumulating: accumulates(estimate),
+            host_bytes,
+            group,
+            own_units,
+        }
+    }
+
+    /// The sharded gradients alive before any layer's backward: all of them from the second
+    /// micro-batch of an accumulated step on.
+    fn accumulated(&self) -> u64 {
+        if self.accumulating {
+            self.state.gradient_bytes
+        } else {
+            0
+        }
+    }
+
+    /// The layers gathered: every one without `reshard_after_forward`, else what they kept
+    /// and the `running` ones.
+    fn layers_gathered(&self, running: u64) -> u64 {
+        match self.reshard_after_forward {
+            Reshard::Off => self.layers,
+            _ => self.kept.saturating_add(running),
+        }
+    }
+
+    /// The tape's `bytes` of gradients in the gathered dtype.
+    fn unsharded_gradients(&self, bytes: u64) -> u64 {
+        scale(bytes, self.gathered, self.tape_gradient)
+    }
+
+    /// The rank's memory in the forward or the optimizer step, whose whole-rank tape
+    /// figures are `c` (the backward is [`Fsdp2Rank::at_backward`]'s).
+    pub(crate) fn at(&self, phase: Phase, c: &CategoryBytes) -> CategoryBytes {
+        let s = &self.state;
+        match phase {
+            // a layer's gathered weights, and the previous layer's all-gather output that
+            // stays referenced until the next copy-out (generation and scoring are
+            // no-gradient forwards, gathered the same way)
+            Phase::Forward | Phase::Generation | Phase::Scoring => CategoryBytes {
+                parameters: s
+                    .parameter_bytes
+                    .saturating_add(self.root)
+                    .saturating_add(self.layer)
+                    .saturating_add(self.layers_gathered(self.layer)),
+                gradients: self.accumulated(),
+                optimizer_states: s.optimizer_state_bytes,
+                ..*c
+            },
+            Phase::Backward => self.at_backward(BackwardMoment::Layers, c),
+            // the optimizer steps the shards: its parameter-sized temporaries are shard-sized
+            Phase::OptimizerStep => CategoryBytes {
+                parameters: s.parameter_bytes,
+                gradients: s.gradient_bytes,
+                optimizer_states: s.optimizer_state_bytes,
+                temporaries: if self.offloaded {
+                    0
+                } else {
+                    c.temporaries.div_ceil(self.group)
+                },
+                ..*c
+            },
+        }
+    }
+
+    /// The rank's memory at the backward `moment`, whose whole-rank tape figures are `c`.
+    pub(crate) fn at_backward(&self, moment: BackwardMoment, c: &CategoryBytes) -> CategoryBytes {
+        let s = &self.state;
+        let shards = s.parameter_bytes.saturating_add(self.root);
+        match moment {
+            // no layer has reduced yet. A loss inside the model's forward (transformers')
+            // runs its backward after the root's pre-backward gathered the root (and the
+            // last layer's all-gather output is still held); a loss outside it
+            // (torchtitan's, which loss parallel implies) runs before
+            BackwardMoment::Loss if self.loss_outside => CategoryBytes {
+                parameters: s
+                    .parameter_bytes
+                    .saturating_add(match self.reshard_after_forward {
+                        Reshard::Off => self.root.saturating_add(self.layers),
+                        _ => self.kept,
+                    }),
+                gradients: self.accumulated(),
+                optimizer_states: s.optimizer_state_bytes,
+                ..*c
+            },
+            BackwardMoment::Loss => CategoryBytes {
+                parameters: shards.saturating_add(self.layers_gathered(self.layer)),
+                gradients: self.accumulated(),
+                optimizer_states: s.optimizer_state_bytes,
+                ..*c
+            },
+            // a layer's weights gathered again and the previous layer's prefetched, its
+            // gradients on their way to the reduce-scatter; the layers behind it reduced
+            // (their share of the tape's gradients, sharded)
+            BackwardMoment::Layers => {
+                // with their own units the head has resharded and its gradient (the
+                // tape's, unsharded) is reduced before the layers' backward (measured:
+                // validation/distributed.py --shard-embeddings)
+                let (root, head_gradient) = if self.own_units {
+                    (
+                        self.root,
+                        scale(self.root, self.tape_gradient, self.gathered),
+                    )
+                } else {
+                    (0, 0)
+                };
+                CategoryBytes {
+                    parameters: shards
+                        .saturating_sub(root)
+                        .saturating_add(self.layers_gathered(self.layer.saturating_mul(2))),
+                    gradients: scale(s.gradient_bytes, c.gradients, self.tape_gradients)
+                        .min(s.gradient_bytes),
+                    optimizer_states: s.optimizer_state_bytes,
+                    temporaries: c
+                        .temporaries
+                        .saturating_sub(head_gradient)
+                        .saturating_add(self.reduce),
+                    ..*c
+                }
+            }
+            // the embeddings' gradients (the tape's, gathered dtype) made with the root
+            // gathered; then the root reshards before its reduce-scatter input is filled
+            // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`
+            // before `foreach_reduce`)
+            BackwardMoment::Embedding => {
+                let making = CategoryBytes {
+                    parameters: shards,
+                    gradients: s.gradient_bytes,
+                    optimizer_states: s.optimizer_state_bytes,
+                    temporaries: self.unsharded_gradients(c.temporaries),
+                    ..*c
+                };
+                let reducing = CategoryBytes {
+                    parameters: s.parameter_bytes,
+                    temporaries: self.root_reduce,
+                    ..making
+                };
+                let total = |m: &CategoryBytes| m.total().unwrap_or(u64::MAX);
+                if total(&reducing) > total(&making) {
+                    reducing
+                } else {
+                    making
+                }
+            }
+        }
+    }
+}
+
+/// The elements FSDP2 holds gathered as its root (the embeddings, the final norm and the
+/// head), and whether the embeddings and the head are their own units (torchtune's
+/// `custom_sharded_layers`): then one of the two, while it runs (a tied matrix is one).
+pub(super) fn root_gathered(
+    plan: &PlanInputs,
+    arch: &Architecture,
+    units: &ParameterUnits,
+) -> (u64, bool) {
+    let own_units = plan.shard_embeddings && !arch.tie_word_embeddings();
+    let root = if own_units {
+        units.root.div_ceil(2)
+    } else {
+        units.root
+    };
+    (root, own_units)
+}
+
+/// FSDP2 with LoRA or QLoRA (which no engine models moment by moment), beside the shards:
+/// what is gathered in the forward and the backward, and what a mixed recipe's shards add.
+/// - The root unit (embeddings, final norm, head) is gathered from the first forward to the
+///   end of backward, as the engine has it (measured for LoRA: validation/distributed.py
+///   --lora); without `reshard_after_forward` every layer stays gathered from its forward to
+///   its backward too. A 4-bit base's root is not quantized: its elements in their own dtype
+///   (fp32 after `prepare_model_for_kbit_training` or loaded so; derived).
+/// - With the embeddings and the head as their own units, the head is gathered at the loss
+///   and resharded before the layers' backward: the step holds it or a layer, not both
+///   (measured: distributed.py --lora 16 --shard-embeddings 1).
+/// - FSDP2's `MixedPrecisionPolicy` on a LoRA model loaded in fp32 (the mixed recipes) keeps
+///   the frozen base's shards in fp32, gathered and computed in bf16; the tape counts the
+///   base in bf16, so each shard holds as much again (measured: distributed.py --lora 16
+///   --precision mixed-bf16).
+#[derive(Clone, Copy, Default)]
+pub(super) struct PeftAdditions {
+    /// Gathered from the first forward to the end of backward.
+    pub root: u64,
+    /// The mixed recipe's fp32 shards beyond the tape's 16-bit base.
+    pub fp32_shards: u64,
+}
+
+impl PeftAdditions {
+    /// On one of `n` ranks, for `peft` in `recipe`; `whole_params` is the tape's parameter
+    /// bytes, `gathered` the largest layer's share of them.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        peft: &Peft,
+        recipe: PrecisionRecipe,
+        reshard_after_forward: Reshard,
+        units: &ParameterUnits,
+        whole_params: u64,
+        root_gathered: u64,
+        own_units: bool,
+        gathered: u64,
+        n: u64,
+    ) -> Self {
+        let rank_params = units.root.saturating_add(units.layers).max(1);
+        let kept = reshard_after_forward.kept(units.layers);
+        let held = if peft.quantized() {
+            let bytes = if peft.kbit_prepare || peft.base_fp32 {
+                4
+            } else {
+                recipe.weight_bytes()
+            };
+            let layers = whole_params.saturating_sub(units.root.saturating_mul(bytes));
+            root_gathered
+                .saturating_mul(bytes)
+                .saturating_add(scale(layers, kept, units.layers))
+        } else {
+            scale(
+                whole_params,
+                root_gathered.saturating_add(kept),
+                rank_params,
+            )
+        };
+        let root = if own_units {
+            held.saturating_sub(gathered)
+        } else {
+            held
+        };
+        let mixed = !peft.quantized() && !peft.base_fp32 && recipe.master_weights();
+        PeftAdditions {
+            root,
+            fp32_shards: if mixed { whole_params.div_ceil(n) } else { 0 },
+        }
+    }
+}
