@@ -14,10 +14,11 @@
 
 use estimator_core::{
     group_thousands, wants_preprocessor, with_preprocessor, AllocatorMode, AttentionKernel,
-    ByteUnit, Checkpointing, Compile, Field, Generator, Gpu, HubId, KvDtype, LossKind, Method,
-    Mode, ModelFamily, ObjectiveKind, Offload, Optimizer, OptimizerImpl, Page, PageState,
-    ParamUnit, PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reference, Sharding,
-    TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY, PREPROCESSOR_FILE, SIMPLE_OPTIMIZERS,
+    BackwardPrefetch, ByteUnit, Checkpointing, Compile, Field, Fsdp1Sharding, Fsdp1Wrap, Generator,
+    Gpu, HubId, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload, Optimizer,
+    OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision, PrecisionRecipe,
+    Preset, Quant4, Reference, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY,
+    PREPROCESSOR_FILE, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -176,6 +177,9 @@ enum Shown {
     CpuRam,
     CustomGpu,
     Fsdp2,
+    Fsdp1,
+    /// FSDP1's `HYBRID_SHARD`: the node's size matters.
+    Fsdp1Hybrid,
     DeepSpeed,
     TensorParallel,
     Pipeline,
@@ -201,6 +205,8 @@ impl Shown {
             Self::CpuRam => s.hardware.gpu == Some(Gpu::CpuRam),
             Self::CustomGpu => s.hardware.gpu == Some(Gpu::Custom),
             Self::Fsdp2 => s.parallel.sharding == Sharding::Fsdp2,
+            Self::Fsdp1 => s.parallel.sharding == Sharding::Fsdp1,
+            Self::Fsdp1Hybrid => s.parallel.fsdp1_sharding == Fsdp1Sharding::Hybrid,
             Self::DeepSpeed => matches!(
                 s.parallel.sharding,
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
@@ -801,6 +807,10 @@ fn build(state: &PageState) -> Builder<'_> {
         b.fields(DATA_PARALLEL);
         b.when(Shown::Architecture, &|b| {
             b.when(Shown::Fsdp2, &|b| b.fields(FSDP2));
+            b.when(Shown::Fsdp1, &|b| {
+                b.fields(FSDP1);
+                b.when(Shown::Fsdp1Hybrid, &|b| b.fields(FSDP1_HYBRID));
+            });
             b.when(Shown::DeepSpeed, &|b| b.fields(DEEPSPEED));
             b.fields(TENSOR_PARALLEL);
             b.when(Shown::TensorParallel, &|b| b.fields(TENSOR_PARALLEL_MORE));
@@ -1634,6 +1644,45 @@ pub const FSDP2: &[Spec] = &[
         ],
     ),
 ];
+
+/// Architecture mode: FSDP1 as accelerate wraps a model (its defaults first).
+pub const FSDP1: &[Spec] = &[
+    choice(
+        Field::Fsdp1Sharding,
+        "FSDP1 sharding strategy",
+        "fsdp1-sharding",
+        pairs!(Fsdp1Sharding, Fsdp1Sharding::ALL, label),
+    ),
+    choice(
+        Field::Fsdp1Wrap,
+        "FSDP1 auto wrap policy",
+        "fsdp1-wrap",
+        pairs!(Fsdp1Wrap, Fsdp1Wrap::ALL, label),
+    ),
+    choice(
+        Field::BackwardPrefetch,
+        "FSDP1 backward prefetch",
+        "backward-prefetch",
+        pairs!(BackwardPrefetch, BackwardPrefetch::ALL, label),
+    ),
+    choice(
+        Field::UseOrigParams,
+        "FSDP1 use_orig_params",
+        "use-orig-params",
+        &[
+            ("on", "On (the HF Trainer's)"),
+            ("off", "Off (accelerate's default)"),
+        ],
+    ),
+];
+
+/// Architecture mode: FSDP1's `HYBRID_SHARD` shard group.
+pub const FSDP1_HYBRID: &[Spec] = &[typed(
+    Field::GpusPerNode,
+    "GPUs per node",
+    "gpus-per-node",
+    "HYBRID_SHARD shards within a node and replicates across nodes.",
+)];
 
 /// Architecture mode: DeepSpeed's buckets.
 pub const DEEPSPEED: &[Spec] = &[

@@ -116,9 +116,10 @@ hardware:
   --allocator-reserve P the reserve in percent of the peak instead of the replay
   --gpus N              GPUs in all (a multiple of tp x cp x pp; the rest data parallel)
   --engine E            data-parallel engine: ddp, fsdp2 (fully_shard per layer),
+                        fsdp1 (FullyShardedDataParallel as accelerate wraps it),
                         deepspeed (with --zero)
   --zero 1|2|3          DeepSpeed ZeRO stage (implies --engine deepspeed)
-  --sharding S          the same as one key: ddp, fsdp2, zero1, zero2, zero3
+  --sharding S          the same as one key: ddp, fsdp2, fsdp1, zero1, zero2, zero3
   --reshard-after-forward on|off|N
                         FSDP2: free each layer's gathered weights after its forward
                         (default on), keep them, or reshard them over N GPUs
@@ -127,9 +128,19 @@ hardware:
                         gathered only while they run (torchtune's
                         custom_sharded_layers: ['tok_embeddings', 'output']; default
                         off: in the root, gathered from forward to the end of backward)
+  --fsdp1-sharding S    FSDP1's sharding_strategy: full (FULL_SHARD, default),
+                        grad-op (SHARD_GRAD_OP), hybrid (HYBRID_SHARD: sharded within
+                        a node of --gpus-per-node), no-shard (NO_SHARD)
+  --fsdp1-wrap W        FSDP1's units: none (accelerate's default NO_WRAP: the whole
+                        model one flat parameter), layers (TRANSFORMER_BASED_WRAP)
+  --use-orig-params on|off
+                        FSDP1's use_orig_params (accelerate's default off)
+  --backward-prefetch P FSDP1's backward_prefetch: none (accelerate's default), pre, post
+  --gpus-per-node N     GPUs per node: HYBRID_SHARD's shard group (default 8)
   --offload O           none (default), optimizer (DeepSpeed offload_optimizer),
-                        optimizer+params (ZeRO-3 offload_param, FSDP2 CPUOffloadPolicy):
-                        the host RAM it needs is printed
+                        optimizer+params (ZeRO-3 offload_param, FSDP2 CPUOffloadPolicy,
+                        FSDP1 CPUOffload(offload_params=True)): the host RAM it needs is
+                        printed
   --reduce-bucket N     DeepSpeed reduce_bucket_size, elements (default 5e8)
   --prefetch-bucket N   DeepSpeed stage3_prefetch_bucket_size, elements (default 5e7)
   --nccl-mib N          NCCL buffers per communicator, one per parallel dimension
@@ -233,7 +244,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 60] = [
+const FIELD_FLAGS: [(&str, Field); 65] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -278,6 +289,11 @@ const FIELD_FLAGS: [(&str, Field); 60] = [
     ("--pp-schedule", Field::PipelineSchedule),
     ("--microbatches", Field::Microbatches),
     ("--reshard-after-forward", Field::ReshardAfterForward),
+    ("--fsdp1-sharding", Field::Fsdp1Sharding),
+    ("--fsdp1-wrap", Field::Fsdp1Wrap),
+    ("--use-orig-params", Field::UseOrigParams),
+    ("--backward-prefetch", Field::BackwardPrefetch),
+    ("--gpus-per-node", Field::GpusPerNode),
     ("--offload", Field::Offload),
     ("--nccl-mib", Field::NcclMib),
     ("--reduce-bucket", Field::ReduceBucket),
@@ -382,7 +398,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             "--engine" => {
                 let engine = value()?;
                 let key = match engine {
-                    "ddp" | "fsdp2" => engine,
+                    "ddp" | "fsdp2" | "fsdp1" => engine,
                     // the stage comes with --zero (ZeRO-2 until it does)
                     "deepspeed" if state.parallel.sharding.key().starts_with("zero") => {
                         state.parallel.sharding.key()
@@ -390,7 +406,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                     "deepspeed" => "zero2",
                     other => {
                         return Err(format!(
-                            "--engine {other:?}: expected one of ddp, fsdp2, deepspeed."
+                            "--engine {other:?}: expected one of ddp, fsdp2, fsdp1, deepspeed."
                         ))
                     }
                 };

@@ -1714,3 +1714,71 @@ fn the_longest_sequence_beside_the_largest_batch() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert!(v.get("max_seq").is_none(), "{v}");
 }
+
+/// FSDP1 as accelerate wraps a model, flag by flag, measured per rank on the fake process
+/// group (`validation/FSDP1.md`): Llama 3.2 1B, b2 s2048, mixed bf16, full checkpointing, 8
+/// ranks. FULL_SHARD per layer is FSDP2's figure; SHARD_GRAD_OP and NO_WRAP keep every layer
+/// gathered (FSDP2 without reshard_after_forward); without BACKWARD_PRE one layer less is
+/// gathered in backward; NO_SHARD is one GPU's step.
+#[test]
+fn fsdp1_flags_follow_accelerate() {
+    let base = [
+        "--preset",
+        "llama3.2-1b",
+        "--batch",
+        "2",
+        "--seq",
+        "2048",
+        "--precision",
+        "mixed-bf16",
+        "--checkpointing",
+        "full",
+        "--gpus",
+        "8",
+        "--json",
+    ];
+    let peak = |extra: &[&str]| json_of(&base, extra)["peak_bytes"].as_u64().unwrap();
+    let fsdp1 = |extra: &[&str]| peak(&with(&["--engine", "fsdp1"], extra));
+    let layers = ["--fsdp1-wrap", "layers", "--backward-prefetch", "pre"];
+    let full = fsdp1(&layers);
+    assert_eq!(full, peak(&["--engine", "fsdp2"]));
+    let grad_op = fsdp1(&with(&layers, &["--fsdp1-sharding", "grad-op"]));
+    assert_eq!(
+        grad_op,
+        peak(&["--engine", "fsdp2", "--reshard-after-forward", "off"])
+    );
+    // accelerate's defaults: NO_WRAP, no prefetch
+    assert_eq!(fsdp1(&[]), grad_op);
+    let measured = [
+        (full, 9_140_913_664u64),
+        (grad_op, 10_965_558_784),
+        (fsdp1(&["--fsdp1-wrap", "layers"]), 9_019_270_656),
+        (
+            fsdp1(&with(&layers, &["--fsdp1-sharding", "no-shard"])),
+            24_716_396_544,
+        ),
+        (
+            fsdp1(&with(
+                &layers,
+                &["--fsdp1-sharding", "hybrid", "--gpus-per-node", "4"],
+            )),
+            10_994_643_456,
+        ),
+    ];
+    for (estimated, measured) in measured {
+        assert!(
+            estimated.abs_diff(measured) * 100 < measured,
+            "{estimated} vs {measured}"
+        );
+    }
+    // one switch of CPUOffload: the parameters go with the optimizer
+    let (code, _, err) = memest(&with(
+        &base,
+        &["--engine", "fsdp1", "--offload", "optimizer"],
+    ));
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("moves the parameters with the optimizer"),
+        "{err}"
+    );
+}

@@ -1702,6 +1702,37 @@ mod tests {
     }
 
     #[test]
+    fn fsdp1_settings_round_trip_and_travel_only_with_fsdp1() {
+        let query = "m=arch&model=llama3.2-1b&gpus=16&shard=fsdp1&f1s=hybrid&f1w=layers&uop=on\
+            &bp=post&gpn=8";
+        let decoded = decode_query(query);
+        assert!(decoded.notices.is_empty(), "{:?}", decoded.notices);
+        let state = decoded.state;
+        assert_eq!(state.parallel.fsdp1_sharding, crate::Fsdp1Sharding::Hybrid);
+        assert_eq!(state.parallel.backward_prefetch, crate::BackwardPrefetch::Post);
+        let link = crate::encode_query(&state);
+        for key in ["f1s=hybrid", "f1w=layers", "uop=on", "bp=post", "gpn=8"] {
+            assert!(link.contains(key), "{key} in {link}");
+        }
+        let again = decode_query(&link);
+        assert!(again.notices.is_empty(), "{:?}", again.notices);
+        assert_eq!(again.state, state);
+        // HYBRID_SHARD over 2 nodes of 8: each parameter split over 8
+        let plan = state.plan_inputs().expect("plan");
+        assert_eq!(plan.shard_group(), 8);
+        // the other engines' links stay as they were
+        let mut fsdp2 = state;
+        fsdp2.set(Field::Sharding, "fsdp2").expect("fsdp2");
+        assert!(!crate::encode_query(&fsdp2).contains("f1s="));
+        // whole nodes only
+        let mut odd = fsdp2;
+        odd.set(Field::Sharding, "fsdp1").expect("fsdp1");
+        odd.set(Field::GpusPerNode, "6").expect("6");
+        let errors = odd.plan_inputs().expect_err("6 does not divide 16");
+        assert!(errors.iter().any(|(f, _)| *f == Field::GpusPerNode), "{errors:?}");
+    }
+
+    #[test]
     fn peft_settings_round_trip_through_the_url() {
         let query = "m=arch&model=qwen3-8b&method=lora&lr=64&la=128&ld=0.05&lt=q_proj,v_proj\
             &ldt=model&q=fp4&dq=off&kbit=off&gc=offload&o=adafactor-hf";

@@ -403,6 +403,172 @@ impl Reshard {
     }
 }
 
+/// FSDP1's `ShardingStrategy` (`FullyShardedDataParallel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Fsdp1Sharding {
+    /// `FULL_SHARD`: parameters, gradients and optimizer states sharded; each unit gathered
+    /// while it runs, again for its backward.
+    #[default]
+    Full,
+    /// `SHARD_GRAD_OP`: the same shards, each unit kept gathered from its forward to its
+    /// backward.
+    GradOp,
+    /// `HYBRID_SHARD`: `FULL_SHARD` within a node, replicated across nodes.
+    Hybrid,
+    /// `NO_SHARD`: every GPU holds everything (DDP through FSDP's flat parameters).
+    NoShard,
+}
+
+impl Fsdp1Sharding {
+    /// Every strategy, in the order the page lists them.
+    pub const ALL: [Fsdp1Sharding; 4] = [
+        Fsdp1Sharding::Full,
+        Fsdp1Sharding::GradOp,
+        Fsdp1Sharding::Hybrid,
+        Fsdp1Sharding::NoShard,
+    ];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Fsdp1Sharding::Full => "full",
+            Fsdp1Sharding::GradOp => "grad-op",
+            Fsdp1Sharding::Hybrid => "hybrid",
+            Fsdp1Sharding::NoShard => "no-shard",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Fsdp1Sharding::Full => "FULL_SHARD",
+            Fsdp1Sharding::GradOp => "SHARD_GRAD_OP (kept gathered to backward)",
+            Fsdp1Sharding::Hybrid => "HYBRID_SHARD (sharded within a node)",
+            Fsdp1Sharding::NoShard => "NO_SHARD (every GPU holds everything)",
+        }
+    }
+}
+
+/// How FSDP1's units are formed (accelerate's `fsdp_auto_wrap_policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Fsdp1Wrap {
+    /// `NO_WRAP` (accelerate's default): the whole model one unit, one flat parameter.
+    #[default]
+    None,
+    /// `TRANSFORMER_BASED_WRAP`: each decoder layer a unit, the rest the root's.
+    Layers,
+}
+
+impl Fsdp1Wrap {
+    /// Every policy, in the order the page lists them.
+    pub const ALL: [Fsdp1Wrap; 2] = [Fsdp1Wrap::None, Fsdp1Wrap::Layers];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Fsdp1Wrap::None => "none",
+            Fsdp1Wrap::Layers => "layers",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Fsdp1Wrap::None => "NO_WRAP: the whole model one unit (accelerate's default)",
+            Fsdp1Wrap::Layers => "TRANSFORMER_BASED_WRAP: a unit per layer",
+        }
+    }
+}
+
+/// FSDP1's `backward_prefetch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum BackwardPrefetch {
+    /// `None` (accelerate's default): the next unit gathered when its backward starts.
+    #[default]
+    None,
+    /// `BACKWARD_PRE`: the next unit's all-gather issued before this one's gradients are
+    /// computed.
+    Pre,
+    /// `BACKWARD_POST`: issued after them.
+    Post,
+}
+
+impl BackwardPrefetch {
+    /// Every choice, in the order the page lists them.
+    pub const ALL: [BackwardPrefetch; 3] = [
+        BackwardPrefetch::None,
+        BackwardPrefetch::Pre,
+        BackwardPrefetch::Post,
+    ];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            BackwardPrefetch::None => "none",
+            BackwardPrefetch::Pre => "pre",
+            BackwardPrefetch::Post => "post",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            BackwardPrefetch::None => "None (accelerate's default)",
+            BackwardPrefetch::Pre => "BACKWARD_PRE",
+            BackwardPrefetch::Post => "BACKWARD_POST",
+        }
+    }
+}
+
+/// FSDP1 as accelerate wraps a model: its strategy, units and settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fsdp1 {
+    /// `sharding_strategy`.
+    pub sharding: Fsdp1Sharding,
+    /// `auto_wrap_policy`.
+    pub wrap: Fsdp1Wrap,
+    /// `use_orig_params` (accelerate's default off; the HF Trainer turns it on).
+    pub use_orig_params: bool,
+    /// `backward_prefetch`.
+    pub backward_prefetch: BackwardPrefetch,
+    /// GPUs per node: `HYBRID_SHARD`'s shard group.
+    pub gpus_per_node: u64,
+}
+
+impl Default for Fsdp1 {
+    fn default() -> Self {
+        Fsdp1 {
+            sharding: Fsdp1Sharding::Full,
+            wrap: Fsdp1Wrap::None,
+            use_orig_params: false,
+            backward_prefetch: BackwardPrefetch::None,
+            gpus_per_node: DEFAULT_GPUS_PER_NODE,
+        }
+    }
+}
+
+/// GPUs per node when none is said: an HGX/DGX board's eight.
+pub const DEFAULT_GPUS_PER_NODE: u64 = 8;
+
+impl Fsdp1 {
+    /// The GPUs each parameter is split over, of `n` data-parallel GPUs.
+    #[must_use]
+    pub fn shard_group(&self, n: u64) -> u64 {
+        let n = n.max(1);
+        match self.sharding {
+            Fsdp1Sharding::Full | Fsdp1Sharding::GradOp => n,
+            Fsdp1Sharding::Hybrid => self.gpus_per_node.clamp(1, n),
+            Fsdp1Sharding::NoShard => 1,
+        }
+    }
+}
+
 /// Where ZeRO-Offload (DeepSpeed) or `CPUOffloadPolicy` (FSDP2) keeps state in host RAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Offload {
@@ -716,13 +882,17 @@ pub enum Sharding {
     /// its forward to its backward without `reshard_after_forward`), the root's from the
     /// first forward to the end of backward.
     Fsdp2,
+    /// PyTorch's FSDP1 (`FullyShardedDataParallel`) as accelerate wraps a model: flat
+    /// parameters per unit, split as its [`Fsdp1Sharding`] says.
+    Fsdp1,
 }
 
 impl Sharding {
     /// Every strategy, in the order the page lists them.
-    pub const ALL: [Sharding; 5] = [
+    pub const ALL: [Sharding; 6] = [
         Sharding::Ddp,
         Sharding::Fsdp2,
+        Sharding::Fsdp1,
         Sharding::Zero1,
         Sharding::Zero2,
         Sharding::Zero3,
@@ -737,13 +907,16 @@ impl Sharding {
     /// Whether the gradients are split across GPUs.
     #[must_use]
     pub const fn shards_gradients(self) -> bool {
-        matches!(self, Sharding::Zero2 | Sharding::Zero3 | Sharding::Fsdp2)
+        matches!(
+            self,
+            Sharding::Zero2 | Sharding::Zero3 | Sharding::Fsdp2 | Sharding::Fsdp1
+        )
     }
 
     /// Whether the parameters are split across GPUs.
     #[must_use]
     pub const fn shards_parameters(self) -> bool {
-        matches!(self, Sharding::Zero3 | Sharding::Fsdp2)
+        matches!(self, Sharding::Zero3 | Sharding::Fsdp2 | Sharding::Fsdp1)
     }
 
     /// Short stable key used in URLs and the CLI.
@@ -755,6 +928,7 @@ impl Sharding {
             Sharding::Zero2 => "zero2",
             Sharding::Zero3 => "zero3",
             Sharding::Fsdp2 => "fsdp2",
+            Sharding::Fsdp1 => "fsdp1",
         }
     }
 
@@ -764,6 +938,7 @@ impl Sharding {
         match self {
             Sharding::Ddp => "Data parallel (DDP)",
             Sharding::Fsdp2 => "FSDP2 (fully_shard per layer)",
+            Sharding::Fsdp1 => "FSDP1 (FullyShardedDataParallel, as accelerate wraps it)",
             Sharding::Zero1 => "DeepSpeed ZeRO-1 (optimizer states sharded)",
             Sharding::Zero2 => "DeepSpeed ZeRO-2 (+ gradients)",
             Sharding::Zero3 => "DeepSpeed ZeRO-3 (+ parameters)",

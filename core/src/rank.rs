@@ -1,6 +1,7 @@
 //! One GPU's share of a step: the rank's tape (which tensor, context and pipeline
 //! parallelism already cut: see [`mesh_of`] and [`crate::Stage`]) composed with its
-//! data-parallel engine ([`ddp`], [`fsdp2`], [`zero`]) and expert parallelism ([`expert`]).
+//! data-parallel engine ([`ddp`], [`fsdp1`], [`fsdp2`], [`zero`]) and expert parallelism
+//! ([`expert`]).
 //!
 //! [`shard_step`] is the one entry: it splits the tape's model state, asks the engine for the
 //! rank's memory at every moment the tape weighed, adds what lives beside the engine (a KV
@@ -17,6 +18,8 @@ use crate::{CategoryBytes, Mesh, Offload, PeakEstimate, Phase, ShardedState, Sha
 mod ddp;
 /// Expert parallelism: the routed experts' state split over the expert-parallel group.
 mod expert;
+/// PyTorch's FSDP1, as accelerate wraps a model.
+mod fsdp1;
 /// PyTorch's FSDP2.
 mod fsdp2;
 /// DeepSpeed ZeRO.
@@ -81,8 +84,12 @@ pub(crate) fn shard_step(
             Unsharded::Architecture(estimate, units),
         ) => {
             let arch = &model.arch;
-            let n = plan.num_gpus.max(1);
+            // the GPUs each parameter is split over (FSDP1's NO_SHARD: none; HYBRID_SHARD:
+            // a node's)
+            let n = plan.shard_group();
             let dp = DataParallel::new(plan, n, arch, model.routed, estimate.n_params);
+            let fsdp1_units = fsdp1::units(plan, units);
+            let units = fsdp1_units.as_ref().unwrap_or(units);
             let (root_gathered, own_units) = fsdp2::root_gathered(plan, arch, units);
             // the tape is already one tensor-parallel rank's: only the KV cache (computed
             // here from the whole model) is split by it
@@ -117,8 +124,22 @@ pub(crate) fn shard_step(
                         offloaded: plan.offload != Offload::None,
                         root_gathered,
                         own_units,
+                        backward_prefetch: true,
                     },
                 ))),
+                // NO_SHARD in the parameters' own dtype holds the whole state as one GPU
+                // does (no copy to gather): no engine to model. Under mixed precision it
+                // still makes each unit's bf16 copy as it runs, a group of one.
+                Sharding::Fsdp1 if trains_all && (n > 1 || step.precision.master_weights()) => {
+                    Some(RankEngine::Fsdp2(fsdp1::rank(
+                        estimate,
+                        units,
+                        step.precision,
+                        group,
+                        plan,
+                        mesh.loss_parallel,
+                    )))
+                }
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && dp.ep <= 1 => {
                     Some(RankEngine::Zero(ZeroRank::new(
                         estimate,
@@ -197,7 +218,10 @@ impl Beside {
         // TRL prepares the reference with the same engine (sharded under FSDP2 and ZeRO-3)
         let reference = match objective {
             Some(o) if engine && o.reference_param_bytes > 0 => {
-                if matches!(plan.sharding, Sharding::Fsdp2 | Sharding::Zero3) {
+                if matches!(
+                    plan.sharding,
+                    Sharding::Fsdp2 | Sharding::Fsdp1 | Sharding::Zero3
+                ) {
                     o.reference_param_bytes.div_ceil(group.max(1))
                 } else {
                     o.reference_param_bytes

@@ -3,10 +3,10 @@
 use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
-    AllocatorMode, AttentionKernel, ByteUnit, Checkpointing, Compile, Generator, Gpu, KvDtype,
-    LossKind, Method, ObjectiveKind, Offload, Optimizer, OptimizerImpl, ParamUnit, Peft,
-    PipelineSchedule, Precision, PrecisionRecipe, Preset, Quant4, Reference, Reshard, Sharding,
-    SweepAxis, TpPlan, WeightFormat,
+    AllocatorMode, AttentionKernel, BackwardPrefetch, ByteUnit, Checkpointing, Compile,
+    Fsdp1Sharding, Fsdp1Wrap, Generator, Gpu, KvDtype, LossKind, Method, ObjectiveKind, Offload,
+    Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe,
+    Preset, Quant4, Reference, Reshard, Sharding, SweepAxis, TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -178,6 +178,7 @@ impl Clone for PageState {
                 nccl_mib: text(),
                 reduce_bucket: text(),
                 prefetch_bucket: text(),
+                gpus_per_node: text(),
                 global_batch: text(),
                 ..self.parallel
             },
@@ -549,6 +550,16 @@ pub struct ParallelSettings {
     /// FSDP2: the embeddings and the head as their own units (torchtune's
     /// `custom_sharded_layers`), not in the root.
     pub shard_embeddings: bool,
+    /// FSDP1's `sharding_strategy`.
+    pub fsdp1_sharding: Fsdp1Sharding,
+    /// FSDP1's units (accelerate's `fsdp_auto_wrap_policy`).
+    pub fsdp1_wrap: Fsdp1Wrap,
+    /// FSDP1's `use_orig_params`.
+    pub use_orig_params: bool,
+    /// FSDP1's `backward_prefetch`.
+    pub backward_prefetch: BackwardPrefetch,
+    /// GPUs per node (FSDP1's `HYBRID_SHARD` shard group), as typed.
+    pub gpus_per_node: String,
     /// Pipeline stages (architecture mode), as typed.
     pub pipeline_parallel: String,
     /// The pipeline's schedule.
@@ -581,6 +592,11 @@ impl Default for ParallelSettings {
             context_parallel: "1".to_owned(),
             reshard_after_forward: Reshard::On,
             shard_embeddings: false,
+            fsdp1_sharding: Fsdp1Sharding::Full,
+            fsdp1_wrap: Fsdp1Wrap::None,
+            use_orig_params: false,
+            backward_prefetch: BackwardPrefetch::None,
+            gpus_per_node: crate::plan::DEFAULT_GPUS_PER_NODE.to_string(),
             pipeline_parallel: "1".to_owned(),
             pipeline_schedule: PipelineSchedule::OneFOneB,
             microbatches: String::new(),
@@ -605,6 +621,11 @@ impl Section for ParallelSettings {
         (Field::ContextParallel, "cp"),
         (Field::ReshardAfterForward, "raf"),
         (Field::ShardEmbeddings, "fse"),
+        (Field::Fsdp1Sharding, "f1s"),
+        (Field::Fsdp1Wrap, "f1w"),
+        (Field::UseOrigParams, "uop"),
+        (Field::BackwardPrefetch, "bp"),
+        (Field::GpusPerNode, "gpn"),
         (Field::PipelineParallel, "pp"),
         (Field::PipelineSchedule, "pps"),
         (Field::Microbatches, "mb"),
@@ -620,7 +641,7 @@ impl Section for ParallelSettings {
 /// largest value, its unit, whether 0 is accepted and whether it may be left empty (the
 /// allocator's reserve: the replay's; the micro-batches: one per stage; the global batch:
 /// none).
-const PLAN_COUNTS: [(Field, u64, &str, bool, bool); 12] = [
+const PLAN_COUNTS: [(Field, u64, &str, bool, bool); 13] = [
     (Field::CudaContext, MAX_CONTEXT_MIB, "MiB", true, false),
     (Field::AllocatorReserve, 1000, "percent", true, true),
     (Field::SafetyMargin, 99, "percent", true, false),
@@ -632,6 +653,7 @@ const PLAN_COUNTS: [(Field, u64, &str, bool, bool); 12] = [
     (Field::NcclMib, MAX_CONTEXT_MIB, "MiB", true, false),
     (Field::ReduceBucket, 1 << 40, "elements", false, false),
     (Field::PrefetchBucket, 1 << 40, "elements", true, false),
+    (Field::GpusPerNode, 1024, "GPUs", false, false),
     (
         Field::GlobalBatch,
         crate::MAX_BATCH * MAX_GPUS,
@@ -668,6 +690,8 @@ pub struct PlanInputs {
     pub reshard_after_forward: Reshard,
     /// FSDP2: the embeddings and the head as their own units, not in the root.
     pub shard_embeddings: bool,
+    /// FSDP1's strategy, units and settings.
+    pub fsdp1: crate::Fsdp1,
     /// Pipeline stages.
     pub pipeline_parallel: u64,
     /// The pipeline's schedule.
@@ -692,6 +716,16 @@ pub struct PlanInputs {
 }
 
 impl PlanInputs {
+    /// Of the data-parallel GPUs, those each parameter is split over: all of them but
+    /// under FSDP1's `HYBRID_SHARD` (a node's) and `NO_SHARD` (none).
+    #[must_use]
+    pub fn shard_group(&self) -> u64 {
+        match self.sharding {
+            Sharding::Fsdp1 => self.fsdp1.shard_group(self.num_gpus),
+            _ => self.num_gpus.max(1),
+        }
+    }
+
     /// GPUs of one data-parallel replica: tensor x context x pipeline parallel.
     #[must_use]
     pub fn model_parallel_gpus(&self) -> u64 {
@@ -874,6 +908,16 @@ pub enum Field {
     ReshardAfterForward,
     /// [`ParallelSettings::shard_embeddings`].
     ShardEmbeddings,
+    /// [`ParallelSettings::fsdp1_sharding`].
+    Fsdp1Sharding,
+    /// [`ParallelSettings::fsdp1_wrap`].
+    Fsdp1Wrap,
+    /// [`ParallelSettings::use_orig_params`].
+    UseOrigParams,
+    /// [`ParallelSettings::backward_prefetch`].
+    BackwardPrefetch,
+    /// [`ParallelSettings::gpus_per_node`].
+    GpusPerNode,
     /// [`ParallelSettings::pipeline_parallel`].
     PipelineParallel,
     /// [`ParallelSettings::pipeline_schedule`].
@@ -899,7 +943,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 71 } else { 67 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 76 } else { 72 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -965,6 +1009,11 @@ impl Field {
         Field::ContextParallel,
         Field::ReshardAfterForward,
         Field::ShardEmbeddings,
+        Field::Fsdp1Sharding,
+        Field::Fsdp1Wrap,
+        Field::UseOrigParams,
+        Field::BackwardPrefetch,
+        Field::GpusPerNode,
         Field::PipelineParallel,
         Field::PipelineSchedule,
         Field::Microbatches,
@@ -1053,6 +1102,11 @@ impl Field {
             Field::ContextParallel => "context parallelism",
             Field::ReshardAfterForward => "reshard after forward",
             Field::ShardEmbeddings => "embeddings as their own FSDP units",
+            Field::Fsdp1Sharding => "FSDP1 sharding strategy",
+            Field::Fsdp1Wrap => "FSDP1 wrapping",
+            Field::UseOrigParams => "FSDP1 use_orig_params",
+            Field::BackwardPrefetch => "FSDP1 backward prefetch",
+            Field::GpusPerNode => "GPUs per node",
             Field::PipelineParallel => "pipeline parallelism",
             Field::PipelineSchedule => "pipeline schedule",
             Field::Microbatches => "micro-batches",
@@ -1177,6 +1231,7 @@ text_fields! {
     NcclMib => parallel.nccl_mib,
     ReduceBucket => parallel.reduce_bucket,
     PrefetchBucket => parallel.prefetch_bucket,
+    GpusPerNode => parallel.gpus_per_node,
     GlobalBatch => parallel.global_batch,
 }
 
@@ -1237,7 +1292,11 @@ impl Field {
             | Field::KbitPrepare
             | Field::SequenceParallel
             | Field::LossParallel
-            | Field::ShardEmbeddings => &ON_OFF,
+            | Field::ShardEmbeddings
+            | Field::UseOrigParams => &ON_OFF,
+            Field::Fsdp1Sharding => keys_of!(Fsdp1Sharding),
+            Field::Fsdp1Wrap => keys_of!(Fsdp1Wrap),
+            Field::BackwardPrefetch => keys_of!(BackwardPrefetch),
             Field::Objective => keys_of!(ObjectiveKind),
             Field::Reference => keys_of!(Reference),
             Field::Generator => keys_of!(Generator),
@@ -1269,6 +1328,17 @@ impl PageState {
     pub fn travels(&self, field: Field) -> bool {
         if field == Field::SweepAxis {
             return self.sweep_axis != SweepAxis::Batch;
+        }
+        // FSDP1's settings, only with FSDP1 (links of the other engines stay as they were)
+        if matches!(
+            field,
+            Field::Fsdp1Sharding
+                | Field::Fsdp1Wrap
+                | Field::UseOrigParams
+                | Field::BackwardPrefetch
+                | Field::GpusPerNode
+        ) {
+            return self.parallel.sharding == Sharding::Fsdp1;
         }
         #[cfg(feature = "vision")]
         return self.vision.travels(field);
@@ -1356,6 +1426,10 @@ impl PageState {
             Field::Allocator => self.hardware.allocator as usize,
             Field::SequenceParallel => usize::from(!par.sequence_parallel),
             Field::ShardEmbeddings => usize::from(!par.shard_embeddings),
+            Field::UseOrigParams => usize::from(!par.use_orig_params),
+            Field::Fsdp1Sharding => par.fsdp1_sharding as usize,
+            Field::Fsdp1Wrap => par.fsdp1_wrap as usize,
+            Field::BackwardPrefetch => par.backward_prefetch as usize,
             Field::LossParallel => usize::from(!par.loss_parallel),
             Field::TpPlan => par.tp_plan as usize,
             Field::Offload => par.offload as usize,
@@ -1443,6 +1517,12 @@ impl PageState {
                     Field::Sharding => par.sharding = *Sharding::ALL.get(i)?,
                     Field::SequenceParallel => par.sequence_parallel = i == 0,
                     Field::ShardEmbeddings => par.shard_embeddings = i == 0,
+                    Field::UseOrigParams => par.use_orig_params = i == 0,
+                    Field::Fsdp1Sharding => par.fsdp1_sharding = *Fsdp1Sharding::ALL.get(i)?,
+                    Field::Fsdp1Wrap => par.fsdp1_wrap = *Fsdp1Wrap::ALL.get(i)?,
+                    Field::BackwardPrefetch => {
+                        par.backward_prefetch = *BackwardPrefetch::ALL.get(i)?
+                    }
                     Field::LossParallel => par.loss_parallel = i == 0,
                     Field::TpPlan => par.tp_plan = *TpPlan::ALL.get(i)?,
                     Field::PipelineSchedule => {
@@ -1631,7 +1711,7 @@ impl PageState {
         };
         // one loop over the table, in its order (that of the errors), where each count was
         // parsed by code of its own
-        let [context, reserve, margin, gpus, tp, cp, pp, microbatches, nccl, reduce_bucket, prefetch_bucket, global] =
+        let [context, reserve, margin, gpus, tp, cp, pp, microbatches, nccl, reduce_bucket, prefetch_bucket, gpus_per_node, global] =
             PLAN_COUNTS.map(|(field, max, what, zero_ok, optional)| {
                 let text = self.text(field).map_or("", String::as_str);
                 if optional && text.trim().is_empty() {
@@ -1639,18 +1719,20 @@ impl PageState {
                 }
                 check(field, parse_count(text, max, what, zero_ok)).map(Some)
             });
-        let [context, margin, gpus, tp, cp, pp, nccl, reduce_bucket, prefetch_bucket] = [
-            context,
-            margin,
-            gpus,
-            tp,
-            cp,
-            pp,
-            nccl,
-            reduce_bucket,
-            prefetch_bucket,
-        ]
-        .map(Option::flatten);
+        let [context, margin, gpus, tp, cp, pp, nccl, reduce_bucket, prefetch_bucket, gpus_per_node] =
+            [
+                context,
+                margin,
+                gpus,
+                tp,
+                cp,
+                pp,
+                nccl,
+                reduce_bucket,
+                prefetch_bucket,
+                gpus_per_node,
+            ]
+            .map(Option::flatten);
         // empty: one micro-batch per stage
         let microbatches = microbatches.and_then(|m| m.or(pp));
         let mut late = Vec::new();
@@ -1705,15 +1787,48 @@ impl PageState {
                 ));
             }
         }
+        // HYBRID_SHARD shards within a node and replicates across nodes: whole nodes
+        if let (Sharding::Fsdp1, Fsdp1Sharding::Hybrid, Some(n), Some(node)) = (
+            self.parallel.sharding,
+            self.parallel.fsdp1_sharding,
+            gpus,
+            gpus_per_node,
+        ) {
+            if n > node && n % node != 0 {
+                late.push((
+                    Field::GpusPerNode,
+                    FieldError::MustDivide {
+                        what: "the data-parallel GPUs",
+                        total: n,
+                    },
+                ));
+            }
+        }
         if self.parallel.offload != Offload::None
             && !matches!(
                 self.parallel.sharding,
-                Sharding::Fsdp2 | Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+                Sharding::Fsdp2
+                    | Sharding::Fsdp1
+                    | Sharding::Zero1
+                    | Sharding::Zero2
+                    | Sharding::Zero3
             )
         {
             late.push((
                 Field::Offload,
-                FieldError::Other("Offload needs FSDP2 or DeepSpeed ZeRO.".to_owned()),
+                FieldError::Other("Offload needs FSDP or DeepSpeed ZeRO.".to_owned()),
+            ));
+        }
+        // FSDP1's `CPUOffload` has one switch, `offload_params`, which moves the optimizer
+        // with them
+        if self.parallel.offload == Offload::Optimizer && self.parallel.sharding == Sharding::Fsdp1
+        {
+            late.push((
+                Field::Offload,
+                FieldError::Other(
+                    "FSDP1's CPUOffload moves the parameters with the optimizer: choose optimizer + parameters."
+                        .to_owned(),
+                ),
             ));
         }
         if self.parallel.offload == Offload::OptimizerAndParams
@@ -1735,7 +1850,7 @@ impl PageState {
             ep,
             global,
             (cp, pp, microbatches),
-            (nccl, reduce_bucket, prefetch_bucket),
+            (nccl, reduce_bucket, prefetch_bucket, gpus_per_node),
         ) {
             (
                 Some(cap),
@@ -1747,7 +1862,7 @@ impl PageState {
                 Some(ep),
                 Some(global),
                 (Some(cp), Some(pp), Some(microbatches)),
-                (Some(nccl), Some(reduce_bucket), Some(prefetch_bucket)),
+                (Some(nccl), Some(reduce_bucket), Some(prefetch_bucket), Some(gpus_per_node)),
             ) if errors.is_empty() => Ok(PlanInputs {
                 capacity_bytes: self.hardware.gpu.map(|_| cap * crate::BYTES_PER_MIB),
                 overheads: crate::Overheads {
@@ -1774,6 +1889,13 @@ impl PageState {
                 context_parallel: cp,
                 reshard_after_forward: self.parallel.reshard_after_forward,
                 shard_embeddings: self.parallel.shard_embeddings,
+                fsdp1: crate::Fsdp1 {
+                    sharding: self.parallel.fsdp1_sharding,
+                    wrap: self.parallel.fsdp1_wrap,
+                    use_orig_params: self.parallel.use_orig_params,
+                    backward_prefetch: self.parallel.backward_prefetch,
+                    gpus_per_node,
+                },
                 pipeline_parallel: pp,
                 pipeline_schedule: self.parallel.pipeline_schedule,
                 microbatches,

@@ -70,6 +70,64 @@ test('offload moves state to host RAM, shown beside the verdict', async () => {
   assert.ok(host > 19_000_000_000n && host < 21_000_000_000n, `${host}`);
   // DDP cannot offload: the field says so
   await choose(page, 'sharding', 'ddp');
-  assert.match(await page.getByTestId('offload-error').textContent(), /FSDP2 or DeepSpeed/);
+  assert.match(await page.getByTestId('offload-error').textContent(), /FSDP or DeepSpeed/);
+  await context.close();
+});
+
+test('FSDP1 as accelerate wraps a model: its strategy, units and prefetch move the figures', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin
+    + '/?m=arch&model=llama3.2-1b&b=2&s=2048&r=mixed-bf16&o=adamw&gc=full&gpu=h100-80&gpus=8');
+  const ddp = await bytesOf(page, 'total');
+  assert.equal(await page.getByTestId('fsdp1-sharding').count(), 0);
+  await choose(page, 'sharding', 'fsdp1');
+  // accelerate's defaults: FULL_SHARD, NO_WRAP (one unit: the whole model gathered from
+  // forward to the end of backward), no backward prefetch, use_orig_params off
+  assert.equal(await page.getByTestId('fsdp1-sharding').inputValue(), 'full');
+  assert.equal(await page.getByTestId('fsdp1-wrap').inputValue(), 'none');
+  assert.equal(await page.getByTestId('gpus-per-node').count(), 0);
+  const noWrap = await bytesOf(page, 'total');
+  assert.ok(noWrap < ddp, `${noWrap} >= ${ddp}`);
+  await choose(page, 'fsdp1-wrap', 'layers');
+  const layers = await bytesOf(page, 'total');
+  assert.ok(layers < noWrap, `${layers} >= ${noWrap}`);
+  // BACKWARD_PRE holds the next layer gathered beside the running one
+  await choose(page, 'backward-prefetch', 'pre');
+  const pre = await bytesOf(page, 'total');
+  assert.ok(pre > layers, `${pre} <= ${layers}`);
+  // SHARD_GRAD_OP keeps every layer gathered to its backward: as much as NO_WRAP's one unit
+  await choose(page, 'fsdp1-sharding', 'grad-op');
+  const gradOp = await bytesOf(page, 'total');
+  assert.ok(gradOp > pre, `${gradOp} <= ${pre}`);
+  // NO_SHARD: one GPU's step, without DDP's buckets
+  await choose(page, 'fsdp1-sharding', 'no-shard');
+  const noShard = await bytesOf(page, 'total');
+  assert.ok(noShard > gradOp && noShard < ddp, `${noShard}`);
+  // HYBRID_SHARD: sharded within a node of 4, between FULL_SHARD and NO_SHARD
+  await choose(page, 'fsdp1-sharding', 'hybrid');
+  await typeInto(page, 'gpus-per-node', '4');
+  const hybrid = await bytesOf(page, 'total');
+  assert.ok(hybrid > pre && hybrid < noShard, `${hybrid}`);
+  await typeInto(page, 'gpus-per-node', '3');
+  assert.match(await page.getByTestId('gpus-per-node-error').textContent(), /divide/);
+  await typeInto(page, 'gpus-per-node', '4');
+  assert.equal(await bytesOf(page, 'total'), hybrid);
+  // use_orig_params moves nothing (measured): the figures stay
+  await choose(page, 'use-orig-params', 'on');
+  assert.equal(await bytesOf(page, 'total'), hybrid);
+
+  // the link carries FSDP1's settings, and a fresh page shows the same figures
+  await urlSettled(page);
+  const params = new URL(page.url()).searchParams;
+  for (const [key, value] of [['shard', 'fsdp1'], ['f1s', 'hybrid'], ['f1w', 'layers'], ['bp', 'pre'], ['gpn', '4'], ['uop', 'on']]) {
+    assert.equal(params.get(key), value, key);
+  }
+  const again = await openPage(env.browser, page.url());
+  assert.equal(await bytesOf(again.page, 'total'), hybrid);
+  await again.context.close();
+  // the other engines' links do not carry them
+  await choose(page, 'sharding', 'fsdp2');
+  await urlSettled(page);
+  assert.equal(new URL(page.url()).searchParams.get('f1s'), null);
+  assert.deepEqual(errors, []);
   await context.close();
 });

@@ -25,7 +25,7 @@ pub(super) fn simple_step(
             optimizer_state_bytes: b.optimizer_states,
         },
         plan.sharding,
-        plan.num_gpus,
+        plan.shard_group(),
         0,
     );
     let peak_bytes = state
@@ -82,7 +82,7 @@ impl<'a> WholeState<'a> {
         root_gathered: u64,
         own_units: bool,
     ) -> Self {
-        let n = plan.num_gpus.max(1);
+        let n = dp.n;
         let whole_params = estimate.persistent(|c| c.parameters);
         let rank_params = units.root.saturating_add(units.layers).max(1);
         let gathered =
@@ -106,17 +106,19 @@ impl<'a> WholeState<'a> {
             0
         };
         let peft = match peft {
-            Some(p) if plan.sharding == Sharding::Fsdp2 && n > 1 => PeftAdditions::new(
-                p,
-                step.precision,
-                plan.reshard_after_forward,
-                units,
-                whole_params,
-                root_gathered,
-                own_units,
-                gathered,
-                n,
-            ),
+            Some(p) if matches!(plan.sharding, Sharding::Fsdp2 | Sharding::Fsdp1) && n > 1 => {
+                PeftAdditions::new(
+                    p,
+                    step.precision,
+                    super::fsdp1::reshard_after_forward(plan),
+                    units,
+                    whole_params,
+                    root_gathered,
+                    own_units,
+                    gathered,
+                    n,
+                )
+            }
             _ => PeftAdditions::default(),
         };
         WholeState {

@@ -10,8 +10,8 @@ use crate::{shard_model_state, Architecture, ShardedState, Sharding};
 #[derive(Clone, Copy)]
 pub(super) struct DataParallel {
     sharding: Sharding,
-    /// Data-parallel GPUs.
-    n: u64,
+    /// Data-parallel GPUs (FSDP1: those each parameter is split over).
+    pub n: u64,
     /// GPUs the routed experts are split over (1: none).
     pub ep: u64,
     /// The routed experts' parameters, and the model's.

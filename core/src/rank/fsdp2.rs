@@ -50,6 +50,8 @@ pub(crate) struct Fsdp2Rank {
     group: u64,
     /// [`Fsdp2Settings::own_units`].
     own_units: bool,
+    /// Layers gathered in backward: the running one, and the next one when prefetched.
+    backward_layers: u64,
 }
 
 /// How FSDP2 wraps and runs the model, beside the tape and its units.
@@ -66,6 +68,9 @@ pub(crate) struct Fsdp2Settings {
     /// The embeddings and the head are their own units: after the head's backward they
     /// reshard and reduce its gradient, so the layers' backward holds neither.
     pub own_units: bool,
+    /// The next layer's all-gather is issued before this layer's gradients are computed
+    /// (FSDP2 always; FSDP1 with `BACKWARD_PRE`): two layers gathered in backward.
+    pub backward_prefetch: bool,
 }
 
 impl Fsdp2Rank {
@@ -86,6 +91,7 @@ impl Fsdp2Rank {
             offloaded,
             root_gathered,
             own_units,
+            backward_prefetch,
         } = settings;
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
@@ -142,6 +148,7 @@ impl Fsdp2Rank {
             host_bytes,
             group,
             own_units,
+            backward_layers: if backward_prefetch { 2 } else { 1 },
         }
     }
 
@@ -223,13 +230,17 @@ impl Fsdp2Rank {
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
+            // (the last layer's all-gather output is the prefetched one: FSDP1 without
+            // `BACKWARD_PRE` holds none yet)
             BackwardMoment::Loss => CategoryBytes {
-                parameters: shards.saturating_add(self.layers_gathered(self.layer)),
+                parameters: shards.saturating_add(
+                    self.layers_gathered(self.layer.saturating_mul(self.backward_layers - 1)),
+                ),
                 gradients: self.accumulated(),
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
-            // a layer's weights gathered again and the previous layer's prefetched, its
+            // a layer's weights gathered again and (prefetched) the next one's, its
             // gradients on their way to the reduce-scatter; the layers behind it reduced
             // (their share of the tape's gradients, sharded)
             BackwardMoment::Layers => {
@@ -245,9 +256,9 @@ impl Fsdp2Rank {
                     (0, 0)
                 };
                 CategoryBytes {
-                    parameters: shards
-                        .saturating_sub(root)
-                        .saturating_add(self.layers_gathered(self.layer.saturating_mul(2))),
+                    parameters: shards.saturating_sub(root).saturating_add(
+                        self.layers_gathered(self.layer.saturating_mul(self.backward_layers)),
+                    ),
                     gradients: scale(s.gradient_bytes, c.gradients, self.tape_gradients)
                         .min(s.gradient_bytes),
                     optimizer_states: s.optimizer_state_bytes,
