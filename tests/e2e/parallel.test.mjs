@@ -78,13 +78,15 @@ test('FSDP1 as accelerate wraps a model: its strategy, units and prefetch move t
   const { page, errors, context } = await openPage(env.browser, env.server.origin
     + '/?m=arch&model=llama3.2-1b&b=2&s=2048&r=mixed-bf16&o=adamw&gc=full&gpu=h100-80&gpus=8');
   const ddp = await bytesOf(page, 'total');
-  assert.equal(await page.getByTestId('fsdp1-sharding').count(), 0);
+  await choose(page, 'sharding', 'ddp');
+  assert.ok(await page.getByTestId('fsdp1-sharding').isHidden());
   await choose(page, 'sharding', 'fsdp1');
+  assert.ok(await page.getByTestId('fsdp1-sharding').isVisible());
   // accelerate's defaults: FULL_SHARD, NO_WRAP (one unit: the whole model gathered from
   // forward to the end of backward), no backward prefetch, use_orig_params off
   assert.equal(await page.getByTestId('fsdp1-sharding').inputValue(), 'full');
   assert.equal(await page.getByTestId('fsdp1-wrap').inputValue(), 'none');
-  assert.equal(await page.getByTestId('gpus-per-node').count(), 0);
+  assert.ok(await page.getByTestId('gpus-per-node').isHidden());
   const noWrap = await bytesOf(page, 'total');
   assert.ok(noWrap < ddp, `${noWrap} >= ${ddp}`);
   await choose(page, 'fsdp1-wrap', 'layers');
