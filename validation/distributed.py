@@ -406,7 +406,16 @@ class FSDP1Tracker(_DebugDispatch, H.PhaseTrackerMixin, _mt.MemTracker):
 
 
 def _install_fsdp1_alloc_tags():
+    import torch.distributed.fsdp._flat_param as FP
     import torch.distributed.fsdp._runtime_utils as R
+
+    # FSDP1 tells storages apart by data_ptr(), which is 0 for every fake tensor: the same storage
+    # is its StorageImpl (_cdata), an allocated one has a non-zero size.
+    def _same_storage(a, b):
+        a, b = getattr(a, "_local_tensor", a), getattr(b, "_local_tensor", b)
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    FP._same_storage = _same_storage
+    FP._data_ptr_allocated = lambda t: t.untyped_storage().size() > 0
     orig = R._get_reduce_scatter_tensors
 
     def _get_reduce_scatter_tensors(state, unsharded_grad):
