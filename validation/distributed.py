@@ -58,6 +58,10 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
 DEBUG_C10D = os.environ.get("DIST_DEBUG_C10D") == "1"
+# Cross-check only (FSDP1.md): real tensors on a real gloo group, launched by torchrun (RANK, WORLD_SIZE,
+# MASTER_ADDR/PORT from the environment); the row is this rank's. Use --attn eager (the CUDA SDPA
+# emulation needs fake tensors).
+REAL_GLOO = os.environ.get("DIST_REAL_GLOO") == "1"
 DEBUG_BIG = int(os.environ.get("DIST_DEBUG_BIG", "0"))  # print outputs of at least this many bytes
 
 # Row category name -> FSDPMemTracker reference types
@@ -545,6 +549,14 @@ def measure(o):
     dp = world // (tp * cp)
     place = {"query": build_query(o, world), "rank": 0, "world_size": world,
              "mesh": {"dp": dp, "tp": tp, "cp": cp}}
+    if REAL_GLOO:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        place.update(rank=dist.get_rank(), process_group="gloo (real tensors)")
+        try:
+            return measure_rank(o, t0, place, *meshes(o.strategy, dp, tp, cp))
+        finally:
+            dist.destroy_process_group()
     with H.fake_world(world):
         return measure_rank(o, t0, place, *meshes(o.strategy, dp, tp, cp))
 
@@ -558,7 +570,7 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
     fsdp1 = o.strategy == "fsdp1"
     if (mixed or o.strategy == "tp") and o.precision == "mixed-bf16" and dp_mesh is None and not fsdp1:
         raise SystemExit("mixed-bf16 needs FSDP2 (MixedPrecisionPolicy)")
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = contextlib.nullcontext() if REAL_GLOO else FakeTensorMode(allow_non_fake_inputs=True)
     tied = None
     with fake:
         model = H.build_model(cfg, arch, o.attn, dtype)
@@ -662,7 +674,8 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         mp_policy=("param_dtype=bf16,reduce_dtype=bf16,buffer_dtype=bf16" if fsdp1 else
                    "param_dtype=bf16,reduce_dtype=fp32") if mixed else None,
         tp_plan="torchtitan-llama (HF names)" if tp_mesh is not None else None,
-        tied_embeddings=tied, process_group="fake", lora_rank=o.lora or None,
+        tied_embeddings=tied, process_group="gloo (real tensors)" if REAL_GLOO else "fake",
+        lora_rank=o.lora or None,
         shard_embeddings=bool(o.shard_embeddings) or None,
         dtensor_prop_isolated=not o.naive_prop,
         **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
@@ -676,6 +689,8 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
             "offload": bool(o.offload), "limit_all_gathers": True, "forward_prefetch": False,
             "sync_module_states": False, "gc_impl": "hf gradient_checkpointing_enable before wrapping"}
            if fsdp1 else {}))
+    if REAL_GLOO:
+        config["mode"] = "real-cpu"
     row = H.rank_row(config, place, H.versions(), n_params, step, t0, mt.CATS, state)
     if fsdp1 and o.offload:
         # device-resident model state only: the fp32 shards, their grads and AdamW's states are on the host
