@@ -443,6 +443,21 @@ def _install_fsdp1_alloc_tags():
             if t is not None and g is not None:
                 t._update_and_maybe_create_winfos(g, _mt._MemRefType.GRAD)
         return wrapped
+    # CPUOffload + use_orig_params: _writeback_orig_params (pre_unshard) writes the original
+    # parameters' gradients back into a new flat gradient, torch.zeros_like(flat_param), and the
+    # sharded flat_param lives on the host then: host memory.
+    orig_wb = FP.FlatParamHandle._writeback_orig_params
+
+    def _writeback_orig_params(self):
+        if not self._offload_params:
+            return orig_wb(self)
+        prev = FSDP1Tracker.force_ref
+        FSDP1Tracker.force_ref = F1Ref.HOST
+        try:
+            return orig_wb(self)
+        finally:
+            FSDP1Tracker.force_ref = prev
+    FP.FlatParamHandle._writeback_orig_params = _writeback_orig_params
     R._reduce_grad = after(R._reduce_grad)
     R._reduce_grad_no_shard = after(R._reduce_grad_no_shard)
 
