@@ -420,6 +420,21 @@ def _install_fsdp1_alloc_tags():
         return a.untyped_storage()._cdata == b.untyped_storage()._cdata
     FP._same_storage = _same_storage
     FP._data_ptr_allocated = lambda t: t.untyped_storage().size() > 0
+
+    def _catch_all_reshard(state):
+        # _runtime_utils._catch_all_reshard with its "already resharded" test (flat_param.data_ptr()
+        # == _local_shard.data_ptr(), always true on fake tensors) done on the storages: a unit
+        # whose post-backward hook never ran (a root whose parameters are all frozen: LoRA) is
+        # resharded at the end of backward as on a GPU.
+        h = state._handle
+        if not h:
+            return
+        fp = h.flat_param
+        if fp.untyped_storage()._cdata == fp._local_shard.untyped_storage()._cdata \
+                and fp.storage_offset() == fp._local_shard.storage_offset() and not h._skipped_use_sharded_views:
+            return
+        R._reshard(state, h, R._should_free_in_backward(state, h))
+    R._catch_all_reshard = _catch_all_reshard
     orig = R._get_reduce_scatter_tensors
 
     def _get_reduce_scatter_tensors(state, unsharded_grad):
@@ -609,6 +624,8 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
             apply_fsdp(model, dp_mesh, bool(o.raf), mixed, bool(o.shard_embeddings))
         if fsdp1:
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            if o.lora and not o.use_orig_params:
+                raise SystemExit("FSDP1 + LoRA needs --use-orig-params 1 (frozen and trainable params in one flat param)")
             if o.offload:
                 # CPUOffload pins the host shard and _cpu_grad (pin_memory: no fake kernel); the copy is
                 # host memory either way: keep the tensor itself
