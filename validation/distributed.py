@@ -772,7 +772,8 @@ def parser():
 
 def main(argv=None):
     o = parser().parse_args(argv)
-    done = H.dispatch(o, __file__, argv_of, main, entry_of=entry_of)
+    done = H.dispatch(o, __file__, argv_of, main, entry_of=entry_of,
+                      model_grid=os.path.join(_HERE, "grid-fsdp1.json"))  # llama3.2-1b -> configs/llama-1b.json
     if done is not None:
         return done
     if not o.config:
