@@ -20,6 +20,9 @@ The distributed part:
     Tracker: torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker with the harness's phase API
     (harness.PhaseTrackerMixin; categories sharded / unsharded params and grads, all-gather and
     reduce-scatter buffers) and rounding.
+  * FSDP1 (--strategy fsdp1): FullyShardedDataParallel as accelerate 1.x wraps it (fsdp1_kwargs; sharding
+    strategy, decoder-layer or no wrap, use_orig_params, backward prefetch, MixedPrecision(bf16, bf16, bf16),
+    CPUOffload), tracker FSDP1Tracker; see validation/FSDP1.md.
   * TP: torchtitan's (pre-0.3) Llama plan on the HF module names via parallelize_module (see
     apply_tp); optional sequence parallel (sp) and loss parallel (lp, around the loss and the
     backward). Tracker: harness.PhaseTracker (a MemTracker: it lets DTensor desugar and counts only
