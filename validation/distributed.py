@@ -20,6 +20,9 @@ The distributed part:
     Tracker: torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker with the harness's phase API
     (harness.PhaseTrackerMixin; categories sharded / unsharded params and grads, all-gather and
     reduce-scatter buffers) and rounding.
+  * FSDP1 (--strategy fsdp1): FullyShardedDataParallel as accelerate 1.x wraps it (fsdp1_kwargs; sharding
+    strategy, decoder-layer or no wrap, use_orig_params, backward prefetch, MixedPrecision(bf16, bf16, bf16),
+    CPUOffload), tracker FSDP1Tracker; see validation/FSDP1.md.
   * TP: torchtitan's (pre-0.3) Llama plan on the HF module names via parallelize_module (see
     apply_tp); optional sequence parallel (sp) and loss parallel (lp, around the loss and the
     backward). Tracker: harness.PhaseTracker (a MemTracker: it lets DTensor desugar and counts only
@@ -58,6 +61,10 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
 DEBUG_C10D = os.environ.get("DIST_DEBUG_C10D") == "1"
+# Cross-check only (FSDP1.md): real tensors on a real gloo group, launched by torchrun (RANK, WORLD_SIZE,
+# MASTER_ADDR/PORT from the environment); the row is this rank's. Use --attn eager (the CUDA SDPA
+# emulation needs fake tensors).
+REAL_GLOO = os.environ.get("DIST_REAL_GLOO") == "1"
 DEBUG_BIG = int(os.environ.get("DIST_DEBUG_BIG", "0"))  # print outputs of at least this many bytes
 
 # Row category name -> FSDPMemTracker reference types
@@ -243,6 +250,236 @@ def apply_fsdp(model, dp_mesh, raf, mp, shard_embeddings=False):
     # it uses the same setting (the last layers are not resharded anyway: backward starts there).
     fully_shard(model, reshard_after_forward=raf, **kw)
 
+F1_SHARDING = {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP", "hybrid": "HYBRID_SHARD", "no-shard": "NO_SHARD"}
+F1_PREFETCH = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+
+
+def fsdp1_kwargs(model, o, mixed, world):
+    """FullyShardedDataParallel(model, **kwargs) as accelerate 1.x builds them for fsdp_version=1
+    (accelerator.py prepare_model, FullyShardedDataParallelPlugin.__post_init__ /
+    set_auto_wrap_policy / set_mixed_precision): sharding_strategy, cpu_offload, auto_wrap_policy
+    (transformer_auto_wrap_policy on the model's _no_split_modules classes, or None = NO_WRAP),
+    mixed_precision (mixed_precision="bf16": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16,
+    buffer_dtype=bf16)), sync_module_states, backward_prefetch, forward_prefetch=False,
+    use_orig_params, limit_all_gathers=True, device_id (here the CPU: the fake world's device)."""
+    import functools
+    from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy)
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    wrap = None
+    if o.fsdp1_wrap == "layers":
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        names = list(getattr(base, "_no_split_modules", None) or [])
+        classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+        wrap = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+    bp = F1_PREFETCH[o.backward_prefetch]
+    kw = {"sharding_strategy": ShardingStrategy[F1_SHARDING[o.fsdp1_sharding]],
+          "cpu_offload": CPUOffload(offload_params=bool(o.offload)),
+          "auto_wrap_policy": wrap,
+          "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                                            buffer_dtype=torch.bfloat16) if mixed else None,
+          "sync_module_states": False,
+          "backward_prefetch": BackwardPrefetch[bp] if bp else None,
+          "forward_prefetch": False,
+          "use_orig_params": bool(o.use_orig_params),
+          "limit_all_gathers": True,
+          "device_id": torch.device("cpu")}
+    if o.fsdp1_sharding == "hybrid":
+        gpn = o.gpus_per_node
+        if world % gpn:
+            raise SystemExit("--gpus-per-node must divide the world")
+        # FSDP1's HYBRID_SHARD with a 2-D mesh: dim 0 replicates (across nodes), dim 1 shards (in a node)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        with unset_fake_temporarily():  # the mesh's rank tensor must be real
+            kw["device_mesh"] = H.device_mesh({"replicate": world // gpn, "shard": gpn})
+    return kw
+
+
+class F1Ref(_mt._RefType):
+    """FSDP1's own buffers (tagged at tracker entry or at allocation; see FSDP1Tracker)."""
+    UNSHARDED_PARAM = "Unsharded Param"   # _full_param_padded (the all-gather destination)
+    LOWP_SHARD = "Low-precision Shard"    # _mp_shard (mixed precision: the bf16 copy of the local shard)
+    REDUCE_SCATTER = "Reduce-scatter"     # padded unsharded grad / new sharded grad in _reduce_grad
+    HOST = "Host"                         # CPUOffload: host-resident tensors (not device memory)
+
+
+_F1_CATS = [
+    ("parameter", _mt._MemRefType.PARAM),
+    ("unsharded_param", F1Ref.UNSHARDED_PARAM),
+    ("lowp_shard", F1Ref.LOWP_SHARD),
+    ("buffer", _mt._MemRefType.BUFFER),
+    ("gradient", _mt._MemRefType.GRAD),
+    ("reduce_scatter", F1Ref.REDUCE_SCATTER),
+    ("activation", _mt._MemRefType.ACT),
+    ("temp", _mt._MemRefType.TEMP),
+    ("optstate", _mt._MemRefType.OPT),
+    ("other", _mt._MemRefType.OTH),
+]
+
+
+class FSDP1Tracker(_DebugDispatch, H.PhaseTrackerMixin, _mt.MemTracker):
+    """MemTracker for FSDP1 with its buffers in their own categories. FSDP1 allocates its
+    unsharded flat parameter (`_full_param_padded`) and low-precision shard (`_mp_shard`) once, at
+    lazy init (the warm-up step), and afterwards only resizes their storages
+    (`_alloc_storage` / `_free_storage`: `UntypedStorage.resize_`, which MemTracker patches): so
+    they are registered at entry (`track_fsdp1`), at their current (usually 0) size. The
+    reduce-scatter tensors of `_reduce_grad` are tagged at allocation. With CPUOffload the
+    host-resident tensors (the fp32 local shard, `_cpu_grad`, AdamW's states and the optimizer
+    step, which runs on the CPU) are under F1Ref.HOST, outside the totals and the peak."""
+    CATS = _F1_CATS
+    force_ref = None
+    offload = False
+    current = None
+
+    def __init__(self):
+        super().__init__()
+        self._ref_class = list(_mt._MemRefType) + list(F1Ref)
+        FSDP1Tracker.current = self
+
+    def _track(self, reftype, t):
+        ref = FSDP1Tracker.force_ref or reftype
+        if self.offload and self._in_opt:
+            ref = F1Ref.HOST
+        return super()._track(ref, t)
+
+    def _update_peak_stats(self, peak_state):
+        for dev, dev_snap in self._curr_mem_snap.items():
+            dev_total = dev_snap[_mt._TOTAL_KEY] - dev_snap.get(F1Ref.HOST, 0)
+            if self._peak_mem.get(dev, 0) < dev_total:
+                self._peak_mem[dev] = dev_total
+                self._peak_mem_snap[dev] = dict(dev_snap)
+
+    def reset_peak(self):
+        s = self.get_tracker_snapshot("current")
+        self._peak_mem = {d: v[_mt._TOTAL_KEY] - v.get(F1Ref.HOST, 0) for d, v in s.items()}
+        self._peak_mem_snap = s
+
+    _STICKY = (F1Ref.UNSHARDED_PARAM, F1Ref.LOWP_SHARD, F1Ref.HOST)
+
+    def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
+        # MemTracker re-tags a module's parameters (PARAM) at each pre-forward and gradients (GRAD)
+        # in its hooks: FSDP1's original parameters are views into _full_param_padded / _mp_shard /
+        # the host shard, whose tags stay.
+        if reftype not in F1Ref:
+            for st in _mt.get_untyped_storages(t):
+                w = self._WINFO.get(st, (None, None))[0]
+                if w is not None and w.reftype in self._STICKY:
+                    return {w}
+        return super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        # FSDP1 with use_orig_params swaps the original parameters for plain (non-leaf) views of the
+        # unsharded flat parameter during forward: no gradient hooks on those (FSDP1's own flat
+        # parameters are leaves and keep theirs).
+        pm = 0
+        for p in module.parameters():
+            w = self._update_and_maybe_create_winfos(p, _mt._MemRefType.PARAM)
+            pm += sum(x.mem_consumed for x in w)
+            if p.is_leaf and p.grad is not None:
+                self._update_and_maybe_create_winfos(p.grad, _mt._MemRefType.GRAD)
+            if p.is_leaf and p.requires_grad and install_grad_hooks \
+                    and self._param_to_grad_hook_handles.get(p, None) is None:
+                def hook(g):
+                    self._update_and_maybe_create_winfos(g, _mt._MemRefType.GRAD)
+                self._param_to_grad_hook_handles[p] = (
+                    p.register_hook(hook),
+                    p.register_post_accumulate_grad_hook(lambda q: hook(q.grad)))
+        bm = 0
+        for b in module.buffers():
+            bm += sum(x.mem_consumed for x in self._update_and_maybe_create_winfos(b, _mt._MemRefType.BUFFER))
+        return pm, bm
+
+    def tag(self, t, ref):
+        if t is not None and isinstance(t, torch.Tensor):
+            self._update_and_maybe_create_winfos(t, ref)
+
+    def track_fsdp1(self, model, opt, inputs):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        self.track_external(model, opt, *[t for t in inputs if t is not None])
+        for m in FSDP.fsdp_modules(model):
+            for h in ([m._handle] if m._handle is not None else []):
+                fp = h.flat_param
+                self.tag(getattr(fp, "_full_param_padded", None), F1Ref.UNSHARDED_PARAM)
+                self.tag(getattr(fp, "_full_prec_full_param_padded", None), F1Ref.UNSHARDED_PARAM)
+                self.tag(getattr(fp, "_mp_shard", None), F1Ref.LOWP_SHARD)
+                if h._offload_params:
+                    self.tag(fp._local_shard, F1Ref.HOST)
+                    self.tag(getattr(fp, "_cpu_grad", None), F1Ref.HOST)
+                else:
+                    self.tag(fp._local_shard, _mt._MemRefType.PARAM)
+        if self.offload:
+            for s in opt.state.values():
+                for v in s.values():
+                    self.tag(v, F1Ref.HOST)
+
+
+def _install_fsdp1_alloc_tags():
+    import torch.distributed.fsdp._flat_param as FP
+    import torch.distributed.fsdp._runtime_utils as R
+
+    # FSDP1 tells storages apart by data_ptr(), which is 0 for every fake tensor: the same storage
+    # is its StorageImpl (_cdata), an allocated one has a non-zero size.
+    def _same_storage(a, b):
+        a, b = getattr(a, "_local_tensor", a), getattr(b, "_local_tensor", b)
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    FP._same_storage = _same_storage
+    FP._data_ptr_allocated = lambda t: t.untyped_storage().size() > 0
+
+    def _catch_all_reshard(state):
+        # _runtime_utils._catch_all_reshard with its "already resharded" test (flat_param.data_ptr()
+        # == _local_shard.data_ptr(), always true on fake tensors) done on the storages: a unit
+        # whose post-backward hook never ran (a root whose parameters are all frozen: LoRA) is
+        # resharded at the end of backward as on a GPU.
+        h = state._handle
+        if not h:
+            return
+        fp = h.flat_param
+        if fp.untyped_storage()._cdata == fp._local_shard.untyped_storage()._cdata \
+                and fp.storage_offset() == fp._local_shard.storage_offset() and not h._skipped_use_sharded_views:
+            return
+        R._reshard(state, h, R._should_free_in_backward(state, h))
+    R._catch_all_reshard = _catch_all_reshard
+    orig = R._get_reduce_scatter_tensors
+
+    def _get_reduce_scatter_tensors(state, unsharded_grad):
+        prev = FSDP1Tracker.force_ref
+        FSDP1Tracker.force_ref = F1Ref.REDUCE_SCATTER
+        try:
+            return orig(state, unsharded_grad)
+        finally:
+            FSDP1Tracker.force_ref = prev
+    R._get_reduce_scatter_tensors = _get_reduce_scatter_tensors
+
+    def after(fn):
+        def wrapped(state, handle):
+            fn(state, handle)
+            # the new sharded gradient (or NO_SHARD's all-reduced one) is now flat_param.grad
+            t = FSDP1Tracker.current
+            fp = handle.flat_param
+            # sharded strategies: _saved_grad_shard (flat_param.grad from _finalize_params on)
+            g = getattr(fp, "_saved_grad_shard", None)
+            g = fp.grad if g is None else g
+            if t is not None and g is not None:
+                t._update_and_maybe_create_winfos(g, _mt._MemRefType.GRAD)
+        return wrapped
+    # CPUOffload + use_orig_params: _writeback_orig_params (pre_unshard) writes the original
+    # parameters' gradients back into a new flat gradient, torch.zeros_like(flat_param), and the
+    # sharded flat_param lives on the host then: host memory.
+    orig_wb = FP.FlatParamHandle._writeback_orig_params
+
+    def _writeback_orig_params(self):
+        if not self._offload_params:
+            return orig_wb(self)
+        prev = FSDP1Tracker.force_ref
+        FSDP1Tracker.force_ref = F1Ref.HOST
+        try:
+            return orig_wb(self)
+        finally:
+            FSDP1Tracker.force_ref = prev
+    FP.FlatParamHandle._writeback_orig_params = _writeback_orig_params
+    R._reduce_grad = after(R._reduce_grad)
+    R._reduce_grad_no_shard = after(R._reduce_grad_no_shard)
+
+
 # ----------------------------------------------------------------------------------------------
 # Measurement
 # ----------------------------------------------------------------------------------------------
@@ -252,16 +489,24 @@ def build_query(o, world):
         q["model"] = o.preset
     q.update({"b": o.batch, "s": o.seq, "r": o.precision.replace("_", "-"), "o": "adamw",
               "gc": "full" if o.gc else "none", "attn": o.attn, "n": world})
-    shard = "fsdp2" if o.strategy in ("fsdp2", "fsdp2-tp", "fsdp2-cp") else "ddp"
+    shard = "fsdp2" if o.strategy in ("fsdp2", "fsdp2-tp", "fsdp2-cp") else (
+        "fsdp1" if o.strategy == "fsdp1" else "ddp")
     q["shard"] = shard
     q["tp"] = o.tp if o.strategy in ("tp", "fsdp2-tp") else 1
     q["sp"] = int(bool(o.sp))
     q["lp"] = int(bool(o.lp))
     if shard == "fsdp2":
         q["raf"] = int(bool(o.raf))
+    if shard == "fsdp1":
+        q["f1s"] = o.fsdp1_sharding
+        q["f1w"] = o.fsdp1_wrap
+        q["uop"] = int(bool(o.use_orig_params))
+        q["bp"] = o.backward_prefetch
+        if o.fsdp1_sharding == "hybrid":
+            q["gpn"] = o.gpus_per_node
     q["cp"] = o.cp if o.strategy in ("cp", "fsdp2-cp") else 1
     q["ep"] = 1
-    q["off"] = "none"
+    q["off"] = "optimizer+params" if o.strategy == "fsdp1" and o.offload else "none"
     if o.shard_embeddings:
         q["fse"] = "on"
     if o.lora:
@@ -299,6 +544,8 @@ def meshes(strategy, dp, tp, cp):
     """(dp_mesh, tp_mesh, cp_mesh) of `strategy` over the fake world (None where unused)."""
     if strategy == "fsdp2":
         return H.device_mesh({"dp": dp}), None, None
+    if strategy == "fsdp1":
+        return None, None, None  # FullyShardedDataParallel on the default group (or its own mesh: hybrid)
     if strategy == "tp":
         if dp != 1:
             raise SystemExit("--strategy tp: world must equal tp")
@@ -322,6 +569,7 @@ def measure(o):
     if not o.naive_prop:
         H.isolate_sharding_propagation()
     _install_fsdp_alloc_tags()
+    _install_fsdp1_alloc_tags()
     H.mesh_outside_fake()
 
     t0 = time.time()
@@ -334,6 +582,14 @@ def measure(o):
     dp = world // (tp * cp)
     place = {"query": build_query(o, world), "rank": 0, "world_size": world,
              "mesh": {"dp": dp, "tp": tp, "cp": cp}}
+    if REAL_GLOO:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        place.update(rank=dist.get_rank(), process_group="gloo (real tensors)")
+        try:
+            return measure_rank(o, t0, place, *meshes(o.strategy, dp, tp, cp))
+        finally:
+            dist.destroy_process_group()
     with H.fake_world(world):
         return measure_rank(o, t0, place, *meshes(o.strategy, dp, tp, cp))
 
@@ -344,9 +600,10 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
     mixed = o.precision == "mixed-bf16"
     amp = o.precision == "amp_bf16"
     dtype = torch.bfloat16 if o.precision == "bf16" else torch.float32
-    if (mixed or o.strategy == "tp") and o.precision == "mixed-bf16" and dp_mesh is None:
+    fsdp1 = o.strategy == "fsdp1"
+    if (mixed or o.strategy == "tp") and o.precision == "mixed-bf16" and dp_mesh is None and not fsdp1:
         raise SystemExit("mixed-bf16 needs FSDP2 (MixedPrecisionPolicy)")
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = contextlib.nullcontext() if REAL_GLOO else FakeTensorMode(allow_non_fake_inputs=True)
     tied = None
     with fake:
         model = H.build_model(cfg, arch, o.attn, dtype)
@@ -368,6 +625,19 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
             tied = apply_tp(model, tp_mesh, o.sp, o.lp)
         if dp_mesh is not None:
             apply_fsdp(model, dp_mesh, bool(o.raf), mixed, bool(o.shard_embeddings))
+        if fsdp1:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            if o.lora and not o.use_orig_params:
+                raise SystemExit("FSDP1 + LoRA needs --use-orig-params 1 (frozen and trainable params in one flat param)")
+            if o.offload:
+                # CPUOffload pins the host shard and _cpu_grad (pin_memory: no fake kernel); the copy is
+                # host memory either way: keep the tensor itself
+                torch.Tensor.pin_memory = lambda self, *a, **k: self
+                # _post_backward_final_callback synchronizes the current stream (torch.cpu.Stream has no
+                # synchronize: CPU work is synchronous)
+                if not hasattr(torch.cpu.Stream, "synchronize"):
+                    torch.cpu.Stream.synchronize = lambda self: None
+            model = FSDP(model, **fsdp1_kwargs(model, o, mixed, o.world))
         ids = torch.randint(0, H.text_vocab(cfg), (o.batch, o.seq), dtype=torch.long)
         labels = ids
         # with SP the embedding output is (B, S/tp, H): HF would derive the positions from it
@@ -403,7 +673,11 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
                 "train_ctx": cp_context(cp_mesh, [ids, labels, pos], o) if cp_mesh is not None else None}
         H.warm_up(fwd, opt, True, **ctxs)  # untracked: optimizer states, FSDP lazy init
 
-        if dp_mesh is not None:
+        if fsdp1:
+            mt = FSDP1Tracker()
+            mt.offload = bool(o.offload)
+            mt.track_fsdp1(model, opt, (ids, shift_labels, pos) + ((labels,) if labels is not ids else ()))
+        elif dp_mesh is not None:
             mt = FSDPTracker(model, opt)
             mt.track_inputs((ids, shift_labels, pos) + ((labels,) if labels is not ids else ()))
         else:
@@ -429,20 +703,33 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
     # `tracker` replaces base_config's value in place (the key keeps its position)
     config = H.base_config(
         o.model_name, o.batch, o.seq, o.precision, "adamw", o.attn, o.gc,
-        tracker="fsdp2memtracker" if dp_mesh is not None else "memtracker",
+        tracker="fsdp2memtracker" if dp_mesh is not None else ("memtracker-fsdp1" if fsdp1 else "memtracker"),
         strategy=o.strategy, sp=bool(o.sp), lp=bool(o.lp),
         reshard_after_forward=bool(o.raf) if dp_mesh is not None else None,
-        mp_policy="param_dtype=bf16,reduce_dtype=fp32" if mixed else None,
+        mp_policy=("param_dtype=bf16,reduce_dtype=bf16,buffer_dtype=bf16" if fsdp1 else
+                   "param_dtype=bf16,reduce_dtype=fp32") if mixed else None,
         tp_plan="torchtitan-llama (HF names)" if tp_mesh is not None else None,
-        tied_embeddings=tied, process_group="fake", lora_rank=o.lora or None,
+        tied_embeddings=tied, process_group="gloo (real tensors)" if REAL_GLOO else "fake",
+        lora_rank=o.lora or None,
         shard_embeddings=bool(o.shard_embeddings) or None,
         dtensor_prop_isolated=not o.naive_prop,
         **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
             "cp_rotate_method": o.cp_rotate,
             "cp_buffers": "input_ids, labels, position_ids (seq dim 1)",
             "loss": "hf (labels = the local slice, shifted by HF within it)"}
-           if cp_mesh is not None else {}))
+           if cp_mesh is not None else {}),
+        **({"fsdp1_sharding": o.fsdp1_sharding, "fsdp1_wrap": o.fsdp1_wrap,
+            "use_orig_params": bool(o.use_orig_params), "backward_prefetch": o.backward_prefetch,
+            "gpus_per_node": o.gpus_per_node if o.fsdp1_sharding == "hybrid" else None,
+            "offload": bool(o.offload), "limit_all_gathers": True, "forward_prefetch": False,
+            "sync_module_states": False, "gc_impl": "hf gradient_checkpointing_enable before wrapping"}
+           if fsdp1 else {}))
+    if REAL_GLOO:
+        config["mode"] = "real-cpu"
     row = H.rank_row(config, place, H.versions(), n_params, step, t0, mt.CATS, state)
+    if fsdp1 and o.offload:
+        # device-resident model state only: the fp32 shards, their grads and AdamW's states are on the host
+        row["host_bytes_end"] = int(sum(v.get(F1Ref.HOST, 0) for v in mt.get_tracker_snapshot("current").values()))
     row["sdpa_kernels"] = dict(H.SDPA_LOG)
     return row
 
@@ -452,7 +739,16 @@ def parser():
     ap.add_argument("--config")
     ap.add_argument("--model-name")
     ap.add_argument("--preset", help="the estimator's preset key for the query (else config_file)")
-    ap.add_argument("--strategy", choices=["fsdp2", "tp", "fsdp2-tp", "cp", "fsdp2-cp"], default="fsdp2")
+    ap.add_argument("--strategy", choices=["fsdp2", "fsdp1", "tp", "fsdp2-tp", "cp", "fsdp2-cp"], default="fsdp2")
+    ap.add_argument("--fsdp1-sharding", choices=list(F1_SHARDING), default="full",
+                    help="FSDP1 ShardingStrategy: FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD / NO_SHARD")
+    ap.add_argument("--gpus-per-node", type=int, default=8, help="FSDP1 hybrid: ranks per shard group")
+    ap.add_argument("--fsdp1-wrap", choices=["layers", "none"], default="layers",
+                    help="accelerate's TRANSFORMER_BASED_WRAP (decoder layers) or NO_WRAP (one unit)")
+    ap.add_argument("--use-orig-params", type=int, default=1, help="FSDP1 use_orig_params (1/0)")
+    ap.add_argument("--backward-prefetch", choices=list(F1_PREFETCH), default="pre",
+                    help="FSDP1 backward_prefetch (accelerate's and the HF Trainer's default: none)")
+    ap.add_argument("--offload", type=int, default=0, help="FSDP1 CPUOffload(offload_params=True) (1/0)")
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1, help="context-parallel degree (--strategy cp / fsdp2-cp)")
@@ -479,7 +775,8 @@ def parser():
 
 def main(argv=None):
     o = parser().parse_args(argv)
-    done = H.dispatch(o, __file__, argv_of, main, entry_of=entry_of)
+    done = H.dispatch(o, __file__, argv_of, main, entry_of=entry_of,
+                      model_grid=os.path.join(_HERE, "grid-fsdp1.json"))  # llama3.2-1b -> configs/llama-1b.json
     if done is not None:
         return done
     if not o.config:
@@ -502,8 +799,10 @@ FLAGS = {"model": "--model-name", "preset": "--preset", "strategy": "--strategy"
          "tp": "--tp", "cp": "--cp", "cp_lb": "--cp-lb", "cp_rotate": "--cp-rotate", "sp": "--sp", "lp": "--lp",
          "raf": "--raf", "batch": "--batch", "seq": "--seq", "precision": "--precision", "attn": "--attn",
          "gc": "--gc", "naive_prop": "--naive-prop", "lora": "--lora",
-         "shard_embeddings": "--shard-embeddings"}
-INT_SWITCHES = ("cp_lb", "sp", "lp", "raf", "shard_embeddings")  # flags taking 1/0
+         "shard_embeddings": "--shard-embeddings", "fsdp1_sharding": "--fsdp1-sharding",
+         "gpus_per_node": "--gpus-per-node", "fsdp1_wrap": "--fsdp1-wrap", "use_orig_params": "--use-orig-params",
+         "backward_prefetch": "--backward-prefetch", "offload": "--offload"}
+INT_SWITCHES = ("cp_lb", "sp", "lp", "raf", "shard_embeddings", "use_orig_params", "offload")  # flags taking 1/0
 
 
 def argv_of(entry):
