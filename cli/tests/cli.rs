@@ -1578,7 +1578,7 @@ fn embeddings_as_their_own_fsdp_units() {
 }
 
 /// The notes the page shows beside the model come with the figures: CPU offload asked for
-/// with LoRA is said to be left out of them.
+/// with LoRA says how its figures are known.
 #[test]
 fn the_page_s_notes_come_with_the_figures() {
     let base = [
@@ -1598,7 +1598,7 @@ fn the_page_s_notes_come_with_the_figures() {
         offloaded[0]
             .as_str()
             .unwrap()
-            .starts_with("CPU offload is modelled for full"),
+            .starts_with("CPU offload with LoRA or QLoRA was measured under FSDP1"),
         "{offloaded}"
     );
     let (code, stdout, _) = memest(&with(&base, &["--offload", "optimizer+params"]));

@@ -1709,7 +1709,10 @@ mod tests {
         assert!(decoded.notices.is_empty(), "{:?}", decoded.notices);
         let state = decoded.state;
         assert_eq!(state.parallel.fsdp1_sharding, crate::Fsdp1Sharding::Hybrid);
-        assert_eq!(state.parallel.backward_prefetch, crate::BackwardPrefetch::Post);
+        assert_eq!(
+            state.parallel.backward_prefetch,
+            crate::BackwardPrefetch::Post
+        );
         let link = crate::encode_query(&state);
         for key in ["f1s=hybrid", "f1w=layers", "uop=on", "bp=post", "gpn=8"] {
             assert!(link.contains(key), "{key} in {link}");
@@ -1729,7 +1732,10 @@ mod tests {
         odd.set(Field::Sharding, "fsdp1").expect("fsdp1");
         odd.set(Field::GpusPerNode, "6").expect("6");
         let errors = odd.plan_inputs().expect_err("6 does not divide 16");
-        assert!(errors.iter().any(|(f, _)| *f == Field::GpusPerNode), "{errors:?}");
+        assert!(
+            errors.iter().any(|(f, _)| *f == Field::GpusPerNode),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -173,16 +173,19 @@ pub(crate) fn shard_step(
                     &beside,
                 ),
             }?;
-            let model_state = match &engine {
-                Some(e) => e.state(),
-                None => whole.state(estimate),
+            let (model_state, host_bytes) = match &engine {
+                Some(e) => (e.state(), e.host_bytes()),
+                None => {
+                    let (gpu, host) = whole.state(estimate);
+                    (gpu, host.total())
+                }
             };
             Ok(peak.step_memory(&StepFacts {
                 estimate,
                 trains: step.optimizer.trains(),
                 beside: &beside,
                 model_state,
-                host_bytes: engine.as_ref().map_or(0, RankEngine::host_bytes),
+                host_bytes,
                 with_parts,
                 mesh,
             }))

@@ -184,7 +184,7 @@ pub fn parse_page(state: &PageState) -> Page {
                 if state.training.method != crate::Method::Full
                     && state.parallel.offload != crate::Offload::None
                 {
-                    notes.push(OFFLOAD_NOT_FOR_ADAPTERS);
+                    notes.push(OFFLOAD_WITH_ADAPTERS);
                 }
                 notes
             })
@@ -207,9 +207,9 @@ const NOT_A_CAUSAL_LM_LOSS: &str = "The trainers' losses are for next-token pred
 /// Said when a model outside the measured families is compiled.
 const COMPILE_MEASURED_ON: &str = "torch.compile is modelled from Llama, Qwen3, GPT-2, Mistral, Phi-3, Gemma 3 and Qwen3-MoE measurements (validation/COMPILE.md): this model's norms, activations, residual adds, experts and loss follow the same rules; its other parts (other routers, eager attention, other heads) keep eager's.";
 
-/// Said when CPU offload is asked for with LoRA or QLoRA: the engines' offload is modelled
-/// for full fine-tuning only (issue 34), and a figure must not pass for one it is not.
-const OFFLOAD_NOT_FOR_ADAPTERS: &str = "CPU offload is modelled for full fine-tuning only: with LoRA or QLoRA these figures are those without offload (the sharded base, the adapters' gradients and optimizer states all on the GPU), so an offloaded run needs less than shown.";
+/// Said when CPU offload is asked for with LoRA or QLoRA: measured under FSDP1 only, the
+/// rest read from the engines' sources, and a derived figure must say so.
+const OFFLOAD_WITH_ADAPTERS: &str = "CPU offload with LoRA or QLoRA was measured under FSDP1 (a fake process group); under FSDP2 and DeepSpeed it is read from their sources: the base's shards, the adapters' gradients and optimizer in host RAM, only what is gathered on the GPU.";
 
 #[cfg(test)]
 mod tests {
@@ -217,15 +217,15 @@ mod tests {
     use crate::{decode_query, evaluate, fit_advice};
 
     #[test]
-    fn offload_with_adapters_is_said_to_be_left_out() {
+    fn offload_with_adapters_says_how_it_is_known() {
         let notes = |q: &str| parse_page(&decode_query(q).state).notes;
         let base = "m=arch&model=llama3-70b&gpus=8&shard=fsdp2";
         assert!(notes(&format!("{base}&method=lora&off=optimizer%2Bparams"))
-            .contains(&OFFLOAD_NOT_FOR_ADAPTERS));
+            .contains(&OFFLOAD_WITH_ADAPTERS));
         assert!(
-            !notes(&format!("{base}&off=optimizer%2Bparams")).contains(&OFFLOAD_NOT_FOR_ADAPTERS)
+            !notes(&format!("{base}&off=optimizer%2Bparams")).contains(&OFFLOAD_WITH_ADAPTERS)
         );
-        assert!(!notes(&format!("{base}&method=lora")).contains(&OFFLOAD_NOT_FOR_ADAPTERS));
+        assert!(!notes(&format!("{base}&method=lora")).contains(&OFFLOAD_WITH_ADAPTERS));
     }
 
     #[test]

@@ -287,6 +287,33 @@ fn zero_model_states_against_deepspeed_s_estimate_functions() {
 /// FSDP2's `CPUOffloadPolicy`: the shards (parameters, gradients, optimizer states) live in
 /// host RAM; the GPU keeps what is gathered.
 #[test]
+fn offloaded_lora_keeps_the_base_s_shards_on_the_host() {
+    // Llama 3 8B in bf16 over 8 ranks: about 2 GB of the frozen base per rank
+    for engine in ["fsdp2", "fsdp1&f1w=layers", "zero3"] {
+        let base = format!(
+            "m=arch&model=llama3-8b&b=1&s=2048&r=bf16&o=adamw&gc=full&gpus=8&shard={engine}\
+             &method=lora&lr=16"
+        );
+        let on_gpu = step(&base);
+        let offloaded = step(&format!("{base}&off=optimizer%2Bparams"));
+        let moved = on_gpu.step.peak_bytes - offloaded.step.peak_bytes;
+        assert!(
+            (1_800_000_000..2_200_000_000).contains(&moved),
+            "{engine}: {moved}"
+        );
+        assert_eq!(on_gpu.step.host_bytes, 0, "{engine}");
+        assert!(offloaded.step.host_bytes >= moved, "{engine}");
+        // the optimizer alone (not FSDP1's: its one switch moves both) moves only the
+        // adapters' state
+        if engine != "fsdp1&f1w=layers" {
+            let optimizer = step(&format!("{base}&off=optimizer"));
+            assert!(optimizer.step.peak_bytes < on_gpu.step.peak_bytes, "{engine}");
+            assert!(optimizer.step.peak_bytes > offloaded.step.peak_bytes, "{engine}");
+        }
+    }
+}
+
+#[test]
 fn fsdp2_offload_moves_the_shards_to_the_host() {
     let base =
         "m=arch&model=llama3.2-1b&b=2&s=2048&r=mixed-bf16&o=adamw&gc=full&shard=fsdp2&gpus=8";

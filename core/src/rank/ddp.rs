@@ -8,8 +8,8 @@ use super::fsdp2::PeftAdditions;
 use crate::evaluate::{too_large, EvaluationError, PartKind, StepMemory};
 use crate::state::PlanInputs;
 use crate::{
-    shard_model_state, Breakdown, CategoryBytes, ParameterUnits, PeakEstimate, Peft, Phase,
-    ShardedState, Sharding, SimpleInputs, TrainingStep,
+    shard_model_state, Breakdown, CategoryBytes, Offload, ParameterUnits, PeakEstimate, Peft,
+    Phase, ShardedState, Sharding, SimpleInputs, TrainingStep,
 };
 
 /// Simple mode's step per GPU: its state split by `plan`, its activations whole.
@@ -66,8 +66,21 @@ pub(super) struct WholeState<'a> {
     temporaries_split: bool,
     /// DDP's reducer buckets.
     ddp_buckets: u64,
-    /// FSDP2's additions to a LoRA or QLoRA rank.
+    /// FSDP's additions to a LoRA or QLoRA rank.
     peft: PeftAdditions,
+    /// FSDP1's flat gradients of a LoRA rank whose units mix frozen and trained tensors
+    /// (`use_orig_params=True`, the adapters inside their layer's flat parameter): a flat
+    /// parameter's gradient is its whole shard, made at each unit's post-backward and held
+    /// to the optimizer step (measured: `validation/FSDP1.md`). 0 otherwise.
+    flat_gradients: u64,
+    /// The tape's gradients, all of them (how far the backward has come).
+    tape_gradients: u64,
+    /// What FSDP or DeepSpeed keeps in host RAM for a LoRA or QLoRA rank (derived from
+    /// their sources, not measured: FSDP2's `CPUOffloadPolicy` and FSDP1's `CPUOffload`
+    /// keep the shards on the host and copy each unit's in to gather it; DeepSpeed's
+    /// `offload_param` the partitions, `offload_optimizer` the gradients and the optimizer,
+    /// which the CPU steps).
+    offload: Offload,
 }
 
 impl<'a> WholeState<'a> {
@@ -105,6 +118,12 @@ impl<'a> WholeState<'a> {
         } else {
             0
         };
+        let flat_gradients = match peft {
+            Some(p) if !p.quantized() => {
+                super::fsdp1::lora_flat_gradients(plan, units, step.precision)
+            }
+            _ => 0,
+        };
         let peft = match peft {
             Some(p) if matches!(plan.sharding, Sharding::Fsdp2 | Sharding::Fsdp1) && n > 1 => {
                 PeftAdditions::new(
@@ -121,12 +140,21 @@ impl<'a> WholeState<'a> {
             }
             _ => PeftAdditions::default(),
         };
+        // (DDP cannot offload: the page refuses it)
+        let offload = if step.optimizer.trains() && plan.sharding != Sharding::Ddp {
+            plan.offload
+        } else {
+            Offload::None
+        };
         WholeState {
             dp,
             gathered,
+            flat_gradients,
+            tape_gradients: estimate.persistent(|c| c.gradients),
             temporaries_split: (plan.sharding.shards_optimizer_states() && n > 1) || dp.ep > 1,
             ddp_buckets,
             peft,
+            offload,
         }
     }
 
@@ -137,18 +165,21 @@ impl<'a> WholeState<'a> {
         } else {
             self.peft.root
         }
-        .saturating_add(self.peft.fp32_shards);
-        let state = self.dp.shard(
-            ShardedState {
-                parameter_bytes: c.parameters,
-                gradient_bytes: c.gradients,
-                optimizer_state_bytes: c.optimizer_states,
-            },
-            self.gathered,
-        );
+        .saturating_add(if self.params_offloaded() {
+            0
+        } else {
+            self.peft.fp32_shards
+        });
+        let (state, _) = self.place(ShardedState {
+            parameter_bytes: c.parameters,
+            gradient_bytes: c.gradients,
+            optimizer_state_bytes: c.optimizer_states,
+        });
         // The optimizer step's temporaries are parameter-sized: they shard with the
-        // optimizer states.
-        let temporaries = if phase == Phase::OptimizerStep && self.temporaries_split {
+        // optimizer states (and are the CPU's when it steps them).
+        let temporaries = if phase == Phase::OptimizerStep && self.offload != Offload::None {
+            0
+        } else if phase == Phase::OptimizerStep && self.temporaries_split {
             let t = ShardedState {
                 optimizer_state_bytes: c.temporaries,
                 ..ShardedState::default()
@@ -157,10 +188,20 @@ impl<'a> WholeState<'a> {
         } else {
             c.temporaries
         };
+        // (offloaded, they are copied to the host as each unit's backward ends)
+        let flat_gradients = match phase {
+            _ if self.params_offloaded() => 0,
+            Phase::OptimizerStep => self.flat_gradients,
+            Phase::Backward => super::scale(self.flat_gradients, c.gradients, self.tape_gradients),
+            _ => 0,
+        };
         CategoryBytes {
             // (beside the shards, not within the whole model's bytes)
             parameters: state.parameter_bytes.saturating_add(root),
-            gradients: state.gradient_bytes.saturating_add(self.ddp_buckets),
+            gradients: state
+                .gradient_bytes
+                .saturating_add(self.ddp_buckets)
+                .saturating_add(flat_gradients),
             optimizer_states: state.optimizer_state_bytes,
             activations: c.activations,
             temporaries,
@@ -168,20 +209,59 @@ impl<'a> WholeState<'a> {
         }
     }
 
-    /// What the rank holds between steps.
-    pub(super) fn state(&self, estimate: &PeakEstimate) -> ShardedState {
+    /// What the rank holds between steps on the GPU, and in host RAM.
+    pub(super) fn state(&self, estimate: &PeakEstimate) -> (ShardedState, ShardedState) {
         let persistent = |bytes: fn(&CategoryBytes) -> u64| estimate.persistent(bytes);
-        let state = self.dp.shard(
-            ShardedState {
-                parameter_bytes: persistent(|c| c.parameters),
-                gradient_bytes: persistent(|c| c.gradients),
-                optimizer_state_bytes: persistent(|c| c.optimizer_states),
-            },
-            self.gathered,
-        );
-        ShardedState {
+        let (state, host) = self.place(ShardedState {
+            parameter_bytes: persistent(|c| c.parameters),
+            gradient_bytes: persistent(|c| c.gradients),
+            optimizer_state_bytes: persistent(|c| c.optimizer_states),
+        });
+        let (fp32_shards, flat_gradients) = if self.params_offloaded() {
+            (self.peft.fp32_shards, self.flat_gradients)
+        } else {
+            (0, 0)
+        };
+        let host = ShardedState {
+            parameter_bytes: host.parameter_bytes.saturating_add(fp32_shards),
+            gradient_bytes: host.gradient_bytes.saturating_add(flat_gradients),
+            ..host
+        };
+        let state = ShardedState {
             gradient_bytes: state.gradient_bytes.saturating_add(self.ddp_buckets),
             ..state
+        };
+        (state, host)
+    }
+
+    /// The parameters' shards live in host RAM.
+    fn params_offloaded(&self) -> bool {
+        self.offload == Offload::OptimizerAndParams
+    }
+
+    /// `whole` split over the GPUs: what the rank holds on the GPU (its shards and what
+    /// is gathered), and what the engine keeps in host RAM.
+    fn place(&self, whole: ShardedState) -> (ShardedState, ShardedState) {
+        let held = self.dp.shard(whole, self.gathered);
+        if self.offload == Offload::None {
+            return (held, ShardedState::default());
         }
+        // the gathered parameters are the GPU's whatever is offloaded
+        let shards = self
+            .dp
+            .shard(whole, 0)
+            .parameter_bytes
+            .min(held.parameter_bytes);
+        let parameters_out = if self.params_offloaded() { shards } else { 0 };
+        (
+            ShardedState {
+                parameter_bytes: held.parameter_bytes - parameters_out,
+                ..ShardedState::default()
+            },
+            ShardedState {
+                parameter_bytes: parameters_out,
+                ..held
+            },
+        )
     }
 }

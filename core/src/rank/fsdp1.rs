@@ -77,3 +77,32 @@ pub(super) fn reshard_after_forward(plan: &PlanInputs) -> Reshard {
         _ => plan.reshard_after_forward,
     }
 }
+
+/// The gradients FSDP1 makes for a LoRA rank's flat parameters that mix frozen and trained
+/// tensors: with `use_orig_params=True` the adapters sit in their layer's flat parameter
+/// (NO_WRAP: in the one unit), whose gradient is the whole shard in its dtype (fp32 under a
+/// mixed recipe, accelerate's upcast); without it FSDP1 refuses mixed flat parameters, so the
+/// adapters are their own units (PEFT's `fsdp_auto_wrap_policy`) and nothing is added.
+pub(super) fn lora_flat_gradients(
+    plan: &PlanInputs,
+    units: &ParameterUnits,
+    recipe: PrecisionRecipe,
+) -> u64 {
+    if plan.sharding != Sharding::Fsdp1 || !plan.fsdp1.use_orig_params {
+        return 0;
+    }
+    // the units holding adapters: the layers (the root's embeddings and head are frozen);
+    // under NO_WRAP the one unit, which [`units`] made the root
+    let mixed = match plan.fsdp1.wrap {
+        Fsdp1Wrap::Layers => units.layers,
+        Fsdp1Wrap::None => units.root,
+    };
+    let bytes = if recipe.master_weights() {
+        4
+    } else {
+        recipe.weight_bytes()
+    };
+    mixed
+        .div_ceil(plan.fsdp1.shard_group(plan.num_gpus))
+        .saturating_mul(bytes)
+}
