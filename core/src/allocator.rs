@@ -12,9 +12,10 @@
 //! What is modelled, at the allocator's default settings (`PYTORCH_CUDA_ALLOC_CONF` unset,
 //! or `expandable_segments:True` alone):
 //!
-//! * One device, one stream. The real allocator keeps a pool per stream (blocks compare by
-//!   stream first in `BlockComparatorSize`) and a private pool per CUDA graph; a training
-//!   step on the default stream touches one, so the stream is left out.
+//! * One device, its streams kept apart: a block is cached for the stream that allocated it
+//!   (blocks compare by stream first in `BlockComparatorSize`; see [`malloc_on`]), which is
+//!   what keeps the buffers of FSDP's all-gather and reduce-scatter streams from being
+//!   reused by the default stream's tensors. No private pool of a CUDA graph.
 //! * An infinite device by default: `cudaMalloc` and `cuMemCreate` never fail (short of
 //!   exhausting the emulated 2^64 bytes of address space, 16 EiB), nothing is ever handed
 //!   back to the driver, and reserved bytes only grow, as `max_memory_reserved()` reports on
@@ -27,8 +28,11 @@
 //!   mapping past the capacity fails the same way, and `release_cached_blocks` unmaps the
 //!   whole pages of every free block (`release_blocks` -> `unmap_block`) before the retry.
 //!   `empty_cache` never runs.
-//! * No cross-stream uses (`record_stream`), so a freed block is free at once
-//!   (`free` calls `free_block` when `stream_uses` is empty).
+//! * No cross-stream uses (`record_stream`), so a freed block is free at once for its own
+//!   stream (`free` calls `free_block` when `stream_uses` is empty); FSDP2 synchronises with
+//!   events instead, FSDP1's `record_stream` hand-offs are not emulated.
+//!
+//! [`malloc_on`]: CachingAllocator::malloc_on
 //!
 //! What cannot be pinned down from the source: the addresses `cudaMalloc` returns. They only
 //! break ties between free blocks of equal size (`BlockComparatorSize` orders by size, then
@@ -133,6 +137,40 @@ enum PoolKind {
     Large,
 }
 
+/// Streams the emulation keeps apart: the default stream and the streams a data-parallel
+/// engine runs its collectives on (FSDP's all-gather and reduce-scatter streams).
+pub const STREAMS: usize = 4;
+
+/// One stream's share of a pool. The source keeps each stream's blocks in the same
+/// `small_blocks` / `large_blocks` sets but orders them by stream first
+/// (`BlockComparatorSize`) and searches from the requesting stream's key (`get_free_block`),
+/// so a stream never takes another's cached block; a segment and its blocks belong to the
+/// stream that allocated it (`alloc_block`, and with expandable segments one segment per
+/// stream: `find_expandable_block` skips the others' `expandable_segments_`). Here each
+/// stream has its own pair of pools: `2 * stream + kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pool(u8);
+
+impl Pool {
+    /// The pool of `kind` of `stream` (streams past the last share it).
+    const fn of(stream: u8, kind: PoolKind) -> Pool {
+        let stream = if (stream as usize) < STREAMS {
+            stream
+        } else {
+            STREAMS as u8 - 1
+        };
+        Pool(stream * 2 + kind as u8)
+    }
+
+    const fn kind(self) -> PoolKind {
+        if self.0 % 2 == 0 {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+}
+
 /// A `Block` of the source: a run of bytes of one segment, free, allocated or (in an
 /// expandable segment) not backed by pages.
 #[derive(Clone, Copy, Debug)]
@@ -144,7 +182,7 @@ struct Block {
     next: usize,
     /// Index into `CachingAllocator::segments` (`expandable_segment_`), or `NIL`.
     segment: usize,
-    pool: PoolKind,
+    pool: Pool,
     allocated: bool,
     /// `mapped`: always true outside expandable segments.
     mapped: bool,
@@ -368,8 +406,8 @@ pub struct CachingAllocator {
     /// before it (a list threaded through the slots, where a vector of them took a push and
     /// its growth check per merge).
     free_slot: usize,
-    /// `small_blocks` and `large_blocks`, indexed by `PoolKind as usize`.
-    pools: [BlockPool; 2],
+    /// `small_blocks` and `large_blocks` of each stream, indexed by [`Pool`].
+    pools: [BlockPool; 2 * STREAMS],
     segments: Vec<ExpandableSegment>,
     /// Where the next segment starts: fresh address space, since nothing is ever freed.
     next_addr: u64,
@@ -392,7 +430,7 @@ impl CachingAllocator {
             mode,
             blocks: Vec::new(),
             free_slot: NIL,
-            pools: [BlockPool::default(), BlockPool::default()],
+            pools: std::array::from_fn(|_| BlockPool::default()),
             segments: Vec::new(),
             next_addr: 0,
             allocated: 0,
@@ -451,12 +489,21 @@ impl CachingAllocator {
     /// 1 EiB or more (`allocate` raises an out-of-memory error) or one that would take the
     /// emulated address space past 2^64 bytes; all return an id that frees nothing.
     pub fn malloc(&mut self, bytes: u64) -> BlockId {
+        self.malloc_on(bytes, 0)
+    }
+
+    /// [`malloc`](Self::malloc) on `stream` (0 is the default stream; streams from
+    /// [`STREAMS`] on share the last one's pools): the block comes from that stream's cached
+    /// blocks or a new segment of its own, and goes back to them when freed, whichever
+    /// stream frees it (what the source does for a block no other stream uses:
+    /// `record_stream` is not emulated).
+    pub fn malloc_on(&mut self, bytes: u64, stream: u8) -> BlockId {
         if bytes == 0 || bytes >= ONE_EXA_BYTES {
             return BlockId::NULL;
         }
         // `malloc`: round, pick the pool, search it, and only on a miss grow the cache.
         let size = round_size(bytes);
-        let pool = get_pool(size);
+        let pool = Pool::of(stream, get_pool(size));
         let found = match self.get_free_block(pool, size) {
             Some(block) => Some(block),
             None => self.alloc_block(pool, size),
@@ -513,12 +560,12 @@ impl CachingAllocator {
         self.peak_reserved
     }
 
-    fn pool(&self, kind: PoolKind) -> &BlockPool {
-        &self.pools[kind as usize]
+    fn pool(&self, pool: Pool) -> &BlockPool {
+        &self.pools[pool.0 as usize]
     }
 
-    fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
-        &mut self.pools[kind as usize]
+    fn pool_mut(&mut self, pool: Pool) -> &mut BlockPool {
+        &mut self.pools[pool.0 as usize]
     }
 
     fn expandable(&self) -> bool {
@@ -581,15 +628,15 @@ impl CachingAllocator {
     // The source's two oversize rules are kept as it writes them, though at the default
     // max_split_size (the constant SIZE_MAX) the compiler folds them.
     #[allow(clippy::absurd_extreme_comparisons)]
-    fn get_free_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
+    fn get_free_block(&mut self, pool: Pool, size: u64) -> Option<usize> {
         let blocks = self.blocks.as_slice();
-        let ((mut key, mut slot), at) = self.pools[pool as usize]
+        let ((mut key, mut slot), at) = self.pools[pool.0 as usize]
             .blocks
             .first_from(size_key(size, 0))?;
         let mut moved = false;
         // (the mode first: in the default mode the block is not looked up for it)
         if self.mode == AllocatorMode::Expandable && blocks[slot].segment != NIL {
-            let mut candidates = self.pools[pool as usize].blocks.range(key);
+            let mut candidates = self.pools[pool.0 as usize].blocks.range(key);
             candidates.next();
             // "for the purposes of 'best fit' we consider its size to be the size it can
             // expand to": a free block followed by unmapped address space counts as that
@@ -633,7 +680,7 @@ impl CachingAllocator {
 
     /// `alloc_block`: a new segment from `cudaMalloc` of `get_allocation_size(size)` bytes,
     /// or, with expandable segments, `try_allocate_expandable_block`.
-    fn alloc_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
+    fn alloc_block(&mut self, pool: Pool, size: u64) -> Option<usize> {
         if self.expandable() {
             if let Some(block) = self.try_allocate_expandable_block(pool, size) {
                 return Some(block);
@@ -685,7 +732,7 @@ impl CachingAllocator {
     /// `release_cached_blocks` in the default mode: every cached block that is a whole
     /// segment (`release_blocks`: no `prev`, no `next`) goes back to the driver.
     fn release_cached_blocks(&mut self) {
-        for kind in [PoolKind::Large, PoolKind::Small] {
+        for kind in every_pool() {
             let whole: Vec<(Key, usize)> = self
                 .pool(kind)
                 .blocks
@@ -706,7 +753,7 @@ impl CachingAllocator {
     /// `release_blocks` with expandable segments: every free block's whole pages are
     /// unmapped (`unmap_block`).
     fn unmap_free_blocks(&mut self) {
-        for kind in [PoolKind::Large, PoolKind::Small] {
+        for kind in every_pool() {
             let free: Vec<usize> = self
                 .pool(kind)
                 .blocks
@@ -787,7 +834,7 @@ impl CachingAllocator {
     /// `should_split`: whether the rest of `block` after `size` bytes goes back to the pool.
     fn should_split(&self, b: &Block, size: u64) -> bool {
         let remaining = b.size.saturating_sub(size);
-        if b.pool == PoolKind::Small || self.expandable() {
+        if b.pool.kind() == PoolKind::Small || self.expandable() {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < MAX_SPLIT_SIZE && remaining > SMALL_SIZE
@@ -897,7 +944,7 @@ impl CachingAllocator {
 
     /// `find_expandable_block`: the lowest-addressed run of free and unmapped blocks that
     /// holds `size` bytes, or the unmapped whole of a new segment.
-    fn find_expandable_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
+    fn find_expandable_block(&mut self, pool: Pool, size: u64) -> Option<usize> {
         let blocks = &self.blocks;
         let allocatable = |s: usize| blocks.get(s).is_some_and(|b| b.live && !b.allocated);
         let has_available_address_space = |mut s: usize| {
@@ -919,7 +966,7 @@ impl CachingAllocator {
             }
         }
         // "2MB for small pool, 20MB for large pool"
-        let page = match pool {
+        let page = match pool.kind() {
             PoolKind::Small => SMALL_BUFFER,
             PoolKind::Large => LARGE_BUFFER,
         };
@@ -1009,7 +1056,7 @@ impl CachingAllocator {
     /// `try_allocate_expandable_block`: maps as many pages as `size` needs at the lowest
     /// address that can hold it, and returns the (possibly larger) free block there,
     /// taken out of the pool.
-    fn try_allocate_expandable_block(&mut self, pool: PoolKind, size: u64) -> Option<usize> {
+    fn try_allocate_expandable_block(&mut self, pool: Pool, size: u64) -> Option<usize> {
         let mut candidate = self.find_expandable_block(pool, size)?;
         // Candidate is a run of free/unmapped blocks with room for size:
         // unmapped -> null, unmapped -> free -> *, free -> unmapped -> *
@@ -1034,6 +1081,12 @@ impl CachingAllocator {
         self.pool_mut(pool).blocks.remove(size_key(c.size, c.addr));
         Some(candidate)
     }
+}
+
+/// Every pool, each stream's large pool before its small one (`release_cached_blocks` walks
+/// `large_blocks`, then `small_blocks`).
+fn every_pool() -> impl Iterator<Item = Pool> {
+    (0..STREAMS as u8).flat_map(|s| [Pool::of(s, PoolKind::Large), Pool::of(s, PoolKind::Small)])
 }
 
 /// `count * unit`, saturating: `saturating_mul` by a comparison, which WebAssembly spells
@@ -1315,6 +1368,30 @@ mod tests {
         assert_eq!(steps(Some(200 * MIB)), (160 * MIB, 160 * MIB, false));
         // at 150 MiB even that does not fit: mapped anyway, and said
         assert_eq!(steps(Some(150 * MIB)), (160 * MIB, 160 * MIB, true));
+    }
+
+    #[test]
+    fn a_stream_reuses_only_its_own_cached_blocks() {
+        for mode in AllocatorMode::ALL {
+            let mut a = CachingAllocator::new(mode);
+            let gathered = a.malloc_on(100 << 20, 1);
+            a.free(gathered);
+            // the default stream cannot take the all-gather stream's cached block
+            let x = a.malloc(100 << 20);
+            assert_eq!(a.reserved(), 200 << 20, "{mode:?}");
+            // the all-gather stream takes it back, whichever stream freed it
+            let y = a.malloc_on(100 << 20, 1);
+            assert_eq!(a.reserved(), 200 << 20, "{mode:?}");
+            a.free(x);
+            a.free(y);
+            assert_eq!((a.allocated(), a.peak_allocated()), (0, 200 << 20));
+            // a stream past the last shares its pools
+            let last = a.malloc_on(100 << 20, STREAMS as u8 - 1);
+            a.free(last);
+            let z = a.malloc_on(100 << 20, 200);
+            assert_eq!(a.reserved(), 300 << 20, "{mode:?}");
+            a.free(z);
+        }
     }
 
     #[test]
