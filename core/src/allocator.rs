@@ -163,7 +163,7 @@ impl Pool {
     }
 
     const fn kind(self) -> PoolKind {
-        if self.0 % 2 == 0 {
+        if self.0.is_multiple_of(2) {
             PoolKind::Small
         } else {
             PoolKind::Large
