@@ -222,9 +222,7 @@ mod tests {
         let base = "m=arch&model=llama3-70b&gpus=8&shard=fsdp2";
         assert!(notes(&format!("{base}&method=lora&off=optimizer%2Bparams"))
             .contains(&OFFLOAD_WITH_ADAPTERS));
-        assert!(
-            !notes(&format!("{base}&off=optimizer%2Bparams")).contains(&OFFLOAD_WITH_ADAPTERS)
-        );
+        assert!(!notes(&format!("{base}&off=optimizer%2Bparams")).contains(&OFFLOAD_WITH_ADAPTERS));
         assert!(!notes(&format!("{base}&method=lora")).contains(&OFFLOAD_WITH_ADAPTERS));
     }
 

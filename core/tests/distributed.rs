@@ -307,8 +307,14 @@ fn offloaded_lora_keeps_the_base_s_shards_on_the_host() {
         // adapters' state
         if engine != "fsdp1&f1w=layers" {
             let optimizer = step(&format!("{base}&off=optimizer"));
-            assert!(optimizer.step.peak_bytes < on_gpu.step.peak_bytes, "{engine}");
-            assert!(optimizer.step.peak_bytes > offloaded.step.peak_bytes, "{engine}");
+            assert!(
+                optimizer.step.peak_bytes < on_gpu.step.peak_bytes,
+                "{engine}"
+            );
+            assert!(
+                optimizer.step.peak_bytes > offloaded.step.peak_bytes,
+                "{engine}"
+            );
         }
     }
 }
