@@ -51,6 +51,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.append(_HERE)
 import harness as H  # noqa: E402
+import float8 as F8  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -512,6 +513,10 @@ def build_query(o, world):
     if o.lora:
         # peft's defaults: adapters in fp32 (autocast_adapter_dtype), no dropout here
         q.update({"method": "lora", "lr": o.lora, "lt": "all-linear", "ld": 0, "ldt": "fp32"})
+    if o.float8 != "none":
+        q["f8"] = o.float8
+        if o.float8_all_gather:
+            q["f8ag"] = 1
     s = "&".join(f"{k}={v}" for k, v in q.items())
     return s
 
@@ -621,6 +626,10 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         model.train(True)
         model.config.use_cache = False
         n_params = sum(p.numel() for p in model.parameters())
+        if o.float8 != "none":
+            # torchtitan: the float8 converter runs before parallelisation (every linear but the head)
+            F8.install_inner_tracking()
+            F8.convert(model, o.float8, bool(o.float8_all_gather))
         if tp_mesh is not None:
             tied = apply_tp(model, tp_mesh, o.sp, o.lp)
         if dp_mesh is not None:
@@ -672,6 +681,18 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         ctxs = {"bwd_ctx": loss_parallel if o.lp else None,
                 "train_ctx": cp_context(cp_mesh, [ids, labels, pos], o) if cp_mesh is not None else None}
         H.warm_up(fwd, opt, True, **ctxs)  # untracked: optimizer states, FSDP lazy init
+        precompute = o.float8 != "none" and o.float8_all_gather and dp_mesh is not None
+        optimizer_step = None
+        if precompute:
+            # torchtitan (train.py, after optimizers.step()): one all-reduce of every float8 weight's amax,
+            # the scales kept on the weights for the next all-gather
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+            precompute_float8_dynamic_scale_for_fsdp(model)
+
+            def optimizer_step():
+                opt.step()
+                precompute_float8_dynamic_scale_for_fsdp(model)
+                opt.zero_grad(set_to_none=True)
 
         if fsdp1:
             mt = FSDP1Tracker()
@@ -694,8 +715,14 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         def local_grads(name, meter, step):
             if name == "bwd":
                 step.extra["grad_bytes"] = H.local_bytes(p.grad for p in model.parameters())
+        if o.float8 != "none":
+            F8.INNER.append(mt)  # float8_ops' inner ops (contiguous copies, _scaled_mm) tracked too
+        if o.layer_peaks:
+            F8.attach_layer_peaks(mt, model)  # the decoder layers' own peaks (float8.py)
         with mt:
-            step = H.measured_step(mt, fwd, opt, record_copies=False, on_phase=local_grads, **ctxs)
+            step = H.measured_step(mt, fwd, opt, record_copies=False, on_phase=local_grads,
+                                   optimizer_step=optimizer_step, **ctxs)
+        F8.INNER.clear()
 
     state = {"param_bytes": H.local_bytes(model.parameters()),
              "grad_bytes": step.extra["grad_bytes"],
@@ -713,6 +740,10 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         lora_rank=o.lora or None,
         shard_embeddings=bool(o.shard_embeddings) or None,
         dtensor_prop_isolated=not o.naive_prop,
+        **({"layer_peaks": True} if o.layer_peaks else {}),
+        **({"float8": o.float8, "float8_all_gather": bool(o.float8_all_gather),
+            "float8_filter": "all nn.Linear but lm_head",
+            "float8_precompute_scale": bool(precompute)} if o.float8 != "none" else {}),
         **({"cp_load_balance": "head-tail (round robin)" if o.cp_lb else None,
             "cp_rotate_method": o.cp_rotate,
             "cp_buffers": "input_ids, labels, position_ids (seq dim 1)",
@@ -731,6 +762,11 @@ def measure_rank(o, t0, place, dp_mesh, tp_mesh, cp_mesh):
         # device-resident model state only: the fp32 shards, their grads and AdamW's states are on the host
         row["host_bytes_end"] = int(sum(v.get(F1Ref.HOST, 0) for v in mt.get_tracker_snapshot("current").values()))
     row["sdpa_kernels"] = dict(H.SDPA_LOG)
+    if o.float8 != "none":
+        row["versions"]["torchao"] = F8.torchao_version()
+    if o.layer_peaks:
+        row["float8_linears"] = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+        row["layer_peak_bytes"] = dict(mt.layer_peaks)
     return row
 
 
@@ -767,6 +803,14 @@ def parser():
     ap.add_argument("--lora", type=int, default=0, help="peft LoRA of this rank on all linears (0: full)")
     ap.add_argument("--shard-embeddings", type=int, default=0,
                     help="FSDP2 units for the embeddings and the head (torchtune's custom_sharded_layers; 1/0)")
+    ap.add_argument("--float8", choices=["none", "tensorwise", "rowwise"], default="none",
+                    help="torchao float8 training of every linear but the head (validation/float8.py, FLOAT8.md)")
+    ap.add_argument("--float8-all-gather", type=int, default=0,
+                    help="with --float8 tensorwise: FSDP2 all-gathers the weights in float8 "
+                    "(enable_fsdp_float8_all_gather) and the scales are precomputed after each step (1/0)")
+    ap.add_argument("--layer-peaks", action="store_true",
+                    help="also write layer_peak_bytes: the highest totals inside the decoder layers' forward and "
+                    "backward (float8.py attach_layer_peaks) and float8_linears")
     ap.add_argument("--naive-prop", action="store_true",
                     help="do not isolate DTensor's global-shape propagation (shows its phantom tensors)")
     H.add_run_args(ap)
@@ -801,8 +845,10 @@ FLAGS = {"model": "--model-name", "preset": "--preset", "strategy": "--strategy"
          "gc": "--gc", "naive_prop": "--naive-prop", "lora": "--lora",
          "shard_embeddings": "--shard-embeddings", "fsdp1_sharding": "--fsdp1-sharding",
          "gpus_per_node": "--gpus-per-node", "fsdp1_wrap": "--fsdp1-wrap", "use_orig_params": "--use-orig-params",
-         "backward_prefetch": "--backward-prefetch", "offload": "--offload"}
-INT_SWITCHES = ("cp_lb", "sp", "lp", "raf", "shard_embeddings", "use_orig_params", "offload")  # flags taking 1/0
+         "backward_prefetch": "--backward-prefetch", "offload": "--offload",
+         "float8": "--float8", "float8_all_gather": "--float8-all-gather", "layer_peaks": "--layer-peaks"}
+INT_SWITCHES = ("cp_lb", "sp", "lp", "raf", "shard_embeddings", "use_orig_params", "offload",
+                "float8_all_gather")  # flags taking 1/0
 
 
 def argv_of(entry):

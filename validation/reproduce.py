@@ -45,6 +45,7 @@ def _is_moe(c):
 # (recipe, test on a row's config), first match wins
 RECIPES = [
     ("distributed.py", lambda c: "strategy" in c),
+    ("float8.py", lambda c: "float8" in c),
     ("pipeline.py", lambda c: "pp" in c),
     ("rl.py", lambda c: "objective" in c),
     ("compile.py", lambda c: "compile" in c),
