@@ -14,11 +14,11 @@
 
 use estimator_core::{
     group_thousands, wants_preprocessor, with_preprocessor, AllocatorMode, AttentionKernel,
-    BackwardPrefetch, ByteUnit, Checkpointing, Compile, Field, Fsdp1Sharding, Fsdp1Wrap, Generator,
-    Gpu, HubId, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload, Optimizer,
-    OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision, PrecisionRecipe,
-    Preset, Quant4, Reference, Sharding, TpPlan, Trainer, WeightFormat, CUSTOM_MODEL_KEY,
-    PREPROCESSOR_FILE, SIMPLE_OPTIMIZERS,
+    BackwardPrefetch, ByteUnit, Checkpointing, Compile, Field, Float8, Fsdp1Sharding, Fsdp1Wrap,
+    Generator, Gpu, HubId, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload,
+    Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision,
+    PrecisionRecipe, Preset, Quant4, Reference, Sharding, TpPlan, Trainer, WeightFormat,
+    CUSTOM_MODEL_KEY, PREPROCESSOR_FILE, SIMPLE_OPTIMIZERS,
 };
 use leptos::{html, prelude::*, task::spawn_local};
 use wasm_bindgen::JsCast;
@@ -1293,12 +1293,20 @@ pub const KERNEL: &[Spec] = &[
 
 /// `torch.compile` (training only): off, each block (the loss eager or compiled), or the whole
 /// model.
-pub const COMPILE: &[Spec] = &[choice(
-    Field::Compile,
-    "torch.compile",
-    "compile",
-    pairs!(Compile, Compile::ALL, label),
-)];
+pub const COMPILE: &[Spec] = &[
+    choice(
+        Field::Compile,
+        "torch.compile",
+        "compile",
+        pairs!(Compile, Compile::ALL, label),
+    ),
+    choice(
+        Field::Float8,
+        "float8 training (torchao)",
+        "float8",
+        pairs!(Float8, Float8::ALL, label),
+    ),
+];
 
 /// What the trainer sets (training only).
 pub const TRAINER: &[Spec] = &[
@@ -1629,6 +1637,15 @@ pub const FSDP2: &[Spec] = &[
             ("2", "To 2 GPUs"),
             ("4", "To 4 GPUs"),
             ("8", "To 8 GPUs (a node)"),
+        ],
+    ),
+    choice(
+        Field::Float8AllGather,
+        "FSDP2 float8 all-gather",
+        "float8-all-gather",
+        &[
+            ("off", "Off: weights gathered in bf16"),
+            ("on", "On: float8 weights gathered a byte each (tensorwise)"),
         ],
     ),
     choice(

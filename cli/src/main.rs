@@ -54,6 +54,12 @@ step:
                         torchtitan before 2025-04), layers (each block and the loss:
                         torchtitan, torchtune), model (the whole model with its loss:
                         HF Trainer torch_compile=True)
+  --float8 F            torchao float8 training on every linear but the head: off
+                        (default), tensorwise, rowwise (the step saves what bf16
+                        saves; the casts inside each linear are not counted)
+  --float8-all-gather on|off
+                        FSDP2 gathers the float8 weights a byte each (tensorwise
+                        only; default off)
   --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,
                         optimizer implementation), before any of them:
 {trainers}  --loss L              the trainer's loss (causal LMs; default hf):
@@ -244,7 +250,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 65] = [
+const FIELD_FLAGS: [(&str, Field); 67] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -253,6 +259,8 @@ const FIELD_FLAGS: [(&str, Field); 65] = [
     ("--attention", Field::Attention),
     ("--checkpointing", Field::Checkpointing),
     ("--compile", Field::Compile),
+    ("--float8", Field::Float8),
+    ("--float8-all-gather", Field::Float8AllGather),
     ("--loss", Field::Loss),
     ("--packing", Field::Packing),
     ("--padding", Field::Padding),

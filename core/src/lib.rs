@@ -42,8 +42,8 @@ pub use optimizer::{Optimizer, OptimizerImpl};
 pub use plan::{
     apple_gpu_share_mib, fit_verdict, largest_peak_that_fits, max_batch_that_fits,
     plan_accumulation, shard_model_state, AccumulationPlan, BackwardPrefetch, DeviceKind,
-    FitVerdict, Fsdp1, Fsdp1Sharding, Fsdp1Wrap, Gpu, MaxBatch, Offload, Overheads, Reshard,
-    ShardedState, Sharding, BYTES_PER_MIB, NCCL_MIB_PER_COMMUNICATOR,
+    FitVerdict, Float8, Fsdp1, Fsdp1Sharding, Fsdp1Wrap, Gpu, MaxBatch, Offload, Overheads,
+    Reshard, ShardedState, Sharding, BYTES_PER_MIB, NCCL_MIB_PER_COMMUNICATOR,
 };
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use scenario::{parse_page, Page, Scenario};

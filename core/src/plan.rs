@@ -403,6 +403,46 @@ impl Reshard {
     }
 }
 
+/// torchao's float8 training (`convert_to_float8_training` on every linear but the head,
+/// as torchtitan converts a model). Measured on the fake mode (`validation/FLOAT8.md`): the
+/// step saves what bf16 saves (the bf16 input and the weight) and adds no state; the casts
+/// are transients inside each linear, and FSDP2 can gather its float8 weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Float8 {
+    /// bf16 matmuls.
+    #[default]
+    Off,
+    /// One scale per tensor (`Float8LinearConfig()`).
+    Tensorwise,
+    /// One scale per row (`Float8LinearConfig.from_recipe_name("rowwise")`).
+    Rowwise,
+}
+
+impl Float8 {
+    /// Every recipe, in the order the page lists them.
+    pub const ALL: [Float8; 3] = [Float8::Off, Float8::Tensorwise, Float8::Rowwise];
+
+    /// Short stable key used in URLs and the CLI.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Float8::Off => "off",
+            Float8::Tensorwise => "tensorwise",
+            Float8::Rowwise => "rowwise",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Float8::Off => "Off (bf16 matmuls)",
+            Float8::Tensorwise => "torchao float8, tensorwise scaling",
+            Float8::Rowwise => "torchao float8, rowwise scaling",
+        }
+    }
+}
+
 /// FSDP1's `ShardingStrategy` (`FullyShardedDataParallel`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Fsdp1Sharding {

@@ -125,6 +125,7 @@ pub(crate) fn shard_step(
                         root_gathered,
                         own_units,
                         backward_prefetch: true,
+                        float8_all_gather: plan.float8_all_gather,
                     },
                 ))),
                 // NO_SHARD in the parameters' own dtype holds the whole state as one GPU

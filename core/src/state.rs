@@ -315,6 +315,8 @@ pub struct StepSettings {
     pub checkpointing: Checkpointing,
     /// `torch.compile` (off by default; a link without `comp` is eager).
     pub compile: Compile,
+    /// torchao's float8 training.
+    pub float8: crate::Float8,
     /// How the head and its loss run (the trainer's loss).
     pub loss: LossKind,
     /// Documents packed into each row (position ids restart per document).
@@ -353,6 +355,7 @@ impl Default for StepSettings {
             attention: AttentionKernel::Sdpa,
             checkpointing: Checkpointing::None,
             compile: Compile::Off,
+            float8: crate::Float8::Off,
             loss: LossKind::Hf,
             packing: false,
             padding: false,
@@ -379,6 +382,7 @@ impl Section for StepSettings {
         (Field::Attention, "attn"),
         (Field::Checkpointing, "gc"),
         (Field::Compile, "comp"),
+        (Field::Float8, "f8"),
         (Field::Loss, "loss"),
         (Field::Packing, "pack"),
         (Field::Padding, "pad"),
@@ -550,6 +554,8 @@ pub struct ParallelSettings {
     /// FSDP2: the embeddings and the head as their own units (torchtune's
     /// `custom_sharded_layers`), not in the root.
     pub shard_embeddings: bool,
+    /// FSDP2's float8 all-gather (`enable_fsdp_float8_all_gather`).
+    pub float8_all_gather: bool,
     /// FSDP1's `sharding_strategy`.
     pub fsdp1_sharding: Fsdp1Sharding,
     /// FSDP1's units (accelerate's `fsdp_auto_wrap_policy`).
@@ -592,6 +598,7 @@ impl Default for ParallelSettings {
             context_parallel: "1".to_owned(),
             reshard_after_forward: Reshard::On,
             shard_embeddings: false,
+            float8_all_gather: false,
             fsdp1_sharding: Fsdp1Sharding::Full,
             fsdp1_wrap: Fsdp1Wrap::None,
             use_orig_params: false,
@@ -621,6 +628,7 @@ impl Section for ParallelSettings {
         (Field::ContextParallel, "cp"),
         (Field::ReshardAfterForward, "raf"),
         (Field::ShardEmbeddings, "fse"),
+        (Field::Float8AllGather, "f8ag"),
         (Field::Fsdp1Sharding, "f1s"),
         (Field::Fsdp1Wrap, "f1w"),
         (Field::UseOrigParams, "uop"),
@@ -692,6 +700,9 @@ pub struct PlanInputs {
     pub shard_embeddings: bool,
     /// FSDP1's strategy, units and settings.
     pub fsdp1: crate::Fsdp1,
+    /// FSDP2 gathers the float8 linears' weights in float8 (torchao's tensorwise recipe
+    /// with `enable_fsdp_float8_all_gather`).
+    pub float8_all_gather: bool,
     /// Pipeline stages.
     pub pipeline_parallel: u64,
     /// The pipeline's schedule.
@@ -812,6 +823,8 @@ pub enum Field {
     Checkpointing,
     /// [`StepSettings::compile`].
     Compile,
+    /// [`StepSettings::float8`].
+    Float8,
     /// [`PageState::loss`].
     Loss,
     /// [`PageState::packing`].
@@ -908,6 +921,8 @@ pub enum Field {
     ReshardAfterForward,
     /// [`ParallelSettings::shard_embeddings`].
     ShardEmbeddings,
+    /// [`ParallelSettings::float8_all_gather`].
+    Float8AllGather,
     /// [`ParallelSettings::fsdp1_sharding`].
     Fsdp1Sharding,
     /// [`ParallelSettings::fsdp1_wrap`].
@@ -943,7 +958,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 76 } else { 72 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 78 } else { 74 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -959,6 +974,7 @@ impl Field {
         Field::Attention,
         Field::Checkpointing,
         Field::Compile,
+        Field::Float8,
         Field::Loss,
         Field::Packing,
         Field::Padding,
@@ -1009,6 +1025,7 @@ impl Field {
         Field::ContextParallel,
         Field::ReshardAfterForward,
         Field::ShardEmbeddings,
+        Field::Float8AllGather,
         Field::Fsdp1Sharding,
         Field::Fsdp1Wrap,
         Field::UseOrigParams,
@@ -1052,6 +1069,8 @@ impl Field {
             Field::Attention => "attention kernel",
             Field::Checkpointing => "activation checkpointing",
             Field::Compile => "torch.compile",
+            Field::Float8 => "float8 training",
+            Field::Float8AllGather => "FSDP2 float8 all-gather",
             Field::Loss => "loss",
             Field::Packing => "sequence packing",
             Field::Padding => "padded rows",
@@ -1283,6 +1302,7 @@ impl Field {
             Field::Attention => keys_of!(AttentionKernel),
             Field::Checkpointing => keys_of!(Checkpointing, by key),
             Field::Compile => keys_of!(Compile),
+            Field::Float8 => keys_of!(crate::Float8),
             Field::Loss => keys_of!(LossKind),
             Field::Packing
             | Field::Padding
@@ -1293,6 +1313,7 @@ impl Field {
             | Field::SequenceParallel
             | Field::LossParallel
             | Field::ShardEmbeddings
+            | Field::Float8AllGather
             | Field::UseOrigParams => &ON_OFF,
             Field::Fsdp1Sharding => keys_of!(Fsdp1Sharding),
             Field::Fsdp1Wrap => keys_of!(Fsdp1Wrap),
@@ -1328,6 +1349,12 @@ impl PageState {
     pub fn travels(&self, field: Field) -> bool {
         if field == Field::SweepAxis {
             return self.sweep_axis != SweepAxis::Batch;
+        }
+        // float8, only when asked for (links without it stay as they were)
+        match field {
+            Field::Float8 => return self.step.float8 != crate::Float8::Off,
+            Field::Float8AllGather => return self.parallel.float8_all_gather,
+            _ => {}
         }
         // FSDP1's settings, only with FSDP1 (links of the other engines stay as they were)
         if matches!(
@@ -1400,6 +1427,8 @@ impl PageState {
             Field::OptimizerImpl => st.optimizer_impl as usize,
             Field::Attention => st.attention as usize,
             Field::Compile => st.compile as usize,
+            Field::Float8 => st.float8 as usize,
+            Field::Float8AllGather => usize::from(!self.parallel.float8_all_gather),
             Field::Loss => st.loss as usize,
             // the switches list `true` first
             Field::Packing => usize::from(!st.packing),
@@ -1493,6 +1522,8 @@ impl PageState {
                     Field::Attention => st.attention = *AttentionKernel::ALL.get(i)?,
                     Field::Checkpointing => st.checkpointing = *Checkpointing::ALL.get(i)?,
                     Field::Compile => st.compile = *Compile::ALL.get(i)?,
+                    Field::Float8 => st.float8 = *crate::Float8::ALL.get(i)?,
+                    Field::Float8AllGather => par.float8_all_gather = i == 0,
                     Field::Loss => st.loss = *LossKind::ALL.get(i)?,
                     Field::Packing => st.packing = i == 0,
                     Field::Padding => st.padding = i == 0,
@@ -1787,6 +1818,19 @@ impl PageState {
                 ));
             }
         }
+        // torchao's `Float8LinearConfig` refuses the float8 all-gather without tensorwise
+        // scaling
+        if self.parallel.float8_all_gather
+            && self.parallel.sharding == Sharding::Fsdp2
+            && self.step.float8 != crate::Float8::Tensorwise
+        {
+            late.push((
+                Field::Float8AllGather,
+                FieldError::Other(
+                    "torchao gathers float8 weights with tensorwise scaling only.".to_owned(),
+                ),
+            ));
+        }
         // HYBRID_SHARD shards within a node and replicates across nodes: whole nodes
         if let (Sharding::Fsdp1, Fsdp1Sharding::Hybrid, Some(n), Some(node)) = (
             self.parallel.sharding,
@@ -1889,6 +1933,8 @@ impl PageState {
                 context_parallel: cp,
                 reshard_after_forward: self.parallel.reshard_after_forward,
                 shard_embeddings: self.parallel.shard_embeddings,
+                float8_all_gather: self.parallel.float8_all_gather
+                    && self.step.float8 == crate::Float8::Tensorwise,
                 fsdp1: crate::Fsdp1 {
                     sharding: self.parallel.fsdp1_sharding,
                     wrap: self.parallel.fsdp1_wrap,

@@ -44,6 +44,11 @@ pub struct ParameterUnits {
     pub experts: u64,
     /// The largest tensor outside the layers (the embedding or the head).
     pub largest_root_tensor: u64,
+    /// Of the largest layer, the weights of its linears (what torchao's float8 training
+    /// converts: `nn.Linear`s, not a mixture's grouped experts).
+    pub largest_layer_linears: u64,
+    /// Of every layer, the same.
+    pub layers_linears: u64,
 }
 
 impl ParameterUnits {
@@ -285,14 +290,17 @@ impl Architecture {
         }
         let sum = |v: Vec<u64>| v.iter().fold(0u64, |a, &b| a.saturating_add(b));
         // a model repeats a few kinds of layer: each run of equal layers is counted once
-        let mut last: Option<(&Layer, u64)> = None;
-        let layers: Vec<u64> = spec
+        let mut last: Option<(&Layer, (u64, u64))> = None;
+        let layers: Vec<(u64, u64)> = spec
             .layers
             .iter()
             .map(|l| match last {
                 Some((seen, n)) if seen == l => n,
                 _ => {
-                    let n = sum(l.params());
+                    let linears = l.roled_linears().iter().fold(0u64, |a, (_, x)| {
+                        a.saturating_add(x.n_in.saturating_mul(x.n_out))
+                    });
+                    let n = (sum(l.params()), linears);
                     last = Some((l, n));
                     n
                 }
@@ -309,10 +317,12 @@ impl Architecture {
         Ok(ParameterUnits {
             largest_root_tensor: outside.iter().copied().max().unwrap_or(0),
             root: sum(outside),
-            largest_layer: layers.iter().copied().max().unwrap_or(0),
-            layers: sum(layers),
+            largest_layer: layers.iter().map(|l| l.0).max().unwrap_or(0),
+            layers: sum(layers.iter().map(|l| l.0).collect()),
             routed,
             experts,
+            largest_layer_linears: layers.iter().max().map_or(0, |l| l.1),
+            layers_linears: sum(layers.iter().map(|l| l.1).collect()),
         })
     }
 

@@ -35,6 +35,8 @@ pub(super) fn units(plan: &PlanInputs, units: &ParameterUnits) -> Option<Paramet
             root: units.root.saturating_add(units.layers),
             largest_layer: 0,
             layers: 0,
+            largest_layer_linears: 0,
+            layers_linears: 0,
             ..flat
         },
     })
@@ -63,6 +65,7 @@ pub(super) fn rank(
             own_units: false,
             // (NO_PREFETCH and BACKWARD_POST measured alike: one layer gathered)
             backward_prefetch: plan.fsdp1.backward_prefetch == BackwardPrefetch::Pre,
+            float8_all_gather: false,
         },
     )
 }

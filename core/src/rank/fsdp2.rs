@@ -71,6 +71,10 @@ pub(crate) struct Fsdp2Settings {
     /// The next layer's all-gather is issued before this layer's gradients are computed
     /// (FSDP2 always; FSDP1 with `BACKWARD_PRE`): two layers gathered in backward.
     pub backward_prefetch: bool,
+    /// torchao's float8 all-gather: the layers' linear weights are cast to float8 on each
+    /// rank and gathered so, a byte per element (the scales travel as metadata; measured:
+    /// `validation/FLOAT8.md`).
+    pub float8_all_gather: bool,
 }
 
 impl Fsdp2Rank {
@@ -92,6 +96,7 @@ impl Fsdp2Rank {
             root_gathered,
             own_units,
             backward_prefetch,
+            float8_all_gather,
         } = settings;
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
@@ -126,14 +131,23 @@ impl Fsdp2Rank {
         } else {
             (shards, 0)
         };
+        // a layer gathered: its float8 linears' weights at a byte each with the float8
+        // all-gather, the rest in the gathered dtype
+        let gathered_bytes = |elements: u64, linears: u64| {
+            if float8_all_gather {
+                let linears = linears.min(elements);
+                linears.saturating_add((elements - linears).saturating_mul(gathered))
+            } else {
+                elements.saturating_mul(gathered)
+            }
+        };
+        let layers = gathered_bytes(units.layers, units.layers_linears);
         Fsdp2Rank {
             state,
             root: root_gathered.saturating_mul(gathered),
-            layer: units.largest_layer.saturating_mul(gathered),
-            layers: units.layers.saturating_mul(gathered),
-            kept: reshard_after_forward
-                .kept(units.layers)
-                .saturating_mul(gathered),
+            layer: gathered_bytes(units.largest_layer, units.largest_layer_linears),
+            layers,
+            kept: reshard_after_forward.kept(layers),
             reduce: units
                 .largest_layer
                 .saturating_mul(gathered.saturating_add(reduced)),
