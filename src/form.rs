@@ -1639,15 +1639,16 @@ pub const FSDP2: &[Spec] = &[
             ("8", "To 8 GPUs (a node)"),
         ],
     ),
-    choice(
-        Field::Float8AllGather,
-        "FSDP2 float8 all-gather",
-        "float8-all-gather",
-        &[
+    // (refused without tensorwise scaling: the message shows below it)
+    Spec {
+        field: Field::Float8AllGather,
+        label: "FSDP2 float8 all-gather",
+        testid: "float8-all-gather",
+        kind: Kind::Refusable(&[
             ("off", "Off: weights gathered in bf16"),
             ("on", "On: float8 weights gathered a byte each (tensorwise)"),
-        ],
-    ),
+        ]),
+    },
     choice(
         Field::ShardEmbeddings,
         "Embeddings and head as FSDP units",

@@ -133,3 +133,29 @@ test('FSDP1 as accelerate wraps a model: its strategy, units and prefetch move t
   assert.deepEqual(errors, []);
   await context.close();
 });
+
+test('float8 training: said on the page, FSDP2 gathers float8 weights a byte each', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin
+    + '/?m=arch&model=llama3-8b&b=1&s=4096&r=mixed-bf16&o=adamw&gc=full&gpu=h100-80&gpus=8&shard=fsdp2&raf=off');
+  // (every layer kept gathered from its forward to its backward: what the float8 all-gather halves)
+  const bf16 = await bytesOf(page, 'total');
+  assert.equal(await page.getByTestId('model-notes').count(), 0);
+  await choose(page, 'float8', 'tensorwise');
+  // the step saves what bf16 saves: the same figures, and a note on what is left out
+  assert.equal(await bytesOf(page, 'total'), bf16);
+  assert.match(await page.getByTestId('model-notes').textContent(), /float8 training/);
+  await choose(page, 'float8-all-gather', 'on');
+  const gathered = await bytesOf(page, 'total');
+  assert.ok(gathered < bf16, `${gathered} >= ${bf16}`);
+  // rowwise scaling has no float8 all-gather: said next to the field
+  await choose(page, 'float8', 'rowwise');
+  assert.match(await page.getByTestId('float8-all-gather-error').textContent(), /tensorwise/);
+  await choose(page, 'float8', 'tensorwise');
+  assert.equal(await bytesOf(page, 'total'), gathered);
+  await urlSettled(page);
+  const params = new URL(page.url()).searchParams;
+  assert.equal(params.get('f8'), 'tensorwise');
+  assert.equal(params.get('f8ag'), 'on');
+  assert.deepEqual(errors, []);
+  await context.close();
+});
