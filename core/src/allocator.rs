@@ -408,6 +408,10 @@ pub struct CachingAllocator {
     free_slot: usize,
     /// `small_blocks` and `large_blocks` of each stream, indexed by [`Pool`].
     pools: [BlockPool; 2 * STREAMS],
+    /// Streams used since the allocator was made or [reset](Self::reset): only their pools
+    /// are searched on release and cleared on reset (a replay of one stream, the page's
+    /// thousands of them, pays for no other).
+    streams_used: u8,
     segments: Vec<ExpandableSegment>,
     /// Where the next segment starts: fresh address space, since nothing is ever freed.
     next_addr: u64,
@@ -431,6 +435,7 @@ impl CachingAllocator {
             blocks: Vec::new(),
             free_slot: NIL,
             pools: std::array::from_fn(|_| BlockPool::default()),
+            streams_used: 1,
             segments: Vec::new(),
             next_addr: 0,
             allocated: 0,
@@ -463,10 +468,15 @@ impl CachingAllocator {
         self.mode = mode;
         self.blocks.clear();
         self.free_slot = NIL;
-        for pool in &mut self.pools {
+        for pool in self
+            .pools
+            .iter_mut()
+            .take(2 * usize::from(self.streams_used))
+        {
             pool.blocks.clear();
             pool.unmapped.clear();
         }
+        self.streams_used = 1;
         self.segments.clear();
         self.next_addr = 0;
         self.allocated = 0;
@@ -504,6 +514,7 @@ impl CachingAllocator {
         // `malloc`: round, pick the pool, search it, and only on a miss grow the cache.
         let size = round_size(bytes);
         let pool = Pool::of(stream, get_pool(size));
+        self.streams_used = self.streams_used.max(pool.0 / 2 + 1);
         let found = match self.get_free_block(pool, size) {
             Some(block) => Some(block),
             None => self.alloc_block(pool, size),
@@ -732,7 +743,7 @@ impl CachingAllocator {
     /// `release_cached_blocks` in the default mode: every cached block that is a whole
     /// segment (`release_blocks`: no `prev`, no `next`) goes back to the driver.
     fn release_cached_blocks(&mut self) {
-        for kind in every_pool() {
+        for kind in every_pool(self.streams_used) {
             let whole: Vec<(Key, usize)> = self
                 .pool(kind)
                 .blocks
@@ -753,7 +764,7 @@ impl CachingAllocator {
     /// `release_blocks` with expandable segments: every free block's whole pages are
     /// unmapped (`unmap_block`).
     fn unmap_free_blocks(&mut self) {
-        for kind in every_pool() {
+        for kind in every_pool(self.streams_used) {
             let free: Vec<usize> = self
                 .pool(kind)
                 .blocks
@@ -1083,10 +1094,10 @@ impl CachingAllocator {
     }
 }
 
-/// Every pool, each stream's large pool before its small one (`release_cached_blocks` walks
+/// The pools of the first `streams` streams, each stream's large pool before its small one (`release_cached_blocks` walks
 /// `large_blocks`, then `small_blocks`).
-fn every_pool() -> impl Iterator<Item = Pool> {
-    (0..STREAMS as u8).flat_map(|s| [Pool::of(s, PoolKind::Large), Pool::of(s, PoolKind::Small)])
+fn every_pool(streams: u8) -> impl Iterator<Item = Pool> {
+    (0..streams).flat_map(|s| [Pool::of(s, PoolKind::Large), Pool::of(s, PoolKind::Small)])
 }
 
 /// `count * unit`, saturating: `saturating_mul` by a comparison, which WebAssembly spells
