@@ -105,7 +105,5 @@ pub(super) fn lora_flat_gradients(
     } else {
         recipe.weight_bytes()
     };
-    mixed
-        .div_ceil(plan.fsdp1.shard_group(plan.num_gpus))
-        .saturating_mul(bytes)
+    mixed.div_ceil(plan.shard_group()).saturating_mul(bytes)
 }
