@@ -7,10 +7,10 @@
 use std::process::ExitCode;
 
 use estimator_core::{
-    decode_query, encode_query, format_bytes, group_thousands, ByteUnit, Change, Evaluation,
-    EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LongestSequence, LossKind, MaxBatch,
-    Method, Mode, ModelFamily, ObjectiveKind, OptimizerImpl, PageState, PartKind, Preset, Scenario,
-    Trainer, WeightFormat,
+    decode_query, encode_query, format_bytes, group_thousands, vllm_gib, ByteUnit, Change,
+    Evaluation, EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LongestSequence, LossKind,
+    MaxBatch, Method, Mode, ModelFamily, ObjectiveKind, OptimizerImpl, PageState, PartKind, Preset,
+    Scenario, Serving, Trainer, WeightFormat,
 };
 
 mod hub;
@@ -77,7 +77,26 @@ step:
 
 inference (--optimizer none):
   --weight-format F     weights' storage (default recipe: as --precision; fp16 = bf16):
-{weight_formats}  --kv-dtype D          KV cache with --generate: {kv_dtypes}
+{weight_formats}  --kv-dtype D          KV cache with --generate or --serve: {kv_dtypes}
+
+serving (vLLM v0.11.0's start-up, per GPU of its tensor-parallel group):
+  --serve vllm          the KV cache vLLM sizes on --gpu: tokens, concurrency at
+                        --max-model-len, the longest max_model_len, where memory goes
+                        (--tp N splits the model; --gpus defaults to it)
+  --gpu-memory-utilization U
+                        the fraction of the device vLLM may take (default 0.9)
+  --max-model-len L     tokens per request (default: the model's own context)
+  --max-num-seqs N      requests per step (default 1024 on H100/H200/B200/MI300X,
+                        256 elsewhere, never above --max-num-batched-tokens)
+  --max-num-batched-tokens M
+                        tokens per step, the profile's forward (default 8192 on
+                        H100/H200/B200/MI300X, 2048 elsewhere)
+  --enforce-eager       no CUDA graphs
+  --sampler S           flashinfer (default: vLLM's Docker image has it) or torch (a
+                        plain pip install: PyTorch's top-k/top-p sort, about three
+                        times the sampler's profile memory)
+  (--weight-format bf16, fp8, int4-g128 for AWQ/GPTQ, mxfp4 for gpt-oss; --kv-dtype
+   model or fp8)
 
 objective (TRL 1.16):
   --objective O         sft (default), dpo, grpo; --trainer trl-dpo | trl-grpo sets TRL's
@@ -250,7 +269,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 67] = [
+const FIELD_FLAGS: [(&str, Field); 71] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -280,6 +299,10 @@ const FIELD_FLAGS: [(&str, Field); 67] = [
     ("--generate", Field::NewTokens),
     ("--weight-format", Field::WeightFormat),
     ("--kv-dtype", Field::KvDtype),
+    ("--gpu-memory-utilization", Field::GpuMemoryUtilization),
+    ("--max-model-len", Field::MaxModelLen),
+    ("--max-num-seqs", Field::MaxNumSeqs),
+    ("--max-num-batched-tokens", Field::MaxNumBatchedTokens),
     ("--gpu", Field::Gpu),
     ("--capacity-mib", Field::CustomCapacity),
     ("--allocator", Field::Allocator),
@@ -328,6 +351,14 @@ const LORA_FLAGS: [&str; 6] = [
     "--lora-targets",
     "--lora-dtype",
     "--base-dtype",
+];
+const SERVE_FLAGS: [&str; 6] = [
+    "--sampler",
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--enforce-eager",
 ];
 const QLORA_FLAGS: [&str; 3] = ["--quant", "--double-quant", "--kbit-prepare"];
 /// Flags that mean something only for a vision-language model.
@@ -427,6 +458,30 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 }
                 set(&mut state, flag, Field::Sharding, &format!("zero{stage}"))?;
             }
+            "--serve" => {
+                let engine = value()?;
+                let on = match engine {
+                    "vllm" => "on",
+                    "off" => "off",
+                    other => return Err(format!("--serve {other:?}: expected vllm or off.")),
+                };
+                set(&mut state, flag, Field::Serve, on)?;
+                // vLLM runs the model without gradients
+                set(&mut state, flag, Field::Optimizer, "none")?;
+            }
+            "--enforce-eager" => set(&mut state, flag, Field::EnforceEager, "on")?,
+            "--sampler" => {
+                let on = match value()? {
+                    "flashinfer" => "on",
+                    "torch" => "off",
+                    other => {
+                        return Err(format!(
+                            "--sampler {other:?}: expected flashinfer or torch."
+                        ))
+                    }
+                };
+                set(&mut state, flag, Field::FlashinferSampler, on)?;
+            }
             "--preset" => {
                 state.mode = Mode::Architecture;
                 set(&mut state, flag, Field::Model, value()?)?;
@@ -488,10 +543,20 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
             state.step.optimizer.key()
         ));
     }
+    let serving = state.inference.serve;
+    if let Some(flag) = given(&SERVE_FLAGS).filter(|_| !serving) {
+        return Err(format!("{flag} needs --serve vllm"));
+    }
+    if serving && given(&["--gpus"]).is_none() {
+        // one vLLM server: its tensor-parallel group
+        let tp = state.parallel.tensor_parallel.clone();
+        set(&mut state, "--tp", Field::NumGpus, &tp)?;
+    }
     if given(&["--weight-format"]).is_some() && state.step.optimizer.trains() {
         return Err("--weight-format needs --optimizer none (inference)".to_owned());
     }
     if given(&["--kv-dtype"]).is_some()
+        && !serving
         && (state.step.optimizer.trains()
             || state.inference.new_tokens.trim().parse::<u64>() == Ok(0))
     {
@@ -940,6 +1005,118 @@ fn readable_plans(plans: &[FitPlan], unit: ByteUnit) -> String {
     out
 }
 
+/// `--json`'s `serving`: vLLM's start-up figures, per GPU.
+fn serving_json(s: &Serving) -> serde_json::Value {
+    serde_json::json!({
+        "kv_cache_tokens": s.kv_cache_tokens,
+        "max_concurrency": (s.max_concurrency * 100.0).floor() / 100.0,
+        "max_model_len": s.max_model_len,
+        "max_model_len_fits": s.max_model_len_fits,
+        "largest_max_model_len": s.largest_max_model_len,
+        "kv_cache_bytes": s.kv_cache_bytes,
+        "available_kv_bytes": s.available_kv_bytes,
+        "weights_bytes": s.weights_bytes,
+        "activation_bytes": s.activation_bytes,
+        "non_torch_bytes": s.non_torch_bytes,
+        "cuda_graph_bytes": s.cuda_graph_bytes,
+        "cuda_graphs_fit": s.graphs_fit(),
+        "headroom_bytes": s.headroom_bytes,
+        "requested_bytes": s.requested_bytes,
+        "device_total_bytes": s.device_total_bytes,
+        "block_size": s.block_size,
+        "num_blocks": s.num_blocks,
+        "kv_groups": s.kv_groups,
+        "layers_per_group": s.layers_per_group,
+        "kv_bytes_per_token": s.kv_bytes_per_token,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+    })
+}
+
+/// vLLM's start-up as its log would say it, per GPU.
+fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
+    let b = |bytes: u64| format_bytes(bytes, unit);
+    let mut out = format!(
+        "vLLM start-up     per GPU, as vLLM v0.11.0 sizes it (GiB = 2^30 in its log)\n\
+         device total      {} (gpu_memory_utilization takes {})\n\
+         weights           {} (Model loading took {} GiB)\n\
+         profile peak      {} (a forward of {} tokens, the sampler over {} requests)\n\
+         outside torch     {}\n\
+         KV cache          {} available ({} GiB), {} allocated\n\
+         KV tokens         {} (GPU KV cache size), {} per token, {} blocks of {}\n\
+         concurrency       {:.2}x at {} tokens per request\n\
+         longest request   {} tokens (max_model_len that fits)\n",
+        b(s.device_total_bytes),
+        b(s.requested_bytes),
+        b(s.weights_bytes),
+        vllm_gib(s.weights_bytes),
+        b(s.activation_bytes),
+        group_thousands(s.max_num_batched_tokens),
+        group_thousands(s.max_num_seqs.min(s.max_num_batched_tokens)),
+        b(s.non_torch_bytes),
+        b(u64::try_from(s.available_kv_bytes).unwrap_or(0)),
+        if s.available_kv_bytes < 0 {
+            format!("-{}", vllm_gib(s.available_kv_bytes.unsigned_abs()))
+        } else {
+            vllm_gib(s.available_kv_bytes.unsigned_abs())
+        },
+        b(s.kv_cache_bytes),
+        group_thousands(s.kv_cache_tokens),
+        b(s.kv_bytes_per_token),
+        group_thousands(s.num_blocks),
+        s.block_size,
+        (s.max_concurrency * 100.0).floor() / 100.0,
+        group_thousands(s.max_model_len),
+        group_thousands(s.largest_max_model_len),
+    );
+    out.push_str(&format!(
+        "CUDA graphs       {} of the {} headroom{}\n",
+        b(s.cuda_graph_bytes),
+        b(s.headroom_bytes),
+        if s.graphs_fit() {
+            ""
+        } else {
+            " (they do not fit: lower gpu_memory_utilization or --enforce-eager)"
+        }
+    ));
+    if s.available_kv_bytes <= 0 {
+        out.push_str("verdict           vLLM refuses to start: no memory for the KV cache\n");
+    } else if !s.max_model_len_fits {
+        out.push_str(&format!(
+            "verdict           vLLM refuses to start: one request of {} tokens does not fit (at most {})\n",
+            group_thousands(s.max_model_len),
+            group_thousands(s.largest_max_model_len)
+        ));
+    }
+    out
+}
+
+/// Prints vLLM's start-up (or why it cannot be sized) and the exit code.
+fn print_serving(serving: Result<Serving, (Field, String)>, options: &Options) -> ExitCode {
+    let s = match serving {
+        Ok(s) => s,
+        Err((field, why)) => {
+            eprintln!("memest: {}: {why}", field.label());
+            return ExitCode::from(1);
+        }
+    };
+    let notes = estimator_core::parse_page(&options.state).notes;
+    if options.json {
+        let out = serde_json::json!({
+            "serving": serving_json(&s),
+            "query": encode_query(&options.state),
+            "notes": notes,
+        });
+        println!("{out}");
+    } else {
+        print!("{}", readable_serving(&s, options.state.byte_unit));
+        for note in &notes {
+            println!("note              {note}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 /// Reports what keeps the inputs from being evaluated, on stderr.
 fn report(why: &EvaluationError) {
     match why {
@@ -985,6 +1162,9 @@ fn main() -> ExitCode {
     }
     // parsed once for the figures and the plans
     let scenario = Scenario::parse(&options.state);
+    if let Some(serving) = scenario.as_ref().ok().and_then(Scenario::serve) {
+        return print_serving(serving, &options);
+    }
     let e = match scenario
         .as_ref()
         .map_err(Clone::clone)

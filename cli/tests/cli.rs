@@ -1782,3 +1782,102 @@ fn fsdp1_flags_follow_accelerate() {
         "{err}"
     );
 }
+
+#[test]
+fn serving_with_vllm_sizes_the_kv_cache() {
+    let (code, stdout, stderr) = memest(&[
+        "--preset",
+        "llama3.1-8b",
+        "--serve",
+        "vllm",
+        "--gpu",
+        "h100-80",
+        "--max-model-len",
+        "8192",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let s = &v["serving"];
+    // 32 layers x 8 key/value heads x 128 x K and V x bf16
+    assert_eq!(s["kv_bytes_per_token"], 131_072);
+    assert_eq!(s["block_size"], 16);
+    assert_eq!(s["max_num_seqs"], 1024);
+    assert_eq!(s["max_num_batched_tokens"], 8192);
+    let tokens = s["kv_cache_tokens"].as_u64().unwrap();
+    let blocks = s["num_blocks"].as_u64().unwrap();
+    assert_eq!(tokens, blocks * 16);
+    let concurrency = s["max_concurrency"].as_f64().unwrap();
+    assert!(
+        (concurrency - blocks as f64 / 512.0).abs() < 0.01,
+        "{concurrency}"
+    );
+    // the KV cache is what the budget leaves: requested less weights, profile, outside torch
+    let available = s["available_kv_bytes"].as_i64().unwrap();
+    let parts = ["weights_bytes", "activation_bytes", "non_torch_bytes"]
+        .iter()
+        .map(|k| s[k].as_i64().unwrap())
+        .sum::<i64>();
+    assert_eq!(available, s["requested_bytes"].as_i64().unwrap() - parts);
+    assert!(s["kv_cache_bytes"].as_i64().unwrap() <= available);
+    assert_eq!(s["max_model_len_fits"], true);
+    assert!(v["query"].as_str().unwrap().contains("srv=on"));
+
+    // the readable form names vLLM's log lines
+    let (code, stdout, _) = memest(&[
+        "--preset",
+        "llama3.1-8b",
+        "--serve",
+        "vllm",
+        "--gpu",
+        "h100-80",
+        "--tp",
+        "2",
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("GPU KV cache size"), "{stdout}");
+    assert!(stdout.contains("131,072 tokens per request"), "{stdout}");
+}
+
+#[test]
+fn serving_refusals_name_the_field() {
+    refused_on_llama(
+        &["--max-model-len", "4096"],
+        "memest: --max-model-len needs --serve vllm",
+    );
+    refused_on_llama(&["--serve", "sglang"], "memest: --serve \"sglang\"");
+    refused_on_llama(&["--serve", "vllm"], "memest: GPU: Pick a GPU");
+    refused_on_llama(
+        &[
+            "--serve",
+            "vllm",
+            "--gpu",
+            "h100-80",
+            "--gpu-memory-utilization",
+            "1.5",
+        ],
+        "memest: gpu_memory_utilization: At most 1",
+    );
+    refused_on_llama(
+        &[
+            "--serve",
+            "vllm",
+            "--gpu",
+            "h100-80",
+            "--max-model-len",
+            "100000",
+        ],
+        "memest: max_model_len: The model's context is 8192 tokens",
+    );
+    refused_on_llama(
+        &[
+            "--serve",
+            "vllm",
+            "--gpu",
+            "h100-80",
+            "--weight-format",
+            "q4_k_m",
+        ],
+        "memest: weight format: GGUF Q4_K_M is a llama.cpp file",
+    );
+}

@@ -323,7 +323,7 @@ pub(crate) enum Parsed {
         activation_bytes_per_sample: u64,
     },
     /// Architecture mode.
-    Architecture(ArchModel),
+    Architecture(Box<ArchModel>),
 }
 
 /// A model of the architecture mode with the figures of its architecture that every step
@@ -513,7 +513,7 @@ pub(crate) fn parse_model(
                 }
             };
             Ok((
-                Parsed::Architecture(ArchModel::new(arch, new_tokens)),
+                Parsed::Architecture(Box::new(ArchModel::new(arch, new_tokens))),
                 Knobs {
                     peft,
                     objective,

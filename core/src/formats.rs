@@ -193,6 +193,9 @@ enum Scheme {
     Layers { block: Block, row_scale_bits: u64 },
     /// llama.cpp's mix.
     Gguf(GgufMix),
+    /// The routed experts' weights in `block`, everything else in 16 bits (gpt-oss's MXFP4
+    /// checkpoints quantize only the experts).
+    Experts(Block),
 }
 
 /// How the weights are stored for inference.
@@ -235,11 +238,14 @@ pub enum WeightFormat {
     /// GGUF Q2_K: Q2_K, with `attn_v` in Q4_K (Q3_K with fewer than 4 query heads per
     /// key/value head), `ffn_down` and `attn_output` in Q3_K and the head in Q6_K.
     Q2K,
+    /// MXFP4 experts (gpt-oss): the routed experts in 4-bit e2m1 with an 8-bit e8m0 scale
+    /// per 32 (17 bytes per 32 weights), everything else in bf16.
+    Mxfp4,
 }
 
 impl WeightFormat {
     /// Every format, in the order the page lists them.
-    pub const ALL: [WeightFormat; 13] = [
+    pub const ALL: [WeightFormat; 14] = [
         WeightFormat::Recipe,
         WeightFormat::Half,
         WeightFormat::Fp8,
@@ -253,6 +259,7 @@ impl WeightFormat {
         WeightFormat::Q4KM,
         WeightFormat::Q3KM,
         WeightFormat::Q2K,
+        WeightFormat::Mxfp4,
     ];
 
     /// How the format stores weights: the one table of the formats' data.
@@ -350,6 +357,10 @@ impl WeightFormat {
                 LayerRule::All(T::Q3K),
                 T::Q3K,
             ),
+            WeightFormat::Mxfp4 => Scheme::Experts(Block {
+                elements: 32,
+                bits: 32 * 4 + 8,
+            }),
         }
     }
 
@@ -370,6 +381,7 @@ impl WeightFormat {
             WeightFormat::Q4KM => "q4_k_m",
             WeightFormat::Q3KM => "q3_k_m",
             WeightFormat::Q2K => "q2_k",
+            WeightFormat::Mxfp4 => "mxfp4",
         }
     }
 
@@ -390,6 +402,7 @@ impl WeightFormat {
             WeightFormat::Q4KM => "GGUF Q4_K_M",
             WeightFormat::Q3KM => "GGUF Q3_K_M",
             WeightFormat::Q2K => "GGUF Q2_K",
+            WeightFormat::Mxfp4 => "MXFP4 experts (gpt-oss)",
         }
     }
 
@@ -409,6 +422,20 @@ impl WeightFormat {
     #[must_use]
     pub const fn is_gguf(self) -> bool {
         matches!(self.scheme(), Scheme::Gguf(_))
+    }
+
+    /// How vLLM holds a checkpoint in this format: the block of the linears' weights and the
+    /// block of the routed experts' (embeddings, head, norms and routers stay in 16 bits;
+    /// int8's per-row scales, a tenth of a percent, are left out); `None` for a llama.cpp
+    /// file. The recipe's format is a 16-bit checkpoint: vLLM serves fp32 ones in 16 bits.
+    #[must_use]
+    pub(crate) const fn vllm_blocks(self) -> Option<(Block, Block)> {
+        match self.scheme() {
+            Scheme::Recipe => Some((Block::plain(2), Block::plain(2))),
+            Scheme::Uniform(b) | Scheme::Layers { block: b, .. } => Some((b, b)),
+            Scheme::Experts(b) => Some((Block::plain(2), b)),
+            Scheme::Gguf(_) => None,
+        }
     }
 
     /// Bytes of `arch`'s weights in this format, or `None` for [`WeightFormat::Recipe`]
@@ -441,6 +468,9 @@ impl WeightFormat {
                     .saturating_add(bytes(scales, rows))
             }
             Scheme::Gguf(mix) => shape.gguf_bytes(mix),
+            Scheme::Experts(block) => {
+                bytes(half, shape.total - shape.experts).saturating_add(bytes(block, shape.experts))
+            }
         };
         Some(total)
     }
@@ -477,6 +507,8 @@ pub(crate) struct WeightShape {
     ffn_down: u64,
     /// Query heads per key/value head.
     gqa: u64,
+    /// The routed experts' weights (0 for a dense model).
+    experts: u64,
 }
 
 impl WeightShape {
@@ -539,6 +571,7 @@ impl WeightShape {
             attn_output,
             ffn_down,
             gqa: heads / kv_heads.max(1),
+            experts: arch.routed_expert_parameter_count().min(total),
         }
     }
 

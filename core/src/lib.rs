@@ -20,6 +20,7 @@ mod plan;
 mod query;
 mod rank;
 mod scenario;
+mod serve;
 mod simple;
 mod state;
 mod sweep;
@@ -47,6 +48,9 @@ pub use plan::{
 };
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use scenario::{parse_page, Page, Scenario};
+pub use serve::{
+    serve_vllm, vllm_gib, ServeDevice, ServeInputs, Serving, VllmSettings, DEFAULT_UTILIZATION_PPM,
+};
 pub use simple::{
     parse_activation_mb, parse_batch, parse_params, simple_breakdown, simple_breakdown_at_batch,
     Breakdown, ParamUnit, Precision, SimpleInputs, TooLarge, BYTES_PER_MB, MAX_BATCH, MAX_PARAMS,

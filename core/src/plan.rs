@@ -193,6 +193,60 @@ impl Gpu {
         })
     }
 
+    /// Total memory as the driver reports it to PyTorch (`torch.cuda.mem_get_info()[1]`),
+    /// in MiB: below nvidia-smi's figure ([`Gpu::capacity_mib`]) by what the driver keeps.
+    /// Quoted per GPU in `validation/published/gpu-totals.tsv`; `None` for Macs, the CPU and a
+    /// custom GPU.
+    #[must_use]
+    pub const fn driver_total_mib(self) -> Option<u64> {
+        Some(match self {
+            Gpu::Rtx3090 => 24_146,
+            Gpu::Rtx4090 => 24_207,
+            Gpu::Rtx5090 => 32_113,
+            Gpu::A10g => 22_587,
+            Gpu::L4 => 22_559,
+            Gpu::L40s => 45_455,
+            Gpu::T4 => 15_104,
+            Gpu::V100_16 => 16_160,
+            Gpu::V100_32 => 32_510,
+            Gpu::A100_40 => 40_509,
+            Gpu::A100_80 => 81_049,
+            Gpu::H100_80 => 81_090,
+            Gpu::H200 => 143_156,
+            Gpu::B200 => 182_631,
+            Gpu::Mi300x => 196_592,
+            _ => return None,
+        })
+    }
+
+    /// The device as vLLM's worker sees it; `custom_mib` is a custom GPU's capacity (taken as
+    /// the driver's total). `None` for a Mac or the CPU.
+    #[must_use]
+    pub const fn serve_device(self, custom_mib: Option<u64>) -> Option<crate::ServeDevice> {
+        let mib = match (self, self.driver_total_mib(), custom_mib) {
+            (_, Some(mib), _) | (Gpu::Custom, None, Some(mib)) => mib,
+            _ => return None,
+        };
+        let total_bytes = mib * BYTES_PER_MIB;
+        Some(crate::ServeDevice {
+            total_bytes,
+            // the scheduler's "large GPU": 70 GiB or more, A100s excepted (vLLM PR #17885)
+            large: total_bytes >= 70 << 30 && !matches!(self, Gpu::A100_80 | Gpu::A100_40),
+            compute_capability: match self {
+                Gpu::V100_16 | Gpu::V100_32 => 70,
+                Gpu::T4 => 75,
+                Gpu::A100_40 | Gpu::A100_80 => 80,
+                Gpu::Rtx3090 | Gpu::A10g => 86,
+                Gpu::Rtx4090 | Gpu::L4 | Gpu::L40s => 89,
+                Gpu::H100_80 | Gpu::H200 | Gpu::Custom => 90,
+                Gpu::B200 => 100,
+                Gpu::Rtx5090 => 120,
+                _ => 0,
+            },
+            rocm: matches!(self, Gpu::Mi300x),
+        })
+    }
+
     /// Short stable key used in URLs and the CLI.
     #[must_use]
     pub const fn key(self) -> &'static str {

@@ -18,6 +18,29 @@ pub struct Scenario {
     plan: PlanInputs,
     parsed: Parsed,
     knobs: Knobs,
+    /// vLLM serving, when it is on: the device as its worker sees it and its settings.
+    serve: Option<crate::ServeInputs>,
+}
+
+/// The scenario of parsed inputs and `state`'s vLLM settings, the errors of both together.
+fn scenario_of(
+    state: &PageState,
+    parsed: Result<(PlanInputs, Parsed, Knobs), EvaluationError>,
+) -> Result<Scenario, EvaluationError> {
+    match (parsed, state.vllm_inputs()) {
+        (Ok((plan, parsed, knobs)), Ok(serve)) => Ok(Scenario {
+            plan,
+            parsed,
+            knobs,
+            serve,
+        }),
+        (Err(EvaluationError::Fields(mut a)), Err(b)) => {
+            a.extend(b);
+            Err(EvaluationError::Fields(a))
+        }
+        (Ok(_), Err(b)) => Err(EvaluationError::Fields(b)),
+        (Err(e), _) => Err(e),
+    }
 }
 
 impl Scenario {
@@ -28,10 +51,31 @@ impl Scenario {
     /// # Errors
     /// Invalid fields or an unusable model.
     pub fn parse(state: &PageState) -> Result<Self, EvaluationError> {
-        parse_all(state, None).map(|(plan, parsed, knobs)| Self {
-            plan,
-            parsed,
-            knobs,
+        scenario_of(state, parse_all(state, None))
+    }
+
+    /// What vLLM's start-up makes of the model on the chosen GPU, when serving is on
+    /// (`None` when it is off), with the plan's tensor-parallel size.
+    ///
+    /// # Errors
+    /// The field vLLM would refuse, and why.
+    #[must_use]
+    pub fn serve(&self) -> Option<Result<crate::Serving, (Field, String)>> {
+        let (device, settings) = self.serve?;
+        Some(match &self.parsed {
+            Parsed::Architecture(model) => crate::serve_vllm(
+                &model.arch,
+                device,
+                &crate::VllmSettings {
+                    tensor_parallel: self.plan.tensor_parallel,
+                    ..settings
+                },
+            ),
+            Parsed::Simple { .. } => Err((
+                Field::Mode,
+                "Serving is sized from the model's layers: pick a preset or paste a config.json."
+                    .to_owned(),
+            )),
         })
     }
 
@@ -152,11 +196,7 @@ pub fn parse_page(state: &PageState) -> Page {
         }
         (Some(parsed), None) => parsed.as_ref().err().map(ToString::to_string),
     };
-    let scenario = parse_all(state, arch.as_ref()).map(|(plan, parsed, knobs)| Scenario {
-        plan,
-        parsed,
-        knobs,
-    });
+    let scenario = scenario_of(state, parse_all(state, arch.as_ref()));
     Page {
         scenario,
         field_errors,

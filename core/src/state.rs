@@ -158,6 +158,10 @@ impl Clone for PageState {
             },
             inference: InferenceSettings {
                 new_tokens: text(),
+                gpu_memory_utilization: text(),
+                max_model_len: text(),
+                max_num_seqs: text(),
+                max_num_batched_tokens: text(),
                 ..self.inference
             },
             hardware: HardwareSettings {
@@ -464,6 +468,20 @@ pub struct InferenceSettings {
     pub weight_format: WeightFormat,
     /// The dtype of the KV cache.
     pub kv_dtype: KvDtype,
+    /// Serve with vLLM: size its KV cache instead of one generation's.
+    pub serve: bool,
+    /// vLLM's `gpu_memory_utilization`, as typed (a fraction of the device).
+    pub gpu_memory_utilization: String,
+    /// vLLM's `max_model_len`, as typed (empty: the model's own).
+    pub max_model_len: String,
+    /// vLLM's `max_num_seqs`, as typed (empty: the device's default).
+    pub max_num_seqs: String,
+    /// vLLM's `max_num_batched_tokens`, as typed (empty: the device's default).
+    pub max_num_batched_tokens: String,
+    /// vLLM's `enforce_eager`: no CUDA graphs.
+    pub enforce_eager: bool,
+    /// vLLM samples with FlashInfer (its Docker image), else with PyTorch's sort.
+    pub flashinfer_sampler: bool,
 }
 
 impl Default for InferenceSettings {
@@ -472,6 +490,13 @@ impl Default for InferenceSettings {
             new_tokens: "0".to_owned(),
             weight_format: WeightFormat::Recipe,
             kv_dtype: KvDtype::Model,
+            serve: false,
+            gpu_memory_utilization: "0.9".to_owned(),
+            max_model_len: String::new(),
+            max_num_seqs: String::new(),
+            max_num_batched_tokens: String::new(),
+            enforce_eager: false,
+            flashinfer_sampler: false,
         }
     }
 }
@@ -481,6 +506,13 @@ impl Section for InferenceSettings {
         (Field::NewTokens, "gen"),
         (Field::WeightFormat, "wf"),
         (Field::KvDtype, "kvd"),
+        (Field::Serve, "srv"),
+        (Field::GpuMemoryUtilization, "gmu"),
+        (Field::MaxModelLen, "mml"),
+        (Field::MaxNumSeqs, "mns"),
+        (Field::MaxNumBatchedTokens, "mbt"),
+        (Field::EnforceEager, "eager"),
+        (Field::FlashinferSampler, "fis"),
     ];
 }
 
@@ -887,6 +919,20 @@ pub enum Field {
     WeightFormat,
     /// [`PageState::kv_dtype`].
     KvDtype,
+    /// [`InferenceSettings::serve`].
+    Serve,
+    /// [`InferenceSettings::gpu_memory_utilization`].
+    GpuMemoryUtilization,
+    /// [`InferenceSettings::max_model_len`].
+    MaxModelLen,
+    /// [`InferenceSettings::max_num_seqs`].
+    MaxNumSeqs,
+    /// [`InferenceSettings::max_num_batched_tokens`].
+    MaxNumBatchedTokens,
+    /// [`InferenceSettings::enforce_eager`].
+    EnforceEager,
+    /// [`InferenceSettings::flashinfer_sampler`].
+    FlashinferSampler,
     /// [`PageState::gpu`].
     Gpu,
     /// [`PageState::custom_capacity_mib`].
@@ -958,7 +1004,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 78 } else { 74 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 85 } else { 81 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -1008,6 +1054,13 @@ impl Field {
         Field::NewTokens,
         Field::WeightFormat,
         Field::KvDtype,
+        Field::Serve,
+        Field::GpuMemoryUtilization,
+        Field::MaxModelLen,
+        Field::MaxNumSeqs,
+        Field::MaxNumBatchedTokens,
+        Field::EnforceEager,
+        Field::FlashinferSampler,
         Field::Gpu,
         Field::CustomCapacity,
         Field::RamCapacity,
@@ -1104,6 +1157,13 @@ impl Field {
             Field::NewTokens => "generated tokens",
             Field::WeightFormat => "weight format",
             Field::KvDtype => "KV-cache dtype",
+            Field::Serve => "serve with vLLM",
+            Field::GpuMemoryUtilization => "gpu_memory_utilization",
+            Field::MaxModelLen => "max_model_len",
+            Field::MaxNumSeqs => "max_num_seqs",
+            Field::MaxNumBatchedTokens => "max_num_batched_tokens",
+            Field::EnforceEager => "enforce_eager",
+            Field::FlashinferSampler => "FlashInfer sampler",
             Field::Gpu => "GPU",
             Field::CustomCapacity => "custom capacity (MiB)",
             Field::RamCapacity => "CPU RAM (GiB)",
@@ -1166,6 +1226,31 @@ fn fraction_permille(text: &str) -> Result<u64, FieldError> {
         }
         e => e,
     })
+}
+
+/// The longest `max_model_len` or `max_num_batched_tokens` typed in (16M tokens).
+const MAX_SERVED_TOKENS: u64 = 1 << 24;
+/// The most `max_num_seqs` typed in.
+const MAX_NUM_SEQS: u64 = 1 << 16;
+
+/// vLLM's `gpu_memory_utilization`: a fraction in (0, 1], in parts per million.
+fn parse_utilization(text: &str) -> Result<u32, FieldError> {
+    crate::number::parse_rounded_amount(text, 1_000_000, 1_000_000)
+        .map(|ppm| u32::try_from(ppm).unwrap_or(1_000_000))
+        .map_err(|e| match e {
+            FieldError::TooLarge { .. } => {
+                FieldError::Other("At most 1 (the whole device).".to_owned())
+            }
+            e => e,
+        })
+}
+
+/// A count in `1..=max`, or `None` for an empty field (vLLM's default).
+fn parse_optional_count(text: &str, max: u64) -> Result<Option<u64>, FieldError> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    parse_count(text, max, "tokens", false).map(Some)
 }
 
 const fn on_off(value: bool) -> &'static str {
@@ -1236,6 +1321,10 @@ text_fields! {
     LoraDropout => training.lora_dropout,
     LoraTargets => training.lora_targets,
     NewTokens => inference.new_tokens,
+    GpuMemoryUtilization => inference.gpu_memory_utilization,
+    MaxModelLen => inference.max_model_len,
+    MaxNumSeqs => inference.max_num_seqs,
+    MaxNumBatchedTokens => inference.max_num_batched_tokens,
     CustomCapacity => hardware.custom_capacity_mib,
     RamCapacity => hardware.ram_gib,
     CudaContext => hardware.cuda_context_mib,
@@ -1314,7 +1403,10 @@ impl Field {
             | Field::LossParallel
             | Field::ShardEmbeddings
             | Field::Float8AllGather
-            | Field::UseOrigParams => &ON_OFF,
+            | Field::UseOrigParams
+            | Field::Serve
+            | Field::EnforceEager
+            | Field::FlashinferSampler => &ON_OFF,
             Field::Fsdp1Sharding => keys_of!(Fsdp1Sharding),
             Field::Fsdp1Wrap => keys_of!(Fsdp1Wrap),
             Field::BackwardPrefetch => keys_of!(BackwardPrefetch),
@@ -1451,6 +1543,9 @@ impl PageState {
             Field::KbitPrepare => usize::from(!tr.kbit_prepare),
             Field::WeightFormat => self.inference.weight_format as usize,
             Field::KvDtype => self.inference.kv_dtype as usize,
+            Field::Serve => usize::from(!self.inference.serve),
+            Field::EnforceEager => usize::from(!self.inference.enforce_eager),
+            Field::FlashinferSampler => usize::from(!self.inference.flashinfer_sampler),
             Field::Gpu => self.hardware.gpu? as usize,
             Field::Allocator => self.hardware.allocator as usize,
             Field::SequenceParallel => usize::from(!par.sequence_parallel),
@@ -1543,6 +1638,9 @@ impl PageState {
                     Field::Quant => tr.quant = *Quant4::ALL.get(i)?,
                     Field::DoubleQuant => tr.double_quant = i == 0,
                     Field::KbitPrepare => tr.kbit_prepare = i == 0,
+                    Field::Serve => self.inference.serve = i == 0,
+                    Field::EnforceEager => self.inference.enforce_eager = i == 0,
+                    Field::FlashinferSampler => self.inference.flashinfer_sampler = i == 0,
                     Field::Gpu => self.hardware.gpu = Some(*Gpu::ALL.get(i)?),
                     Field::Allocator => self.hardware.allocator = *AllocatorMode::ALL.get(i)?,
                     Field::Sharding => par.sharding = *Sharding::ALL.get(i)?,
@@ -1694,6 +1792,75 @@ impl PageState {
     /// The message for the field.
     pub fn parsed_new_tokens(&self) -> Result<u64, FieldError> {
         parse_count(&self.inference.new_tokens, MAX_NEW_TOKENS, "tokens", true)
+    }
+
+    /// vLLM's settings and the device as its worker sees it, when serving is on (the
+    /// tensor-parallel size is the plan's, set by [`Scenario::serve`](crate::Scenario::serve)).
+    ///
+    /// # Errors
+    /// The vLLM fields that do not parse, and a missing or unusable device.
+    pub fn vllm_inputs(&self) -> Result<Option<crate::ServeInputs>, Vec<(Field, String)>> {
+        let inf = &self.inference;
+        if !inf.serve {
+            return Ok(None);
+        }
+        let mut errors = Vec::new();
+        let mut keep = |field: Field, e: FieldError| errors.push((field, e.to_string()));
+        let utilization = parse_utilization(&inf.gpu_memory_utilization)
+            .map_err(|e| keep(Field::GpuMemoryUtilization, e));
+        let len = parse_optional_count(&inf.max_model_len, MAX_SERVED_TOKENS)
+            .map_err(|e| keep(Field::MaxModelLen, e));
+        let seqs = parse_optional_count(&inf.max_num_seqs, MAX_NUM_SEQS)
+            .map_err(|e| keep(Field::MaxNumSeqs, e));
+        let batched = parse_optional_count(&inf.max_num_batched_tokens, MAX_SERVED_TOKENS)
+            .map_err(|e| keep(Field::MaxNumBatchedTokens, e));
+        let custom = parse_count(
+            &self.hardware.custom_capacity_mib,
+            MAX_CAPACITY_MIB,
+            "MiB",
+            false,
+        )
+        .ok();
+        let device = match self.hardware.gpu {
+            None => {
+                errors.push((
+                    Field::Gpu,
+                    "Pick a GPU: vLLM sizes its KV cache from the device's memory.".to_owned(),
+                ));
+                None
+            }
+            Some(gpu) => match gpu.serve_device(custom) {
+                Some(d) => Some(d),
+                None => {
+                    errors.push((
+                        Field::Gpu,
+                        "vLLM serves on CUDA and ROCm GPUs: pick one, or a custom GPU.".to_owned(),
+                    ));
+                    None
+                }
+            },
+        };
+        match (utilization, len, seqs, batched, device) {
+            (Ok(utilization_ppm), Ok(max_model_len), Ok(max_num_seqs), Ok(batched), Some(d))
+                if errors.is_empty() =>
+            {
+                Ok(Some((
+                    d,
+                    crate::VllmSettings {
+                        utilization_ppm,
+                        tensor_parallel: 1,
+                        max_model_len,
+                        max_num_seqs,
+                        max_num_batched_tokens: batched,
+                        weight_format: inf.weight_format,
+                        kv_dtype: inf.kv_dtype,
+                        enforce_eager: inf.enforce_eager,
+                        flashinfer_sampler: inf.flashinfer_sampler,
+                    },
+                )))
+            }
+            _ => Err(errors),
+        }
     }
 
     /// The model of the architecture mode: the preset's, or the pasted config's.
@@ -1984,6 +2151,23 @@ impl PageState {
             ),
             (Field::SeqLen, self.parsed_seq_len().map(drop)),
             (Field::NewTokens, self.parsed_new_tokens().map(drop)),
+            (
+                Field::GpuMemoryUtilization,
+                parse_utilization(&self.inference.gpu_memory_utilization).map(drop),
+            ),
+            (
+                Field::MaxModelLen,
+                parse_optional_count(&self.inference.max_model_len, MAX_SERVED_TOKENS).map(drop),
+            ),
+            (
+                Field::MaxNumSeqs,
+                parse_optional_count(&self.inference.max_num_seqs, MAX_NUM_SEQS).map(drop),
+            ),
+            (
+                Field::MaxNumBatchedTokens,
+                parse_optional_count(&self.inference.max_num_batched_tokens, MAX_SERVED_TOKENS)
+                    .map(drop),
+            ),
             (Field::LoraRank, rank.map(drop)),
             (Field::LoraAlpha, alpha),
             (Field::LoraDropout, dropout.map(drop)),

@@ -16,6 +16,11 @@ pub struct Architecture {
     pub(crate) spec: Box<ModelSpec>,
     /// Longest sequence the model accepts (learned positions), if limited.
     pub(crate) max_seq: Option<u64>,
+    /// The rotary positions the config declares, for serving (`None` when it gives no
+    /// `max_position_embeddings`).
+    pub(crate) positions: Option<super::families::Positions>,
+    /// The format a quantized checkpoint stores its weights in (`quantization_config`).
+    pub(crate) checkpoint: Option<crate::WeightFormat>,
     /// What the estimate covers or assumes beyond the config (shown next to the estimate).
     pub(crate) notes: Vec<&'static str>,
     /// The fields the reader used, as a compact `config.json`.
@@ -82,6 +87,8 @@ impl Architecture {
             family: self.family,
             spec: Box::new(spec),
             max_seq: self.max_seq,
+            positions: self.positions,
+            checkpoint: self.checkpoint,
             notes: self.notes.clone(),
             compact: String::new(),
             n_params,
@@ -169,6 +176,17 @@ impl Architecture {
     #[must_use]
     pub fn max_positions(&self) -> Option<u64> {
         self.max_seq
+    }
+    /// The format of a quantized checkpoint's weights, when its config says (AWQ, GPTQ,
+    /// fp8, MXFP4).
+    #[must_use]
+    pub fn checkpoint_format(&self) -> Option<crate::WeightFormat> {
+        self.checkpoint
+    }
+    /// The longest `max_model_len` vLLM allows for this config, when it declares one.
+    #[must_use]
+    pub fn served_context(&self) -> Option<u64> {
+        self.positions.map(|p| p.context).or(self.max_seq)
     }
     /// The shortest sliding-window span of any layer, if the model uses one.
     #[must_use]

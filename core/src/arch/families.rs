@@ -94,6 +94,8 @@ fn arch(family: ModelFamily, spec: ModelSpec, max_seq: Option<u64>) -> Architect
         n_params,
         spec: Box::new(spec),
         max_seq,
+        positions: None,
+        checkpoint: None,
         notes: Vec::new(),
         compact: String::new(),
         #[cfg(feature = "vision")]
@@ -150,6 +152,80 @@ fn heads(
         );
     }
     (heads, kv, head_dim)
+}
+
+/// The longest context read from a config (16M tokens: beyond any model's).
+const MAX_POSITIONS: u64 = 1 << 24;
+
+/// What a rotary model's config says of its positions, as vLLM v0.11.0 reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Positions {
+    /// The longest `max_model_len` vLLM derives (`_get_and_verify_max_len`:
+    /// `max_position_embeddings`, times the rope scaling factor except for llama3, longrope
+    /// and Gemma 3; yarn's from `original_max_position_embeddings`).
+    pub context: u64,
+    /// Rows of the rotary `cos_sin_cache` one rope module holds (linear, dynamic and yarn
+    /// scaling tabulate `factor` times the positions).
+    pub rope_rows: u64,
+}
+
+/// The positions of a rotary decoder (`None` without `max_position_embeddings`).
+fn positions(r: &mut Reader, family: ModelFamily) -> Option<Positions> {
+    let max = r.u64(&["max_position_embeddings"])?.clamp(1, MAX_POSITIONS);
+    let rope = ["rope_scaling", "rope_parameters"]
+        .into_iter()
+        .find_map(|name| r.object(name).map(|o| (name, o)));
+    let Some((name, o)) = rope else {
+        return Some(Positions {
+            context: max,
+            rope_rows: max,
+        });
+    };
+    let kind = o
+        .get("rope_type")
+        .or_else(|| o.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let factor = o
+        .get("factor")
+        .and_then(Value::as_f64)
+        .filter(|f| f.is_finite() && *f >= 1.0 && *f <= 1024.0)
+        .unwrap_or(1.0);
+    // what serving reads of it travels in the compact config
+    let mut kept = Map::new();
+    for k in [
+        "rope_type",
+        "type",
+        "factor",
+        "original_max_position_embeddings",
+    ] {
+        if let Some(v) = o.get(k) {
+            kept.insert(k.to_owned(), v.clone());
+        }
+    }
+    r.record(name, Value::Object(kept));
+    let original = o
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_u64)
+        .map_or(max, |n| n.clamp(1, MAX_POSITIONS));
+    // (at most 2^24 x 1024: no overflow, and exact in f64)
+    let times = |n: u64| (n as f64 * factor) as u64;
+    let scaled = match kind {
+        "yarn" => times(original),
+        "linear" | "dynamic" => times(max),
+        _ => max,
+    };
+    let context = if ["su", "longrope", "llama3", "default", "mrope"].contains(&kind)
+        || family == ModelFamily::Gemma3
+    {
+        max
+    } else {
+        scaled
+    };
+    Some(Positions {
+        context,
+        rope_rows: scaled,
+    })
 }
 
 /// Checks `rope_scaling` / `rope_parameters`: the type must be one transformers implements.
@@ -315,6 +391,7 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         None => r.req(&["vocab_size"], 1, MAX_VOCAB),
     };
     rope(r);
+    let served = positions(r, family);
     let gemma = matches!(family, F::Gemma | F::Gemma2 | F::Gemma3);
     let tied = r.bool("tie_word_embeddings", gemma || family == F::SmolLm3);
     let attention_bias = r.bool("attention_bias", false);
@@ -511,11 +588,21 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         buffers.push((1, 4)); // embed_scale
     }
     // gpt-oss's MXFP4 experts: the last field read
-    let mxfp4 = family == F::GptOss
-        && r.object("quantization_config")
-            .and_then(|q| q.get("quant_method"))
-            .and_then(Value::as_str)
-            == Some("mxfp4");
+    let quant_method = r
+        .object("quantization_config")
+        .and_then(|q| q.get("quant_method"))
+        .and_then(Value::as_str);
+    let mxfp4 = family == F::GptOss && quant_method == Some("mxfp4");
+    // the format the checkpoint's weights are stored in, for serving (compressed-tensors
+    // names several: left to the weight-format choice)
+    let checkpoint = match quant_method {
+        Some("awq" | "gptq" | "awq_marlin" | "gptq_marlin") => {
+            Some(crate::WeightFormat::Int4Group128)
+        }
+        Some("fp8") => Some(crate::WeightFormat::Fp8),
+        Some("mxfp4") => Some(crate::WeightFormat::Mxfp4),
+        _ => None,
+    };
     r.finish()?;
     let spec = ModelSpec {
         embeds: true,
@@ -551,6 +638,8 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         buffers,
     };
     let mut a = arch(family, spec, None);
+    a.positions = served;
+    a.checkpoint = checkpoint;
     if family == F::Gemma2 && attn_softcap {
         a.notes.push(GEMMA2_EAGER_NOTE);
     }

@@ -89,6 +89,7 @@ mod peft;
 mod presets;
 mod recipe;
 mod replay;
+pub(crate) mod served;
 mod shape;
 #[cfg(feature = "vision")]
 mod vision;

@@ -1,0 +1,319 @@
+//! A model as vLLM's V1 engine (v0.11.0) lays it out on one GPU of a tensor-parallel group:
+//! the KV cache each attention layer asks for, the weights the rank loads and the
+//! working set of the profiling forward. The engine's arithmetic over these (budget, pages,
+//! groups, blocks, concurrency) is `crate::serve`.
+
+use super::config::Architecture;
+use super::model::{Attention, Layer};
+use super::ops::FeedForward;
+use super::peft::Role;
+
+/// vLLM pads the vocabulary of its embedding and head to a multiple of this
+/// (`DEFAULT_VOCAB_PADDING_SIZE`, `vocab_parallel_embedding.py`) before splitting it.
+const VOCAB_PADDING: u64 = 64;
+
+/// What one attention layer keeps per token in the KV cache on one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KvLayer {
+    /// Cache elements per token (K and V; MLA's latent and rope key).
+    pub elements_per_token: u64,
+    /// The sliding window, `None` for full attention.
+    pub window: Option<u64>,
+    /// Multi-head latent attention (its block size is the MLA backend's).
+    pub latent: bool,
+}
+
+/// Key/value heads one rank holds: `max(1, kv_heads / tp)`, replicated when TP exceeds them
+/// (`ModelConfig.get_num_kv_heads`).
+fn kv_heads_per_rank(kv_heads: u64, tp: u64) -> u64 {
+    (kv_heads / tp.max(1)).max(1)
+}
+
+/// Why a model does not split over `tp` ranks the way vLLM splits it, if it does not.
+pub(crate) fn tp_error(arch: &Architecture, tp: u64) -> Option<String> {
+    let tp = tp.max(1);
+    arch.spec.layers.iter().find_map(|l| {
+        let a = &l.attention;
+        if a.heads % tp != 0 {
+            return Some(format!(
+                "vLLM splits the {} attention heads over the tensor-parallel ranks: {tp} does not divide them.",
+                a.heads
+            ));
+        }
+        if a.latent.is_none() && !a.kv_heads.is_multiple_of(tp) && !tp.is_multiple_of(a.kv_heads) {
+            return Some(format!(
+                "vLLM needs the {} key/value heads to divide, or be divided by, the tensor-parallel size {tp}.",
+                a.kv_heads
+            ));
+        }
+        None
+    })
+}
+
+/// The KV cache of each attention layer on one of `tp` ranks (`Attention.get_kv_cache_spec`):
+/// GQA heads split by TP, MLA's compressed latent whole on every rank
+/// (`MLAAttentionSpec`, `num_kv_heads = 1`).
+pub(crate) fn kv_layers(arch: &Architecture, tp: u64) -> Vec<KvLayer> {
+    arch.spec
+        .layers
+        .iter()
+        .map(|l| {
+            let a = &l.attention;
+            match a.latent {
+                Some(lat) => KvLayer {
+                    elements_per_token: lat.kv_rank + lat.rope_dim,
+                    window: None,
+                    latent: true,
+                },
+                // vLLM's page holds K and V of `head_size` each
+                None => KvLayer {
+                    elements_per_token: 2 * kv_heads_per_rank(a.kv_heads, tp) * a.head_dim,
+                    window: a.window,
+                    latent: false,
+                },
+            }
+        })
+        .collect()
+}
+
+/// One rank's weights by how a checkpoint format stores them (elements).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RankWeights {
+    /// Kept in 16 bits by every quantized format: embeddings, head, norms, biases, routers.
+    pub sixteen_bit: u64,
+    /// Weights of the linears (attention, dense MLPs, shared experts).
+    pub linear: u64,
+    /// Weights of the routed experts.
+    pub experts: u64,
+    /// Bytes of the rotary `cos_sin_cache` tables (the model's dtype; gpt-oss asks fp32).
+    pub rope_table_bytes: u64,
+}
+
+impl RankWeights {
+    fn add(&mut self, sixteen_bit: u64, linear: u64, experts: u64) {
+        self.sixteen_bit = self.sixteen_bit.saturating_add(sixteen_bit);
+        self.linear = self.linear.saturating_add(linear);
+        self.experts = self.experts.saturating_add(experts);
+    }
+}
+
+/// One attention block's weights on a rank: column-parallel q (and MLA's q_b, kv_b),
+/// k and v by the rank's key/value heads, row-parallel o; MLA's low-rank `q_a` and
+/// `kv_a_proj_with_mqa` replicated (`ReplicatedLinear`). Biases of column-parallel
+/// linears split with them; o's bias is whole.
+fn attention_weights(a: &Attention, tp: u64, w: &mut RankWeights) {
+    let kv_share = |n: u64| n / a.kv_heads.max(1) * kv_heads_per_rank(a.kv_heads, tp);
+    let linears = a.roled_linears();
+    let latent_replicated = |i: usize| {
+        // q_a (with a q rank) and kv_a are the replicated ones, in `linears` order
+        let q_a = a.latent.is_some_and(|l| l.q_rank.is_some());
+        a.latent.is_some() && ((q_a && i == 0) || i == usize::from(q_a) + 1)
+    };
+    for (i, (role, l)) in linears.into_iter().enumerate() {
+        let bias = if l.bias { l.n_out } else { 0 };
+        let (weights, bias) = match role {
+            Role::O => (l.n_in / tp * l.n_out, bias),
+            Role::K | Role::V => (l.n_in * kv_share(l.n_out), kv_share(bias)),
+            Role::Qkv => {
+                let q = a.heads * a.head_dim;
+                let kv = l.n_out.saturating_sub(q);
+                let out = q / tp + kv_share(kv);
+                (l.n_in * out, if l.bias { out } else { 0 })
+            }
+            _ if latent_replicated(i) => (l.n_in * l.n_out, bias),
+            _ => (l.n_in * (l.n_out / tp), bias / tp),
+        };
+        w.add(bias, weights, 0);
+    }
+}
+
+/// One layer's weights on a rank: its attention, its MLP split by TP (a mixture's experts
+/// each split on their inner width, `FusedMoE` without expert parallelism; the router
+/// replicated), its norms whole.
+fn layer_weights(l: &Layer, tp: u64, w: &mut RankWeights) {
+    let before = *w;
+    attention_weights(&l.attention, tp, w);
+    let mut attention = Vec::new();
+    l.attention.params(&mut attention);
+    let mut mlp = Vec::new();
+    l.mlp.params(&mut mlp);
+    match &l.mlp {
+        FeedForward::Dense(_) => {
+            let all: u64 = mlp.iter().sum();
+            w.add(0, all / tp, 0);
+        }
+        FeedForward::Moe(m) => {
+            let routed = m.routed_params();
+            let biases = if m.expert_bias {
+                m.experts * (2 * m.inner + m.hidden)
+            } else {
+                0
+            };
+            let all: u64 = mlp.iter().sum();
+            let router = m.hidden * m.experts + if m.router_bias { m.experts } else { 0 };
+            let gate = if m.shared_gate { m.hidden } else { 0 };
+            let shared = all.saturating_sub(routed + router + gate);
+            w.add(
+                router + gate + biases / tp,
+                shared / tp,
+                (routed - biases) / tp,
+            );
+        }
+    }
+    // norms (and q/k norms, sinks): what the layer has beyond its attention and MLP
+    let total: u64 = l.params().iter().sum();
+    let counted: u64 = attention.iter().chain(&mlp).sum();
+    w.add(total.saturating_sub(counted), 0, 0);
+    debug_assert!(w.linear >= before.linear);
+}
+
+/// The weights one of `tp` ranks loads (`Model loading took`): the vocabulary padded to 64 and
+/// split, each layer as [`layer_weights`], and the rotary tables (one per attention type for
+/// Gemma 3, whose local and global layers rotate with different bases).
+pub(crate) fn rank_weights(arch: &Architecture, tp: u64) -> RankWeights {
+    let tp = tp.max(1);
+    let spec = &arch.spec;
+    let mut w = RankWeights::default();
+    let vocab = spec.embedding.vocab.next_multiple_of(VOCAB_PADDING) / tp;
+    let table = vocab * spec.embedding.hidden;
+    let tables = if spec.tied { table } else { 2 * table };
+    let outside: u64 = spec.outside_parameter_tensors().iter().sum();
+    let whole_tables = if spec.tied { 1 } else { 2 } * spec.embedding.vocab * spec.embedding.hidden;
+    w.add(tables + outside.saturating_sub(whole_tables), 0, 0);
+    for l in &spec.layers {
+        layer_weights(l, tp, &mut w);
+    }
+    if let (Some(p), Some(rotary)) = (
+        arch.positions,
+        spec.layers.iter().find_map(|l| l.attention.rotary_dim),
+    ) {
+        let kinds = if spec.rotary_per_attention_type { 2 } else { 1 };
+        let bytes = if arch.family == super::ModelFamily::GptOss {
+            4
+        } else {
+            2
+        };
+        w.rope_table_bytes = p
+            .rope_rows
+            .saturating_mul(rotary)
+            .saturating_mul(kinds * bytes);
+    }
+    w
+}
+
+/// The profiling forward's torch peak on a rank, in bytes (`_dummy_run(max_num_tokens)`
+/// without a KV cache; `validation/VLLM.md` 9.2): the largest of one layer's stages over
+/// `tokens` tokens in the 16-bit model dtype, `requests` rows, pages of `block` tokens.
+///
+/// A dense layer's stages (vLLM's all-reduces are out of place): the qkv GEMM, rope and
+/// attention (`h + 3(q+kv)/t`), gate_up (`2h + 2I/t`), SiluAndMul (`h + 3I/t`), the
+/// all-reduce (`3h`). A mixture (`fused_experts_impl`, `VLLM_FUSED_MOE_CHUNK_SIZE` tokens at
+/// a time) holds the stream and the router's logits, fp32 weights and int32 ids per choice,
+/// the sorted ids, `cache13` `[C, k, max(2I/t, h)]` and `cache2` `[C*k, I/t]`. MLA adds
+/// a throwaway `[W, heads/t, nope + v]` for the context's up-projection.
+pub(crate) fn forward_peak_bytes(
+    arch: &Architecture,
+    tp: u64,
+    tokens: u64,
+    requests: u64,
+    max_model_len: u64,
+    block: u64,
+) -> u64 {
+    const B: u64 = 2;
+    const MOE_CHUNK_TOKENS: u64 = 32 * 1024;
+    /// `moe_align_block_size`'s padding per expert (Triton's BLOCK_SIZE_M).
+    const BLOCK_M: u64 = 64;
+    let tp = tp.max(1);
+    let m = tokens;
+    arch.spec
+        .layers
+        .iter()
+        .map(|l| {
+            let a = &l.attention;
+            let h = a.hidden;
+            let q = a.heads * a.head_dim / tp;
+            let kv = kv_heads_per_rank(a.kv_heads, tp) * a.head_dim;
+            let mut attention = B * m * (h + 3 * (q + kv));
+            if let Some(lat) = a.latent {
+                let w = (8 * max_model_len)
+                    .max(4 * requests * block)
+                    .min(65_536)
+                    .max(requests * block);
+                attention += B * w * (a.heads / tp) * (lat.nope_dim + a.v_head_dim);
+            }
+            let all_reduce = if tp > 1 { B * m * 3 * h } else { 0 };
+            let mlp = match &l.mlp {
+                FeedForward::Dense(d) => {
+                    let i = d.inner / tp;
+                    B * m * (h + 3 * i).max(2 * h + 2 * i)
+                }
+                FeedForward::Moe(e) => {
+                    let (k, i) = (e.top_k, e.inner / tp);
+                    let c = m.min(MOE_CHUNK_TOKENS);
+                    let shared = if e.shared_inner > 0 { B * m * h } else { 0 };
+                    let reduce = if tp > 1 { B * m * h } else { 0 };
+                    B * m * (2 * h + e.experts)
+                        + 12 * m * k
+                        + 4 * (c * k + e.experts * BLOCK_M)
+                        + B * c * k * ((2 * i).max(h) + i)
+                        + shared
+                        + reduce
+                }
+            };
+            attention.max(mlp).max(all_reduce)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The sampler's warm-up in the profile on `requests` rows (`_dummy_sampler_run`,
+/// `validation/VLLM.md` 9.1), in bytes: the forward's `hidden_states` `[T, h]` still live,
+/// the rows' hidden states and logits, and per logit `per_logit` bytes beside the 16-bit
+/// logits over the vocabulary padded to 64 (36 for PyTorch's top-k/top-p sort: the fp32
+/// copy, sorted values, int64 indices and the sort's scratch; 12 for FlashInfer's).
+pub(crate) fn sampler_peak_bytes(
+    arch: &Architecture,
+    tokens: u64,
+    requests: u64,
+    per_logit: u64,
+) -> u64 {
+    let (vocab, h) = (arch.spec.embedding.vocab, arch.spec.embedding.hidden);
+    let padded = vocab.next_multiple_of(VOCAB_PADDING);
+    2 * tokens * h + 4 * requests * h + requests * (2 * padded + per_logit * vocab)
+}
+
+/// One rank's routed experts as vLLM's MXFP4 kernels hold them: their bytes, each expert's
+/// inner width split over `tp` and rounded up to `pad_inner`, the hidden width rounded up to
+/// `pad_hidden`, 4-bit weights with an 8-bit scale per 32 and 16-bit biases
+/// (`Mxfp4MoEMethod.create_weights`); and the unpadded biases' elements [`rank_weights`]
+/// counted among the 16-bit ones.
+pub(crate) fn mxfp4_experts(
+    arch: &Architecture,
+    tp: u64,
+    pad_inner: u64,
+    pad_hidden: u64,
+) -> (u64, u64) {
+    let tp = tp.max(1);
+    arch.spec
+        .layers
+        .iter()
+        .fold((0, 0), |(bytes, counted), l| match &l.mlp {
+            FeedForward::Moe(m) => {
+                let i = (m.inner / tp).next_multiple_of(pad_inner.max(1));
+                let h = m.hidden.next_multiple_of(pad_hidden.max(1));
+                // w13 [E, 2i, h] and w2 [E, h, i]: half a byte per weight, a byte per 32
+                let weights = 3 * i * h;
+                let biases = if m.expert_bias { 2 * (2 * i + h) } else { 0 };
+                let unpadded = if m.expert_bias {
+                    m.experts * (2 * m.inner + m.hidden) / tp
+                } else {
+                    0
+                };
+                (
+                    bytes + m.experts * (weights / 2 + weights / 32 + biases),
+                    counted + unpadded,
+                )
+            }
+            FeedForward::Dense(_) => (bytes, counted),
+        })
+}

@@ -1,0 +1,723 @@
+//! Serving with vLLM: how many tokens of KV cache vLLM's V1 engine gives a model on a GPU, and
+//! how many requests of `max_model_len` tokens they hold.
+//!
+//! Followed: vLLM v0.11.0 (`validation/VLLM.md` cites each step). A worker may take
+//! `gpu_memory_utilization x total` of the device; the weights, the profiling run's torch
+//! peak and the memory outside torch come off it, and what is left is cut into pages of
+//! `block_size` tokens (`gpu_worker.determine_available_memory`,
+//! `kv_cache_utils.get_kv_cache_config_from_groups`). CUDA graphs are captured afterwards,
+//! in the `1 - U` headroom. vLLM itself is not run: the weights and the KV arithmetic
+//! follow its source exactly; the profile's peak, the memory outside torch and the graphs
+//! are derived from it (see `validation/VLLM.md` section 9).
+
+use crate::arch::served::{self, KvLayer};
+use crate::{Architecture, Field, KvDtype, WeightFormat};
+
+/// Bytes in one GiB (2^30): every figure vLLM logs is in these.
+const GIB: u64 = 1 << 30;
+
+/// `gpu_memory_utilization` when none is given (`CacheConfig`).
+pub const DEFAULT_UTILIZATION_PPM: u32 = 900_000;
+
+/// vLLM's block size on CUDA (`CudaPlatform.check_and_update_config`).
+const BLOCK_SIZE: u64 = 16;
+/// The block size the MLA backends force: FlashMLA on Hopper.
+const MLA_BLOCK_SIZE: u64 = 64;
+/// CUTLASS MLA, Blackwell's default MLA backend.
+const MLA_BLOCK_SIZE_BLACKWELL: u64 = 128;
+
+impl ServeDevice {
+    /// Tokens per page of an MLA model (`CudaPlatform.check_and_update_config`): FlashMLA's
+    /// 64 on Hopper, CUTLASS MLA's 128 on Blackwell, the default elsewhere (Triton MLA).
+    fn mla_block_size(self) -> u64 {
+        match self.compute_capability {
+            100 => MLA_BLOCK_SIZE_BLACKWELL,
+            90 => MLA_BLOCK_SIZE,
+            _ => BLOCK_SIZE,
+        }
+    }
+
+    /// How the MXFP4 MoE kernel pads each rank's experts (`Mxfp4MoEMethod.create_weights`):
+    /// the inner width per rank and the hidden width rounded up to these. Marlin below
+    /// Hopper, Triton on Hopper and consumer Blackwell, FlashInfer on B200, AMD's kernels
+    /// on ROCm.
+    fn mxfp4_padding(self) -> (u64, u64) {
+        match (self.rocm, self.compute_capability) {
+            (true, _) | (false, 100) => (256, 256),
+            (false, c) if c < 90 => (128, 256),
+            _ => (64, 1),
+        }
+    }
+}
+
+/// Bytes per logit beside the 16-bit logits at the sampler's peak: PyTorch's top-k/top-p
+/// sort (fp32 copy, sorted values, int64 indices, the sort's scratch) and FlashInfer's
+/// sampling (a masked fp32 copy and the probabilities) (`validation/VLLM.md` 9.1).
+const SORT_SAMPLER_BYTES_PER_LOGIT: u64 = 36;
+const FLASHINFER_SAMPLER_BYTES_PER_LOGIT: u64 = 12;
+
+/// Memory outside torch that grows during the profile (kernels loaded, a second NCCL
+/// communicator at the first logits gather): the one breakdown vLLM V1 printed, 0.21 GiB
+/// (8 x L40S, v0.10.2; `validation/VLLM.md` 9.3).
+const NON_TORCH_BYTES: u64 = 215 << 20;
+
+/// What each captured CUDA graph keeps beyond the shared pool (its nodes, the driver's
+/// bookkeeping): the published captures span 0.25-0.8 MiB per piecewise graph
+/// (`validation/VLLM.md` 9.4), this is their middle.
+const BYTES_PER_GRAPH: u64 = 512 << 10;
+
+/// The device as vLLM's worker sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeDevice {
+    /// `torch.cuda.mem_get_info()[1]`: the total the driver reports (below nvidia-smi's).
+    pub total_bytes: u64,
+    /// A "large" GPU for the scheduler's defaults: at least 70 GiB and not an A100
+    /// (`EngineArgs._set_default_args`).
+    pub large: bool,
+    /// CUDA compute capability times ten (90 for Hopper): it picks the MLA backend (its page
+    /// size) and the MXFP4 kernels (their padding).
+    pub compute_capability: u32,
+    /// An AMD GPU (ROCm).
+    pub rocm: bool,
+}
+
+/// vLLM's knobs, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VllmSettings {
+    /// `gpu_memory_utilization`, in parts per million of the device's total.
+    pub utilization_ppm: u32,
+    /// `tensor_parallel_size`.
+    pub tensor_parallel: u64,
+    /// `max_model_len` (`None`: the model's own, as vLLM derives it).
+    pub max_model_len: Option<u64>,
+    /// `max_num_seqs` (`None`: the default for the device).
+    pub max_num_seqs: Option<u64>,
+    /// `max_num_batched_tokens` (`None`: the default for the device).
+    pub max_num_batched_tokens: Option<u64>,
+    /// How the checkpoint stores its weights.
+    pub weight_format: WeightFormat,
+    /// `kv_cache_dtype` (`auto` is the model's dtype).
+    pub kv_dtype: KvDtype,
+    /// `enforce_eager`: no CUDA graphs.
+    pub enforce_eager: bool,
+    /// FlashInfer's top-k/top-p sampler (installed with vLLM's Docker image; without it,
+    /// PyTorch's sort, which the profile charges three times the bytes).
+    pub flashinfer_sampler: bool,
+}
+
+impl Default for VllmSettings {
+    fn default() -> Self {
+        Self {
+            utilization_ppm: DEFAULT_UTILIZATION_PPM,
+            tensor_parallel: 1,
+            max_model_len: None,
+            max_num_seqs: None,
+            max_num_batched_tokens: None,
+            weight_format: WeightFormat::Recipe,
+            kv_dtype: KvDtype::Model,
+            enforce_eager: false,
+            flashinfer_sampler: false,
+        }
+    }
+}
+
+/// The device as vLLM's worker sees it and vLLM's settings: what serving a model needs
+/// beside the model.
+pub type ServeInputs = (ServeDevice, VllmSettings);
+
+/// What vLLM's start-up makes of a model on one GPU of its tensor-parallel group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Serving {
+    /// The device's total (`mem_get_info`).
+    pub device_total_bytes: u64,
+    /// `gpu_memory_utilization x total`: what the worker may take.
+    pub requested_bytes: u64,
+    /// The weights on this GPU (`Model loading took`).
+    pub weights_bytes: u64,
+    /// The profiling run's torch peak over the weights (`torch peak memory increase`).
+    pub activation_bytes: u64,
+    /// Memory outside torch grown during the profile (`non-torch forward increase memory`).
+    pub non_torch_bytes: u64,
+    /// `Available KV cache memory`: requested less the three above (negative: none).
+    pub available_kv_bytes: i64,
+    /// The KV cache allocated: blocks x page x layers per group.
+    pub kv_cache_bytes: u64,
+    /// Tokens per page.
+    pub block_size: u64,
+    /// Blocks in the pool.
+    pub num_blocks: u64,
+    /// KV cache groups (one for a model with one attention type).
+    pub kv_groups: u64,
+    /// Layers per group (the pool's tensors).
+    pub layers_per_group: u64,
+    /// KV bytes one token takes over all layers on this GPU.
+    pub kv_bytes_per_token: u64,
+    /// `GPU KV cache size: N tokens` (a hybrid's priced as if every layer were full).
+    pub kv_cache_tokens: u64,
+    /// The `max_model_len` in force.
+    pub max_model_len: u64,
+    /// `Maximum concurrency for max_model_len tokens per request`.
+    pub max_concurrency: f64,
+    /// Whether one request of `max_model_len` fits (else vLLM refuses to start).
+    pub max_model_len_fits: bool,
+    /// The longest `max_model_len` one request can have (`estimate_max_model_len`), up to the
+    /// model's own limit.
+    pub largest_max_model_len: u64,
+    /// `max_num_seqs` in force.
+    pub max_num_seqs: u64,
+    /// `max_num_batched_tokens` in force.
+    pub max_num_batched_tokens: u64,
+    /// What capturing CUDA graphs takes, after the sizing (0 with `enforce_eager`).
+    pub cuda_graph_bytes: u64,
+    /// `(1 - U) x total`: where the graphs must fit.
+    pub headroom_bytes: u64,
+}
+
+impl Serving {
+    /// Whether the CUDA graphs fit in the headroom `gpu_memory_utilization` leaves.
+    #[must_use]
+    pub fn graphs_fit(&self) -> bool {
+        self.cuda_graph_bytes <= self.headroom_bytes
+    }
+}
+
+/// Bytes of one KV element in `dtype`, or why vLLM has no such cache dtype.
+fn kv_element_bytes(dtype: KvDtype) -> Result<u64, (Field, String)> {
+    match dtype {
+        KvDtype::Model => Ok(2),
+        KvDtype::Fp8 => Ok(1),
+        other => Err((
+            Field::KvDtype,
+            format!(
+                "vLLM's kv_cache_dtype is auto or fp8, not {} (a llama.cpp cache).",
+                other.key()
+            ),
+        )),
+    }
+}
+
+/// One rank's weights in `format`, or why vLLM does not load that format.
+fn weights_bytes(w: served::RankWeights, format: WeightFormat) -> Result<u64, (Field, String)> {
+    let (linear, experts) = format.vllm_blocks().ok_or_else(|| {
+        (
+            Field::WeightFormat,
+            format!(
+                "{} is a llama.cpp file: serve it with llama.cpp, or pick bf16, fp8, AWQ/GPTQ int4 or MXFP4 for vLLM.",
+                format.label()
+            ),
+        )
+    })?;
+    let half = |n: u64| n.saturating_mul(2);
+    Ok(half(w.sixteen_bit)
+        .saturating_add(w.rope_table_bytes)
+        .saturating_add(linear.bytes(w.linear).unwrap_or(u64::MAX))
+        .saturating_add(experts.bytes(w.experts).unwrap_or(u64::MAX)))
+}
+
+/// The layers' attention types as vLLM groups them (`get_kv_cache_groups`): the count of
+/// each distinct type (full attention, or a sliding window), in order of first appearance.
+fn attention_types(layers: &[KvLayer]) -> Vec<(Option<u64>, u64)> {
+    let mut types: Vec<(Option<u64>, u64)> = Vec::new();
+    for l in layers {
+        match types.iter_mut().find(|(w, _)| *w == l.window) {
+            Some((_, n)) => *n += 1,
+            None => types.push((l.window, 1)),
+        }
+    }
+    types
+}
+
+/// Blocks one request of `len` tokens needs in a layer of window `window`
+/// (`max_memory_usage_bytes` / page): a sliding window keeps its last `W - 1` tokens and the
+/// step's new ones, plus one block for a window that starts mid-block.
+fn blocks_for(window: Option<u64>, len: u64, batched: u64, block: u64) -> u64 {
+    match window {
+        None => len.div_ceil(block),
+        Some(w) => (w - 1 + batched).min(len).div_ceil(block) + 1,
+    }
+}
+
+/// The longest `max_model_len` searched for a model whose config gives no context.
+const MAX_LEN_SEARCHED: u64 = 1 << 24;
+
+/// The KV cache's layout (`kv_cache_utils`): one page size for every layer, the layers
+/// grouped by attention type, one pool of blocks the groups share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KvPool {
+    /// Each layer's sliding window (`None`: full attention).
+    windows: Vec<Option<u64>>,
+    /// Each group's window.
+    groups: Vec<Option<u64>>,
+    /// Layers per group: the fewest of any attention type (`group_size`).
+    layers_per_group: u64,
+    /// Bytes of one block of one layer (`page_size_bytes`).
+    page: u64,
+    block_size: u64,
+    /// `max_num_batched_tokens` (a sliding window's request holds the step's new tokens).
+    batched: u64,
+    /// Bytes of one token over every layer.
+    bytes_per_token: u64,
+}
+
+impl KvPool {
+    /// The pool of `layers`, `kv_bytes` per element, pages of `block_size` tokens.
+    pub(crate) fn new(layers: &[KvLayer], kv_bytes: u64, block_size: u64, batched: u64) -> Self {
+        // every layer's page is the largest: vLLM asks them to be equal
+        let per_token = layers
+            .iter()
+            .map(|l| l.elements_per_token * kv_bytes)
+            .max()
+            .unwrap_or(0);
+        let types = attention_types(layers);
+        let layers_per_group = types.iter().map(|(_, n)| *n).min().unwrap_or(1).max(1);
+        // each type cut into groups of `layers_per_group` (its last padded)
+        let groups = types
+            .iter()
+            .flat_map(|&(w, n)| {
+                std::iter::repeat_n(
+                    w,
+                    usize::try_from(n.div_ceil(layers_per_group)).unwrap_or(0),
+                )
+            })
+            .collect();
+        KvPool {
+            windows: layers.iter().map(|l| l.window).collect(),
+            groups,
+            layers_per_group,
+            page: (block_size * per_token).max(1),
+            block_size,
+            batched,
+            bytes_per_token: layers.iter().map(|l| l.elements_per_token * kv_bytes).sum(),
+        }
+    }
+
+    /// Blocks in a pool of `available` bytes (`get_num_blocks`): one tensor per layer of a
+    /// group, each shared by a layer of every group.
+    pub(crate) fn blocks(&self, available: u64) -> u64 {
+        available / self.page / self.layers_per_group
+    }
+
+    /// `GPU KV cache size`: the blocks split over the groups, as tokens.
+    pub(crate) fn tokens(&self, blocks: u64) -> u64 {
+        blocks / (self.groups.len().max(1) as u64) * self.block_size
+    }
+
+    /// `Maximum concurrency` (`get_max_concurrency_for_kv_cache_config`): the blocks over
+    /// those one request of `len` tokens takes in every group.
+    pub(crate) fn concurrency(&self, blocks: u64, len: u64) -> f64 {
+        let per_request: u64 = self
+            .groups
+            .iter()
+            .map(|&w| blocks_for(w, len, self.batched, self.block_size))
+            .sum();
+        #[allow(clippy::cast_precision_loss)] // (block counts: far below 2^53)
+        let concurrency = blocks as f64 / per_request.max(1) as f64;
+        concurrency
+    }
+
+    /// Bytes one request of `len` tokens needs over every layer (`max_memory_usage_bytes`,
+    /// what `check_enough_kv_cache_memory` holds against the available memory).
+    pub(crate) fn needed(&self, len: u64) -> u64 {
+        self.windows
+            .iter()
+            .map(|&w| blocks_for(w, len, self.batched, self.block_size))
+            .sum::<u64>()
+            .saturating_mul(self.page)
+    }
+}
+
+/// The scheduler's defaults for `vllm serve` (`EngineArgs._set_default_args`):
+/// (`max_num_batched_tokens`, `max_num_seqs`).
+fn scheduler_defaults(large: bool) -> (u64, u64) {
+    if large {
+        (8192, 1024)
+    } else {
+        (2048, 256)
+    }
+}
+
+/// About what capturing CUDA graphs takes after the sizing (v0.11.0's `capture_model`):
+/// one pool shared by every capture size (`[1, 2, 4]` and multiples of 8 up to
+/// `min(2 x max_num_seqs, 512)`), captured largest first, so it holds the largest size's
+/// working set; and what each piecewise graph (one per layer and size) keeps.
+fn cuda_graph_bytes(arch: &Architecture, tp: u64, max_num_seqs: u64, max_model_len: u64) -> u64 {
+    let largest = (2 * max_num_seqs).clamp(1, 512);
+    let sizes = 3 + largest / 8;
+    let pool = served::forward_peak_bytes(arch, tp, largest, largest, max_model_len, BLOCK_SIZE);
+    let graphs = (arch.num_layers() + 1) * sizes;
+    pool.saturating_add(graphs.saturating_mul(BYTES_PER_GRAPH))
+}
+
+/// vLLM's start-up for `arch` on `device` with `settings`, or the field whose value vLLM
+/// would refuse and why.
+pub fn serve_vllm(
+    arch: &Architecture,
+    device: ServeDevice,
+    settings: &VllmSettings,
+) -> Result<Serving, (Field, String)> {
+    let tp = settings.tensor_parallel.max(1);
+    if let Some(why) = served::tp_error(arch, tp) {
+        return Err((Field::TensorParallel, why));
+    }
+    let kv_bytes = kv_element_bytes(settings.kv_dtype)?;
+    // the recipe's format is the checkpoint's: its quantization_config, else 16 bits
+    let format = match settings.weight_format {
+        WeightFormat::Recipe => arch.checkpoint_format().unwrap_or(WeightFormat::Recipe),
+        f => f,
+    };
+    let mut rank = served::rank_weights(arch, tp);
+    if format == WeightFormat::Mxfp4 {
+        // the kernel's layout: padded experts, their scales and 16-bit biases, counted apart
+        let (inner, hidden) = device.mxfp4_padding();
+        let (experts, biases) = served::mxfp4_experts(arch, tp, inner, hidden);
+        rank.sixteen_bit = rank.sixteen_bit.saturating_sub(biases) + experts / 2;
+        rank.experts = 0;
+    }
+    let weights_bytes = weights_bytes(rank, format)?;
+    let context = arch.served_context();
+    let max_model_len = match (settings.max_model_len, context) {
+        (Some(len), Some(limit)) if len > limit => {
+            return Err((
+                Field::MaxModelLen,
+                format!(
+                    "The model's context is {limit} tokens (its config's positions): vLLM refuses a longer max_model_len."
+                ),
+            ))
+        }
+        (Some(len), _) => len,
+        (None, Some(limit)) => limit,
+        (None, None) => {
+            return Err((
+                Field::MaxModelLen,
+                "The config gives no max_position_embeddings: give a max_model_len.".to_owned(),
+            ))
+        }
+    };
+    let (default_tokens, default_seqs) = scheduler_defaults(device.large);
+    let max_num_batched_tokens = settings.max_num_batched_tokens.unwrap_or(default_tokens);
+    let max_num_seqs = settings
+        .max_num_seqs
+        .unwrap_or(default_seqs.min(max_num_batched_tokens));
+
+    // the profile: a forward of max_num_batched_tokens, then the sampler over one row per request
+    let requests = max_num_seqs.min(max_num_batched_tokens);
+    let layers = served::kv_layers(arch, tp);
+    let block_size = if layers.iter().any(|l| l.latent) {
+        device.mla_block_size()
+    } else {
+        BLOCK_SIZE
+    };
+    let forward = served::forward_peak_bytes(
+        arch,
+        tp,
+        max_num_batched_tokens,
+        requests,
+        max_model_len,
+        block_size,
+    );
+    let per_logit = if settings.flashinfer_sampler {
+        FLASHINFER_SAMPLER_BYTES_PER_LOGIT
+    } else {
+        SORT_SAMPLER_BYTES_PER_LOGIT
+    };
+    let sampler = served::sampler_peak_bytes(arch, max_num_batched_tokens, requests, per_logit);
+    let activation_bytes = forward.max(sampler);
+    let non_torch_bytes = NON_TORCH_BYTES;
+
+    let total = device.total_bytes;
+    let requested_bytes =
+        u64::try_from(u128::from(total) * u128::from(settings.utilization_ppm) / 1_000_000)
+            .unwrap_or(u64::MAX);
+    let non_kv = weights_bytes
+        .saturating_add(activation_bytes)
+        .saturating_add(non_torch_bytes);
+    let available_kv_bytes =
+        i64::try_from(i128::from(requested_bytes) - i128::from(non_kv)).unwrap_or(i64::MIN);
+    let available = u64::try_from(available_kv_bytes).unwrap_or(0);
+
+    let pool = KvPool::new(&layers, kv_bytes, block_size, max_num_batched_tokens);
+    let num_blocks = pool.blocks(available);
+    let limit = context.unwrap_or(MAX_LEN_SEARCHED).max(max_model_len);
+
+    let cuda_graph_bytes = if settings.enforce_eager {
+        0
+    } else {
+        cuda_graph_bytes(arch, tp, max_num_seqs, max_model_len)
+    };
+    Ok(Serving {
+        device_total_bytes: total,
+        requested_bytes,
+        weights_bytes,
+        activation_bytes,
+        non_torch_bytes,
+        available_kv_bytes,
+        kv_cache_bytes: num_blocks * pool.page * pool.layers_per_group,
+        block_size,
+        num_blocks,
+        kv_groups: pool.groups.len() as u64,
+        layers_per_group: pool.layers_per_group,
+        kv_bytes_per_token: pool.bytes_per_token,
+        kv_cache_tokens: pool.tokens(num_blocks),
+        max_model_len,
+        max_concurrency: pool.concurrency(num_blocks, max_model_len),
+        max_model_len_fits: available > 0 && pool.needed(max_model_len) <= available,
+        largest_max_model_len: largest_len(limit, |len| pool.needed(len) <= available),
+        max_num_seqs,
+        max_num_batched_tokens,
+        cuda_graph_bytes,
+        headroom_bytes: total.saturating_sub(requested_bytes),
+    })
+}
+
+/// The largest `len` in `1..=limit` for which `fits` holds (0 if none): vLLM's binary search
+/// in `estimate_max_model_len`, `fits` being monotone.
+fn largest_len(limit: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    let (mut lo, mut hi, mut best) = (1u64, limit, 0u64);
+    while lo <= hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    best
+}
+
+/// GiB (2^30) as vLLM prints them, two decimals.
+#[must_use]
+pub fn vllm_gib(bytes: u64) -> String {
+    let hundredths = (u128::from(bytes) * 100 + u128::from(GIB) / 2) / u128::from(GIB);
+    format!("{}.{:02}", hundredths / 100, hundredths % 100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Preset;
+
+    fn arch(key: &str) -> Architecture {
+        Preset::from_key(key)
+            .expect("preset")
+            .architecture()
+            .expect("parses")
+    }
+
+    /// vLLM's pool for `arch` on `tp` ranks, pages of `block` tokens.
+    fn pool(arch: &Architecture, tp: u64, kv_bytes: u64, batched: u64) -> KvPool {
+        KvPool::new(&served::kv_layers(arch, tp), kv_bytes, BLOCK_SIZE, batched)
+    }
+
+    /// A start-up log's figures: the available memory it printed (GiB, two decimals), the
+    /// tokens and the concurrency at `len` it printed for it.
+    #[track_caller]
+    fn assert_log(
+        id: &str,
+        pool: &KvPool,
+        available_gib: f64,
+        tokens: u64,
+        len: u64,
+        concurrency: f64,
+    ) {
+        // the printed GiB stand for anything within half a hundredth
+        let bytes = |gib: f64| (gib * GIB as f64) as u64;
+        let (lo, hi) = (
+            pool.blocks(bytes(available_gib - 0.005)),
+            pool.blocks(bytes(available_gib + 0.005)),
+        );
+        // vLLM prints the concurrency with "%.2f"
+        let printed = |b: u64| format!("{:.2}", pool.concurrency(b, len));
+        let matching = (lo..=hi)
+            .find(|&b| pool.tokens(b) == tokens && printed(b) == format!("{concurrency:.2}"));
+        assert!(
+            matching.is_some(),
+            "{id}: {tokens} tokens, {concurrency}x: ours {}..={} tokens, {}x..={}x for {available_gib} GiB",
+            pool.tokens(lo),
+            pool.tokens(hi),
+            printed(lo),
+            printed(hi)
+        );
+    }
+
+    #[test]
+    fn pages_groups_and_blocks_match_vllm_logs() {
+        // (validation/published/vllm-logs.tsv: id, preset, tp, KV bytes, batched tokens,
+        // available GiB, tokens, max_model_len, concurrency)
+        for (id, key, tp, kv, batched, gib, tokens, len, conc) in [
+            ("v07", "qwen3-14b", 1, 2, 8192, 6.51, 42_656, 32_768, 1.30),
+            ("v14", "qwen3-8b", 1, 2, 2048, 6.37, 46_368, 16_384, 2.83),
+            (
+                "v08",
+                "qwen3-30b-a3b",
+                1,
+                1,
+                8192,
+                10.55,
+                230_528,
+                100_000,
+                2.31,
+            ),
+            ("v61", "qwen3-14b", 1, 2, 2048, 11.57, 75_824, 40_960, 1.85),
+            ("v62", "qwen3-14b", 1, 2, 2048, 29.63, 194_192, 40_960, 4.74),
+            // one replicated key/value head per rank
+            (
+                "v39",
+                "qwen3-235b-a22b",
+                8,
+                2,
+                2048,
+                10.64,
+                237_344,
+                32_768,
+                7.24,
+            ),
+            // hybrids: 18 sliding + 18 full layers in two groups; gemma 3's 22 sliding and 4
+            // full in 6 + 1 groups of 4 (two padding layers)
+            (
+                "v37",
+                "gpt-oss-120b",
+                4,
+                2,
+                2048,
+                45.32,
+                2_640_144,
+                16_384,
+                284.25,
+            ),
+            ("v65", "gemma3-1b", 1, 2, 8192, 25.39, 950_864, 2048, 461.21),
+        ] {
+            let a = arch(key);
+            let p = pool(&a, tp, kv, batched);
+            assert_log(id, &p, gib, tokens, len, conc);
+        }
+        // v13 printed tokens alone: every gpt-oss layer priced as full attention
+        let p = pool(&arch("gpt-oss-120b"), 1, 2, 8192);
+        assert_eq!(p.layers_per_group, 18);
+        assert_eq!(p.groups.len(), 2);
+        assert_eq!(p.bytes_per_token, 36 * 2048);
+    }
+
+    #[test]
+    fn one_request_needs_each_layer_s_pages() {
+        let p = pool(&arch("gemma3-1b"), 1, 2, 8192);
+        // 4 full layers of cdiv(len, 16) pages, 22 sliding ones of the window and the step's
+        // new tokens, plus one page
+        let needed = |len: u64| {
+            (4 * len.div_ceil(16) + 22 * ((511 + 8192).min(len).div_ceil(16) + 1)) * p.page
+        };
+        for len in [1, 16, 17, 2048, 8703, 8704, 32_768] {
+            assert_eq!(p.needed(len), needed(len), "{len}");
+        }
+        assert_eq!(
+            largest_len(32_768, |len| p.needed(len) <= needed(20_000)),
+            20_000 / 16 * 16
+        );
+    }
+
+    #[track_caller]
+    fn assert_weights_gib(
+        key: &str,
+        device: ServeDevice,
+        tp: u64,
+        format: WeightFormat,
+        logged: &str,
+    ) {
+        let s = serve_vllm(
+            &arch(key),
+            device,
+            &VllmSettings {
+                tensor_parallel: tp,
+                weight_format: format,
+                max_model_len: Some(4096),
+                ..VllmSettings::default()
+            },
+        )
+        .expect("serves");
+        let gib = s.weights_bytes as f64 / GIB as f64;
+        assert_eq!(format!("{gib:.4}"), logged, "{key} on {tp}");
+    }
+
+    #[test]
+    fn weights_match_model_loading_took() {
+        let a100 = crate::Gpu::A100_80.serve_device(None).expect("a GPU");
+        // v01: 8.03 B weights and the rotary table of 131,072 positions x 128
+        assert_weights_gib("llama3.1-8b", a100, 1, WeightFormat::Recipe, "14.9888");
+        // v37: gpt-oss-120b's MXFP4 experts as Marlin pads them, a quarter on each rank
+        // (17.2217 logged: 5 MB more, Marlin's repacking)
+        assert_weights_gib("gpt-oss-120b", a100, 4, WeightFormat::Recipe, "17.2172");
+    }
+
+    #[test]
+    fn refusals_name_their_field() {
+        let h100 = crate::Gpu::H100_80.serve_device(None).expect("a GPU");
+        let run = |key: &str, s: VllmSettings| serve_vllm(&arch(key), h100, &s).err().map(|e| e.0);
+        let base = VllmSettings::default();
+        assert_eq!(
+            run(
+                "llama3.1-8b",
+                VllmSettings {
+                    tensor_parallel: 3,
+                    ..base
+                }
+            ),
+            Some(Field::TensorParallel)
+        );
+        assert_eq!(
+            run(
+                "llama3.1-8b",
+                VllmSettings {
+                    kv_dtype: KvDtype::Q4_0,
+                    ..base
+                }
+            ),
+            Some(Field::KvDtype)
+        );
+        assert_eq!(
+            run(
+                "llama3.1-8b",
+                VllmSettings {
+                    weight_format: WeightFormat::Q4KM,
+                    ..base
+                }
+            ),
+            Some(Field::WeightFormat)
+        );
+        assert_eq!(
+            run(
+                "llama3.1-8b",
+                VllmSettings {
+                    max_model_len: Some(200_000),
+                    ..base
+                }
+            ),
+            Some(Field::MaxModelLen)
+        );
+        assert_eq!(run("llama3.1-8b", base), None);
+    }
+
+    #[test]
+    fn more_utilization_more_tokens_and_fp8_halves_the_token_s_bytes() {
+        let h100 = crate::Gpu::H100_80.serve_device(None).expect("a GPU");
+        let at = |ppm: u32, kv: KvDtype| {
+            serve_vllm(
+                &arch("llama3.1-8b"),
+                h100,
+                &VllmSettings {
+                    utilization_ppm: ppm,
+                    kv_dtype: kv,
+                    max_model_len: Some(8192),
+                    ..VllmSettings::default()
+                },
+            )
+            .expect("serves")
+        };
+        let (low, high) = (at(500_000, KvDtype::Model), at(900_000, KvDtype::Model));
+        assert!(high.kv_cache_tokens > low.kv_cache_tokens);
+        assert_eq!(high.weights_bytes, low.weights_bytes);
+        let fp8 = at(900_000, KvDtype::Fp8);
+        assert_eq!(fp8.kv_bytes_per_token * 2, high.kv_bytes_per_token);
+        assert!(fp8.kv_cache_tokens >= 2 * high.kv_cache_tokens - 16);
+        assert_eq!(high.kv_bytes_per_token, 32 * 8 * 128 * 2 * 2);
+    }
+}
