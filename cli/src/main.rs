@@ -10,7 +10,7 @@ use estimator_core::{
     decode_query, encode_query, format_bytes, group_thousands, vllm_gib, ByteUnit, Change,
     Evaluation, EvaluationError, Field, FitPlan, Gpu, HubId, KvDtype, LongestSequence, LossKind,
     MaxBatch, Method, Mode, ModelFamily, ObjectiveKind, OptimizerImpl, PageState, PartKind, Preset,
-    Scenario, Serving, Trainer, WeightFormat,
+    Scenario, ServeChange, Serving, Trainer, WeightFormat,
 };
 
 mod hub;
@@ -1009,7 +1009,7 @@ fn readable_plans(plans: &[FitPlan], unit: ByteUnit) -> String {
 fn serving_json(s: &Serving) -> serde_json::Value {
     serde_json::json!({
         "kv_cache_tokens": s.kv_cache_tokens,
-        "max_concurrency": (s.max_concurrency * 100.0).floor() / 100.0,
+        "max_concurrency": s.max_concurrency.as_f64(),
         "max_model_len": s.max_model_len,
         "max_model_len_fits": s.max_model_len_fits,
         "largest_max_model_len": s.largest_max_model_len,
@@ -1030,6 +1030,37 @@ fn serving_json(s: &Serving) -> serde_json::Value {
         "kv_bytes_per_token": s.kv_bytes_per_token,
         "max_num_seqs": s.max_num_seqs,
         "max_num_batched_tokens": s.max_num_batched_tokens,
+        // the same pool at other lengths of request
+        "sweep": s.sweep.iter().map(|r| serde_json::json!({
+            "max_model_len": r.max_model_len,
+            "max_concurrency": r.max_concurrency.as_f64(),
+            "fits": r.fits,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// What a change is, with its value when it has one.
+fn change_text(a: &ServeChange) -> String {
+    if a.value == 0 {
+        a.label.to_owned()
+    } else {
+        format!("{} {}", a.label, group_thousands(a.value))
+    }
+}
+
+/// One change that lets vLLM start, with its fields (named as the CLI's messages name them)
+/// and what it gives.
+fn advice_json(a: &ServeChange) -> serde_json::Value {
+    let fields: serde_json::Map<String, serde_json::Value> = a
+        .changes
+        .iter()
+        .map(|(f, v)| (f.label().to_owned(), v.as_str().into()))
+        .collect();
+    serde_json::json!({
+        "change": change_text(a),
+        "fields": fields,
+        "kv_cache_tokens": a.serving.kv_cache_tokens,
+        "max_concurrency": a.serving.max_concurrency.as_f64(),
     })
 }
 
@@ -1043,8 +1074,8 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
          profile peak      {} (a forward of {} tokens, the sampler over {} requests)\n\
          outside torch     {}\n\
          KV cache          {} available ({} GiB), {} allocated\n\
-         KV tokens         {} (GPU KV cache size), {} per token, {} blocks of {}\n\
-         concurrency       {:.2}x at {} tokens per request\n\
+         KV tokens         {} (GPU KV cache size), {} bytes per token, {} blocks of {}\n\
+         concurrency       {} at {} tokens per request\n\
          longest request   {} tokens (max_model_len that fits)\n",
         b(s.device_total_bytes),
         b(s.requested_bytes),
@@ -1062,10 +1093,10 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
         },
         b(s.kv_cache_bytes),
         group_thousands(s.kv_cache_tokens),
-        b(s.kv_bytes_per_token),
+        group_thousands(s.kv_bytes_per_token),
         group_thousands(s.num_blocks),
         s.block_size,
-        (s.max_concurrency * 100.0).floor() / 100.0,
+        s.max_concurrency,
         group_thousands(s.max_model_len),
         group_thousands(s.largest_max_model_len),
     );
@@ -1092,7 +1123,11 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
 }
 
 /// Prints vLLM's start-up (or why it cannot be sized) and the exit code.
-fn print_serving(serving: Result<Serving, (Field, String)>, options: &Options) -> ExitCode {
+fn print_serving(
+    serving: Result<Serving, (Field, String)>,
+    advice: &[ServeChange],
+    options: &Options,
+) -> ExitCode {
     let s = match serving {
         Ok(s) => s,
         Err((field, why)) => {
@@ -1102,14 +1137,25 @@ fn print_serving(serving: Result<Serving, (Field, String)>, options: &Options) -
     };
     let notes = estimator_core::parse_page(&options.state).notes;
     if options.json {
+        let mut serving = serving_json(&s);
+        // what lets vLLM start, when one request does not fit
+        serving["advice"] = advice.iter().map(advice_json).collect();
         let out = serde_json::json!({
-            "serving": serving_json(&s),
+            "serving": serving,
             "query": encode_query(&options.state),
             "notes": notes,
         });
         println!("{out}");
     } else {
         print!("{}", readable_serving(&s, options.state.byte_unit));
+        for a in advice {
+            println!(
+                "what to change    {}: {} tokens, {}",
+                change_text(a),
+                group_thousands(a.serving.kv_cache_tokens),
+                a.serving.max_concurrency
+            );
+        }
         for note in &notes {
             println!("note              {note}");
         }
@@ -1162,8 +1208,15 @@ fn main() -> ExitCode {
     }
     // parsed once for the figures and the plans
     let scenario = Scenario::parse(&options.state);
-    if let Some(serving) = scenario.as_ref().ok().and_then(Scenario::serve) {
-        return print_serving(serving, &options);
+    if let Ok(s) = &scenario {
+        if let Some(serving) = s.serve() {
+            let advice: Vec<ServeChange> = s
+                .serve_advice(&options.state)
+                .into_iter()
+                .map(|(a, _)| a)
+                .collect();
+            return print_serving(serving, &advice, &options);
+        }
     }
     let e = match scenario
         .as_ref()

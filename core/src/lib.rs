@@ -49,7 +49,8 @@ pub use plan::{
 pub use query::{decode_query, encode_query, percent_decode, percent_encode, Decoded};
 pub use scenario::{parse_page, Page, Scenario};
 pub use serve::{
-    serve_vllm, vllm_gib, ServeDevice, ServeInputs, Serving, VllmSettings, DEFAULT_UTILIZATION_PPM,
+    serve_advice, serve_vllm, vllm_gib, Concurrency, ServeChange, ServeDevice, ServeInputs,
+    ServeRow, Serving, VllmSettings, DEFAULT_UTILIZATION_PPM,
 };
 pub use simple::{
     parse_activation_mb, parse_batch, parse_params, simple_breakdown, simple_breakdown_at_batch,

@@ -118,6 +118,30 @@ impl Scenario {
         crate::evaluate::sequence_sweep(&self.plan, &self.parsed, &self.knobs, longest)
     }
 
+    /// What to change so that vLLM starts, when serving is on and one request does not fit,
+    /// each with `state` so changed (what its link opens).
+    #[must_use]
+    pub fn serve_advice(&self, state: &PageState) -> Vec<(crate::ServeChange, PageState)> {
+        let (Some((device, settings)), Parsed::Architecture(model)) = (&self.serve, &self.parsed)
+        else {
+            return Vec::new();
+        };
+        let settings = crate::VllmSettings {
+            tensor_parallel: self.plan.tensor_parallel,
+            ..*settings
+        };
+        crate::serve_advice(&model.arch, *device, &settings)
+            .into_iter()
+            .map(|a| {
+                let mut changed = state.clone();
+                for (field, value) in &a.changes {
+                    let _ = changed.set(*field, value);
+                }
+                (a, changed)
+            })
+            .collect()
+    }
+
     /// The planning inputs (device, overheads, GPUs, sharding, global batch).
     #[must_use]
     pub fn plan(&self) -> &PlanInputs {

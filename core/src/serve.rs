@@ -157,7 +157,7 @@ pub struct Serving {
     /// The `max_model_len` in force.
     pub max_model_len: u64,
     /// `Maximum concurrency for max_model_len tokens per request`.
-    pub max_concurrency: f64,
+    pub max_concurrency: Concurrency,
     /// Whether one request of `max_model_len` fits (else vLLM refuses to start).
     pub max_model_len_fits: bool,
     /// The longest `max_model_len` one request can have (`estimate_max_model_len`), up to the
@@ -171,6 +171,68 @@ pub struct Serving {
     pub cuda_graph_bytes: u64,
     /// `(1 - U) x total`: where the graphs must fit.
     pub headroom_bytes: u64,
+    /// The concurrency at other lengths of request (the pool the same): powers of two from
+    /// 1,024 tokens to the model's context, and the length in force.
+    pub sweep: Vec<ServeRow>,
+}
+
+/// `Maximum concurrency`: the pool's blocks over those one request takes, kept as the two
+/// counts (shown with integer arithmetic: the page carries no float formatting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Concurrency {
+    /// Blocks in the pool.
+    pub blocks: u64,
+    /// Blocks one request of `max_model_len` tokens takes over the groups.
+    pub blocks_per_request: u64,
+}
+
+impl Concurrency {
+    /// In hundredths, rounded to the nearest as vLLM's `%.2f` prints it.
+    #[must_use]
+    pub fn hundredths(self) -> u64 {
+        let per = u128::from(self.blocks_per_request.max(1));
+        let h = (u128::from(self.blocks) * 200 + per) / (2 * per);
+        u64::try_from(h).unwrap_or(u64::MAX)
+    }
+
+    /// As a number (for JSON).
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)] // (hundredths of block counts: far below 2^53)
+    pub fn as_f64(self) -> f64 {
+        self.hundredths() as f64 / 100.0
+    }
+}
+
+impl std::fmt::Display for Concurrency {
+    /// `12.34x`, as vLLM's log prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = self.hundredths();
+        write!(f, "{}.{:02}x", h / 100, h % 100)
+    }
+}
+
+/// The pool's concurrency at one `max_model_len`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ServeRow {
+    /// Tokens per request.
+    pub max_model_len: u64,
+    /// `Maximum concurrency` at that length.
+    pub max_concurrency: Concurrency,
+    /// Whether one request of that length fits (vLLM starts).
+    pub fits: bool,
+}
+
+/// A change that lets vLLM start (or hold more), with what it gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServeChange {
+    /// What to change, for a person.
+    pub label: &'static str,
+    /// The new value the label names (0: the label says it all).
+    pub value: u64,
+    /// The fields and their new values (as the URL writes them).
+    pub changes: Vec<(Field, String)>,
+    /// The start-up with the change.
+    pub serving: Serving,
 }
 
 impl Serving {
@@ -304,15 +366,16 @@ impl KvPool {
 
     /// `Maximum concurrency` (`get_max_concurrency_for_kv_cache_config`): the blocks over
     /// those one request of `len` tokens takes in every group.
-    pub(crate) fn concurrency(&self, blocks: u64, len: u64) -> f64 {
+    pub(crate) fn concurrency(&self, blocks: u64, len: u64) -> Concurrency {
         let per_request: u64 = self
             .groups
             .iter()
             .map(|&w| blocks_for(w, len, self.batched, self.block_size))
             .sum();
-        #[allow(clippy::cast_precision_loss)] // (block counts: far below 2^53)
-        let concurrency = blocks as f64 / per_request.max(1) as f64;
-        concurrency
+        Concurrency {
+            blocks,
+            blocks_per_request: per_request.max(1),
+        }
     }
 
     /// Bytes one request of `len` tokens needs over every layer (`max_memory_usage_bytes`,
@@ -466,7 +529,137 @@ pub fn serve_vllm(
         max_num_batched_tokens,
         cuda_graph_bytes,
         headroom_bytes: total.saturating_sub(requested_bytes),
+        sweep: sweep_lengths(
+            context.unwrap_or(max_model_len).max(max_model_len),
+            max_model_len,
+        )
+        .map(|len| ServeRow {
+            max_model_len: len,
+            max_concurrency: pool.concurrency(num_blocks, len),
+            fits: available > 0 && pool.needed(len) <= available,
+        })
+        .collect(),
     })
+}
+
+/// The sweep's lengths: powers of two from 1,024 up to `limit`, and `chosen` in its place.
+fn sweep_lengths(limit: u64, chosen: u64) -> impl Iterator<Item = u64> {
+    let mut lengths: Vec<u64> = (10..=24)
+        .map(|p| 1u64 << p)
+        .take_while(|&len| len <= limit)
+        .collect();
+    if let Err(i) = lengths.binary_search(&chosen) {
+        lengths.insert(i, chosen);
+    }
+    lengths.into_iter()
+}
+
+/// One change [`serve_advice`] tries: whether it applies, its label, its value, the fields it
+/// sets and the settings it gives.
+type Try = (bool, &'static str, u64, Vec<(Field, String)>, VllmSettings);
+
+/// What to change when one request of `max_model_len` does not fit (or no KV memory is
+/// left): each of a higher `gpu_memory_utilization`, an fp8 KV cache, an fp8 or int4
+/// checkpoint, twice the tensor parallelism and the longest `max_model_len` that fits, kept
+/// when vLLM then starts; in that order, the least disruptive first (a setting, the cache's
+/// precision, the weights', more GPUs, shorter requests).
+#[must_use]
+pub fn serve_advice(
+    arch: &Architecture,
+    device: ServeDevice,
+    settings: &VllmSettings,
+) -> Vec<ServeChange> {
+    let Ok(now) = serve_vllm(arch, device, settings) else {
+        return Vec::new();
+    };
+    if now.max_model_len_fits {
+        return Vec::new();
+    }
+    let s = *settings;
+    let tp = s.tensor_parallel.max(1) * 2;
+    let len = now.largest_max_model_len;
+    let sixteen_bit = matches!(s.weight_format, WeightFormat::Recipe | WeightFormat::Half)
+        && arch.checkpoint_format().is_none();
+    // (whether it applies, what to change, its value where the label needs one, the fields
+    // and the settings)
+    let tries: [Try; 6] = [
+        (
+            s.utilization_ppm < 950_000,
+            "gpu_memory_utilization 0.95",
+            0,
+            vec![(Field::GpuMemoryUtilization, "0.95".into())],
+            VllmSettings {
+                utilization_ppm: 950_000,
+                ..s
+            },
+        ),
+        (
+            s.kv_dtype == KvDtype::Model,
+            "An fp8 KV cache (--kv-cache-dtype fp8)",
+            0,
+            vec![(Field::KvDtype, "fp8".into())],
+            VllmSettings {
+                kv_dtype: KvDtype::Fp8,
+                ..s
+            },
+        ),
+        (
+            sixteen_bit,
+            "An fp8 checkpoint",
+            0,
+            vec![(Field::WeightFormat, "fp8".into())],
+            VllmSettings {
+                weight_format: WeightFormat::Fp8,
+                ..s
+            },
+        ),
+        (
+            sixteen_bit,
+            "An AWQ / GPTQ int4 checkpoint",
+            0,
+            vec![(Field::WeightFormat, "int4-g128".into())],
+            VllmSettings {
+                weight_format: WeightFormat::Int4Group128,
+                ..s
+            },
+        ),
+        (
+            tp <= 8,
+            "Tensor parallelism (GPUs per server):",
+            tp,
+            vec![
+                (Field::TensorParallel, tp.to_string()),
+                (Field::NumGpus, tp.to_string()),
+            ],
+            VllmSettings {
+                tensor_parallel: tp,
+                ..s
+            },
+        ),
+        (
+            len > 0,
+            "max_model_len:",
+            len,
+            vec![(Field::MaxModelLen, len.to_string())],
+            VllmSettings {
+                max_model_len: Some(len),
+                ..s
+            },
+        ),
+    ];
+    tries
+        .into_iter()
+        .filter(|t| t.0)
+        .filter_map(|(_, label, value, changes, settings)| {
+            let serving = serve_vllm(arch, device, &settings).ok()?;
+            serving.max_model_len_fits.then_some(ServeChange {
+                label,
+                value,
+                changes,
+                serving,
+            })
+        })
+        .collect()
 }
 
 /// The largest `len` in `1..=limit` for which `fits` holds (0 if none): vLLM's binary search
@@ -488,7 +681,8 @@ fn largest_len(limit: u64, fits: impl Fn(u64) -> bool) -> u64 {
 /// GiB (2^30) as vLLM prints them, two decimals.
 #[must_use]
 pub fn vllm_gib(bytes: u64) -> String {
-    let hundredths = (u128::from(bytes) * 100 + u128::from(GIB) / 2) / u128::from(GIB);
+    // (below 2^64 / 100 bytes the product cannot overflow; beyond, the figure saturates)
+    let hundredths = bytes.saturating_mul(100).saturating_add(GIB / 2) / GIB;
     format!("{}.{:02}", hundredths / 100, hundredths % 100)
 }
 
@@ -527,9 +721,9 @@ mod tests {
             pool.blocks(bytes(available_gib + 0.005)),
         );
         // vLLM prints the concurrency with "%.2f"
-        let printed = |b: u64| format!("{:.2}", pool.concurrency(b, len));
+        let printed = |b: u64| pool.concurrency(b, len).to_string();
         let matching = (lo..=hi)
-            .find(|&b| pool.tokens(b) == tokens && printed(b) == format!("{concurrency:.2}"));
+            .find(|&b| pool.tokens(b) == tokens && printed(b) == format!("{concurrency:.2}x"));
         assert!(
             matching.is_some(),
             "{id}: {tokens} tokens, {concurrency}x: ours {}..={} tokens, {}x..={}x for {available_gib} GiB",
@@ -596,6 +790,49 @@ mod tests {
         assert_eq!(p.layers_per_group, 18);
         assert_eq!(p.groups.len(), 2);
         assert_eq!(p.bytes_per_token, 36 * 2048);
+    }
+
+    #[test]
+    fn bytes_per_token_per_family() {
+        // (preset, TP, KV elements per token per layer on a rank, layers)
+        for (key, tp, per_layer, layers) in [
+            // GQA: K and V of the rank's key/value heads
+            ("llama3.1-8b", 1, 2 * 8 * 128, 32),
+            ("llama3.1-8b", 2, 2 * 4 * 128, 32),
+            // more ranks than key/value heads: one head each, replicated
+            ("llama3.1-8b", 16, 2 * 128, 32),
+            ("qwen3-235b-a22b", 8, 2 * 128, 94),
+            // MLA: the compressed latent and the rope key, whole on every rank
+            ("deepseek-v3", 1, 512 + 64, 61),
+            ("deepseek-v3", 8, 512 + 64, 61),
+            // gpt-oss: every layer's cache, sliding or not, has the same page
+            ("gpt-oss-120b", 4, 2 * 2 * 64, 36),
+        ] {
+            let a = arch(key);
+            let kv = served::kv_layers(&a, tp);
+            assert_eq!(kv.len(), layers, "{key}");
+            assert!(
+                kv.iter().all(|l| l.elements_per_token == per_layer),
+                "{key} on {tp}"
+            );
+        }
+        // MLA pages 64 tokens on Hopper (FlashMLA), 128 on Blackwell (CUTLASS MLA)
+        let on = |gpu: crate::Gpu| {
+            serve_vllm(
+                &arch("deepseek-v3"),
+                gpu.serve_device(None).expect("a GPU"),
+                &VllmSettings {
+                    tensor_parallel: 8,
+                    weight_format: WeightFormat::Fp8,
+                    max_model_len: Some(8192),
+                    ..VllmSettings::default()
+                },
+            )
+            .expect("serves")
+        };
+        assert_eq!(on(crate::Gpu::H200).block_size, 64);
+        assert_eq!(on(crate::Gpu::B200).block_size, 128);
+        assert_eq!(on(crate::Gpu::H200).kv_bytes_per_token, 61 * 576 * 2);
     }
 
     #[test]

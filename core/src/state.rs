@@ -1801,7 +1801,7 @@ impl PageState {
     /// The vLLM fields that do not parse, and a missing or unusable device.
     pub fn vllm_inputs(&self) -> Result<Option<crate::ServeInputs>, Vec<(Field, String)>> {
         let inf = &self.inference;
-        if !inf.serve {
+        if !inf.serve || self.step.optimizer.trains() {
             return Ok(None);
         }
         let mut errors = Vec::new();

@@ -52,6 +52,12 @@ ROWS = {
     "v61": (["--preset", "qwen3-14b"], "l40s", [], ""),
     "v62": (["--preset", "qwen3-14b"], "l40s", ["--weight-format", "int4-g128"], "AWQ int4"),
     "v63": (["--preset", "qwen3-14b"], "l40s", ["--weight-format", "int4-g128"], "AWQ int4"),
+    "v66": (["--preset", "llama3.1-8b"], "l4", ["--weight-format", "int4-g128"] + FI, "AWQ int4, fp8 KV; log: FlashInfer sampler"),
+    "v67": (["--preset", "llama3.1-8b"], "l4", ["--weight-format", "int4-g128"] + FI, "AWQ int4; log: FlashInfer sampler"),
+    "v68": (["--preset", "qwen3-4b"], "l4", FI, "fp8 KV; log: FlashInfer sampler"),
+    "v69": (["--preset", "qwen3-4b"], "l4", FI, "log: FlashInfer sampler"),
+    "v74": (["--preset", "llama3.3-70b"], "h100-80", [], "Llama 3.1 70B's geometry; U not stated: the default 0.9"),
+    "v75": (["--preset", "qwen3-32b"], "h100-80", [], "U not stated: the default 0.9"),
 }
 
 GIB = 1 << 30
