@@ -376,6 +376,26 @@ mod tests {
         falls_back("wf=int3&kvd=fp4&ram=0", 3);
     }
 
+    #[test]
+    fn serving_fields_round_trip_and_stay_out_of_other_links() {
+        round_trips("m=arch&o=none&srv=on&gmu=0.95&mml=8192&mns=64&mbt=4096&eager=on&fis=on&kvd=fp8&wf=mxfp4");
+        round_trips("m=arch&o=none&srv=on&gmu=0.9764&mml=");
+        let d = decode_query("m=arch&o=none&srv=on&gmu=0.5&mml=32768");
+        assert!(d.state.inference.serve);
+        assert_eq!(d.state.inference.gpu_memory_utilization, "0.5");
+        assert_eq!(d.state.inference.max_model_len, "32768");
+        // at their defaults they are not written: older links read the same
+        let link = encode_query(&PageState::default());
+        for key in ["srv=", "gmu=", "mml=", "mns=", "mbt=", "eager=", "fis="] {
+            assert!(!link.contains(key), "{key} in {link}");
+        }
+        falls_back("srv=maybe&eager=2", 2);
+        // a value out of range falls back to the default, with a notice
+        let bad = decode_query("m=arch&o=none&srv=on&gmu=1.5");
+        assert_eq!(bad.notices.len(), 1, "{:?}", bad.notices);
+        assert_eq!(bad.state.inference.gpu_memory_utilization, "0.9");
+    }
+
     #[cfg(feature = "vision")]
     #[test]
     fn image_fields_round_trip_and_stay_out_of_other_links() {

@@ -1436,7 +1436,8 @@ impl Field {
 
 impl PageState {
     /// Whether `field` goes into links: every field but the image fields and the sweep
-    /// axis at their defaults (so that every other link stays as it was).
+    /// axis at their defaults, float8's, FSDP1's and vLLM's settings when unused (so that
+    /// every other link stays as it was).
     #[must_use]
     pub fn travels(&self, field: Field) -> bool {
         if field == Field::SweepAxis {
@@ -1458,6 +1459,19 @@ impl PageState {
                 | Field::GpusPerNode
         ) {
             return self.parallel.sharding == Sharding::Fsdp1;
+        }
+        // vLLM's settings, only when serving (links of every other step stay as they were)
+        if matches!(
+            field,
+            Field::Serve
+                | Field::GpuMemoryUtilization
+                | Field::MaxModelLen
+                | Field::MaxNumSeqs
+                | Field::MaxNumBatchedTokens
+                | Field::EnforceEager
+                | Field::FlashinferSampler
+        ) {
+            return self.inference.serve;
         }
         #[cfg(feature = "vision")]
         return self.vision.travels(field);
