@@ -162,4 +162,21 @@ fn main() {
     report("config.json: parse (Llama-3-8B)", 5_000, || {
         black_box(estimator_core::parse_hf_config(black_box(&config)).ok());
     });
+    // serving: one vLLM start-up, and with the changes that let it start (seven start-ups)
+    let serving = decode_query("m=arch&model=llama3.1-8b&o=none&gpu=rtx4090&srv=on").state;
+    let scenario = estimator_core::Scenario::parse(&serving).expect("valid");
+    report(
+        "serve: vLLM start-up (Llama-3.1-8B on a 24 GB GPU)",
+        5_000,
+        || {
+            black_box(black_box(&scenario).serve());
+        },
+    );
+    report(
+        "serve: start-up + what lets it start (131k does not fit)",
+        1_000,
+        || {
+            black_box(black_box(&scenario).serve_advice(&serving));
+        },
+    );
 }
