@@ -418,6 +418,12 @@ pub fn serve_vllm(
     device: ServeDevice,
     settings: &VllmSettings,
 ) -> Result<Serving, (Field, String)> {
+    if !arch.is_causal_lm() {
+        return Err((
+            Field::Model,
+            "vLLM sizes a KV cache for generative models: this one generates nothing.".to_owned(),
+        ));
+    }
     let tp = settings.tensor_parallel.max(1);
     if let Some(why) = served::tp_error(arch, tp) {
         return Err((Field::TensorParallel, why));
@@ -835,6 +841,64 @@ mod tests {
         assert_eq!(on(crate::Gpu::H200).kv_bytes_per_token, 61 * 576 * 2);
     }
 
+    /// Every preset on every GPU, TP size, KV dtype and format: vLLM's start-up is sized or
+    /// refused with a field, never a panic, and its figures hold together.
+    #[test]
+    fn every_preset_gpu_and_setting_holds_together() {
+        for preset in Preset::ALL {
+            let a = preset.architecture().expect("parses");
+            for gpu in crate::Gpu::ALL {
+                let Some(device) = gpu.serve_device(Some(40_000)) else {
+                    continue;
+                };
+                for (tp, kv_dtype, weight_format) in [
+                    (1, KvDtype::Model, WeightFormat::Recipe),
+                    (2, KvDtype::Fp8, WeightFormat::Fp8),
+                    (4, KvDtype::Model, WeightFormat::Int4Group128),
+                    (8, KvDtype::Fp8, WeightFormat::Mxfp4),
+                    (3, KvDtype::Q4_0, WeightFormat::Q4KM),
+                ] {
+                    let settings = VllmSettings {
+                        tensor_parallel: tp,
+                        kv_dtype,
+                        weight_format,
+                        max_model_len: Some(4096),
+                        ..VllmSettings::default()
+                    };
+                    let Ok(s) = serve_vllm(&a, device, &settings) else {
+                        continue;
+                    };
+                    let at = format!("{} on {} x{tp}", preset.key(), gpu.key());
+                    let available = u64::try_from(s.available_kv_bytes).unwrap_or(0);
+                    assert!(s.kv_cache_bytes <= available, "{at}");
+                    assert_eq!(s.kv_cache_tokens % s.block_size, 0, "{at}");
+                    assert_eq!(
+                        s.available_kv_bytes,
+                        i64::try_from(s.requested_bytes).unwrap()
+                            - i64::try_from(
+                                s.weights_bytes + s.activation_bytes + s.non_torch_bytes
+                            )
+                            .unwrap(),
+                        "{at}"
+                    );
+                    // the longest request fits, one page more does not (below the context)
+                    assert_eq!(
+                        s.max_model_len_fits,
+                        s.largest_max_model_len >= 4096,
+                        "{at}"
+                    );
+                    assert_eq!(
+                        s.headroom_bytes + s.requested_bytes,
+                        s.device_total_bytes,
+                        "{at}"
+                    );
+                    assert!(s.sweep.iter().any(|r| r.max_model_len == 4096), "{at}");
+                    let _ = serve_advice(&a, device, &settings);
+                }
+            }
+        }
+    }
+
     #[test]
     fn one_request_needs_each_layer_s_pages() {
         let p = pool(&arch("gemma3-1b"), 1, 2, 8192);
@@ -931,6 +995,8 @@ mod tests {
             Some(Field::MaxModelLen)
         );
         assert_eq!(run("llama3.1-8b", base), None);
+        assert_eq!(run("bert-base", base), Some(Field::Model));
+        assert_eq!(run("vit-b16", base), Some(Field::Model));
     }
 
     #[test]
