@@ -1122,22 +1122,11 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
     out
 }
 
-/// Prints vLLM's start-up (or why it cannot be sized) and the exit code.
-fn print_serving(
-    serving: Result<Serving, (Field, String)>,
-    advice: &[ServeChange],
-    options: &Options,
-) -> ExitCode {
-    let s = match serving {
-        Ok(s) => s,
-        Err((field, why)) => {
-            eprintln!("memest: {}: {why}", field.label());
-            return ExitCode::from(1);
-        }
-    };
+/// Prints vLLM's start-up and what lets it start.
+fn print_serving(s: &Serving, advice: &[ServeChange], options: &Options) {
     let notes = estimator_core::parse_page(&options.state).notes;
     if options.json {
-        let mut serving = serving_json(&s);
+        let mut serving = serving_json(s);
         // what lets vLLM start, when one request does not fit
         serving["advice"] = advice.iter().map(advice_json).collect();
         let out = serde_json::json!({
@@ -1147,7 +1136,7 @@ fn print_serving(
         });
         println!("{out}");
     } else {
-        print!("{}", readable_serving(&s, options.state.byte_unit));
+        print!("{}", readable_serving(s, options.state.byte_unit));
         for a in advice {
             println!(
                 "what to change    {}: {} tokens, {}",
@@ -1160,7 +1149,6 @@ fn print_serving(
             println!("note              {note}");
         }
     }
-    ExitCode::SUCCESS
 }
 
 /// Reports what keeps the inputs from being evaluated, on stderr.
@@ -1208,14 +1196,22 @@ fn main() -> ExitCode {
     }
     // parsed once for the figures and the plans
     let scenario = Scenario::parse(&options.state);
-    if let Ok(s) = &scenario {
-        if let Some(serving) = s.serve() {
-            let advice: Vec<ServeChange> = s
-                .serve_advice(&options.state)
+    if let Ok(scenario) = &scenario {
+        if let Some(serving) = scenario.serve() {
+            let s = match serving {
+                Ok(s) => s,
+                Err(refused) => {
+                    report(&EvaluationError::Fields(vec![refused]));
+                    return ExitCode::from(1);
+                }
+            };
+            let advice: Vec<ServeChange> = scenario
+                .serve_advice(&options.state, &s)
                 .into_iter()
                 .map(|(a, _)| a)
                 .collect();
-            return print_serving(serving, &advice, &options);
+            print_serving(&s, &advice, &options);
+            return ExitCode::SUCCESS;
         }
     }
     let e = match scenario

@@ -22,6 +22,13 @@ pub struct Scenario {
     serve: Option<crate::ServeInputs>,
 }
 
+/// What serving reads of a scenario: the model, the device, vLLM's settings.
+type Served<'a> = (
+    &'a crate::Architecture,
+    crate::ServeDevice,
+    crate::VllmSettings,
+);
+
 /// The scenario of parsed inputs and `state`'s vLLM settings, the errors of both together.
 fn scenario_of(
     state: &PageState,
@@ -54,6 +61,24 @@ impl Scenario {
         scenario_of(state, parse_all(state, None))
     }
 
+    /// The model, the device and vLLM's settings with the plan's tensor-parallel size, when
+    /// serving is on (`None` when it is off); why not, in the simple mode.
+    fn served(&self) -> Option<Result<Served<'_>, (Field, String)>> {
+        let (device, settings) = self.serve?;
+        let settings = crate::VllmSettings {
+            tensor_parallel: self.plan.tensor_parallel,
+            ..settings
+        };
+        Some(match &self.parsed {
+            Parsed::Architecture(model) => Ok((&model.arch, device, settings)),
+            Parsed::Simple { .. } => Err((
+                Field::Mode,
+                "Serving is sized from the model's layers: pick a preset or paste a config.json."
+                    .to_owned(),
+            )),
+        })
+    }
+
     /// What vLLM's start-up makes of the model on the chosen GPU, when serving is on
     /// (`None` when it is off), with the plan's tensor-parallel size.
     ///
@@ -61,21 +86,8 @@ impl Scenario {
     /// The field vLLM would refuse, and why.
     #[must_use]
     pub fn serve(&self) -> Option<Result<crate::Serving, (Field, String)>> {
-        let (device, settings) = self.serve?;
-        Some(match &self.parsed {
-            Parsed::Architecture(model) => crate::serve_vllm(
-                &model.arch,
-                device,
-                &crate::VllmSettings {
-                    tensor_parallel: self.plan.tensor_parallel,
-                    ..settings
-                },
-            ),
-            Parsed::Simple { .. } => Err((
-                Field::Mode,
-                "Serving is sized from the model's layers: pick a preset or paste a config.json."
-                    .to_owned(),
-            )),
+        self.served().map(|served| {
+            served.and_then(|(arch, device, settings)| crate::serve_vllm(arch, device, &settings))
         })
     }
 
@@ -118,19 +130,18 @@ impl Scenario {
         crate::evaluate::sequence_sweep(&self.plan, &self.parsed, &self.knobs, longest)
     }
 
-    /// What to change so that vLLM starts, when serving is on and one request does not fit,
-    /// each with `state` so changed (what its link opens).
+    /// What to change so that vLLM starts, when `now` ([`Self::serve`]'s start-up) cannot
+    /// hold one request, each with `state` so changed (what its link opens).
     #[must_use]
-    pub fn serve_advice(&self, state: &PageState) -> Vec<(crate::ServeChange, PageState)> {
-        let (Some((device, settings)), Parsed::Architecture(model)) = (&self.serve, &self.parsed)
-        else {
+    pub fn serve_advice(
+        &self,
+        state: &PageState,
+        now: &crate::Serving,
+    ) -> Vec<(crate::ServeChange, PageState)> {
+        let Some(Ok((arch, device, settings))) = self.served() else {
             return Vec::new();
         };
-        let settings = crate::VllmSettings {
-            tensor_parallel: self.plan.tensor_parallel,
-            ..*settings
-        };
-        crate::serve_advice(&model.arch, *device, &settings)
+        crate::serve_advice(arch, device, &settings, now)
             .into_iter()
             .map(|a| {
                 let mut changed = state.clone();

@@ -243,19 +243,20 @@ impl Serving {
     }
 }
 
-/// Bytes of one KV element in `dtype`, or why vLLM has no such cache dtype.
+/// Bytes of one KV element in `dtype` (the model's dtype being 16-bit), or why vLLM has no
+/// such cache dtype: its caches are plain, one element a block.
 fn kv_element_bytes(dtype: KvDtype) -> Result<u64, (Field, String)> {
-    match dtype {
-        KvDtype::Model => Ok(2),
-        KvDtype::Fp8 => Ok(1),
-        other => Err((
-            Field::KvDtype,
-            format!(
-                "vLLM's kv_cache_dtype is auto or fp8, not {} (a llama.cpp cache).",
-                other.key()
-            ),
-        )),
+    let block = dtype.block(2);
+    if block.elements == 1 {
+        return Ok(block.bits / 8);
     }
+    Err((
+        Field::KvDtype,
+        format!(
+            "vLLM's kv_cache_dtype is auto or fp8, not {} (a llama.cpp cache).",
+            dtype.key()
+        ),
+    ))
 }
 
 /// One rank's weights in `format`, or why vLLM does not load that format.
@@ -376,6 +377,12 @@ impl KvPool {
             blocks,
             blocks_per_request: per_request.max(1),
         }
+    }
+
+    /// Whether one request of `len` tokens fits in `available` bytes (else vLLM refuses to
+    /// start).
+    pub(crate) fn fits(&self, len: u64, available: u64) -> bool {
+        available > 0 && self.needed(len) <= available
     }
 
     /// Bytes one request of `len` tokens needs over every layer (`max_memory_usage_bytes`,
@@ -529,8 +536,8 @@ pub fn serve_vllm(
         kv_cache_tokens: pool.tokens(num_blocks),
         max_model_len,
         max_concurrency: pool.concurrency(num_blocks, max_model_len),
-        max_model_len_fits: available > 0 && pool.needed(max_model_len) <= available,
-        largest_max_model_len: largest_len(limit, |len| pool.needed(len) <= available),
+        max_model_len_fits: pool.fits(max_model_len, available),
+        largest_max_model_len: largest_len(limit, |len| pool.fits(len, available)),
         max_num_seqs,
         max_num_batched_tokens,
         cuda_graph_bytes,
@@ -542,7 +549,7 @@ pub fn serve_vllm(
         .map(|len| ServeRow {
             max_model_len: len,
             max_concurrency: pool.concurrency(num_blocks, len),
-            fits: available > 0 && pool.needed(len) <= available,
+            fits: pool.fits(len, available),
         })
         .collect(),
     })
@@ -565,19 +572,17 @@ fn sweep_lengths(limit: u64, chosen: u64) -> impl Iterator<Item = u64> {
 type Try = (bool, &'static str, u64, Vec<(Field, String)>, VllmSettings);
 
 /// What to change when one request of `max_model_len` does not fit (or no KV memory is
-/// left): each of a higher `gpu_memory_utilization`, an fp8 KV cache, an fp8 or int4
-/// checkpoint, twice the tensor parallelism and the longest `max_model_len` that fits, kept
-/// when vLLM then starts; in that order, the least disruptive first (a setting, the cache's
+/// left) in `now`, vLLM's start-up with `settings`: each of a higher
+/// `gpu_memory_utilization`, an fp8 KV cache, an fp8 or int4 checkpoint, twice the tensor
+/// parallelism and the longest `max_model_len` that fits, kept when vLLM then starts; in that order, the least disruptive first (a setting, the cache's
 /// precision, the weights', more GPUs, shorter requests).
 #[must_use]
 pub fn serve_advice(
     arch: &Architecture,
     device: ServeDevice,
     settings: &VllmSettings,
+    now: &Serving,
 ) -> Vec<ServeChange> {
-    let Ok(now) = serve_vllm(arch, device, settings) else {
-        return Vec::new();
-    };
     if now.max_model_len_fits {
         return Vec::new();
     }
@@ -893,7 +898,7 @@ mod tests {
                         "{at}"
                     );
                     assert!(s.sweep.iter().any(|r| r.max_model_len == 4096), "{at}");
-                    let _ = serve_advice(&a, device, &settings);
+                    let _ = serve_advice(&a, device, &settings, &s);
                 }
             }
         }

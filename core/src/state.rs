@@ -1228,6 +1228,14 @@ fn fraction_permille(text: &str) -> Result<u64, FieldError> {
     })
 }
 
+/// vLLM's typed settings, parsed ([`PageState::parsed_vllm_fields`]).
+struct VllmFields {
+    utilization_ppm: u32,
+    max_model_len: Option<u64>,
+    max_num_seqs: Option<u64>,
+    max_num_batched_tokens: Option<u64>,
+}
+
 /// The longest `max_model_len` or `max_num_batched_tokens` typed in (16M tokens).
 const MAX_SERVED_TOKENS: u64 = 1 << 24;
 /// The most `max_num_seqs` typed in.
@@ -1808,6 +1816,38 @@ impl PageState {
         parse_count(&self.inference.new_tokens, MAX_NEW_TOKENS, "tokens", true)
     }
 
+    /// vLLM's typed fields, parsed (what the page checks as typed, and serving reads).
+    ///
+    /// # Errors
+    /// The fields that do not parse, with why.
+    fn parsed_vllm_fields(&self) -> Result<VllmFields, Vec<(Field, FieldError)>> {
+        let inf = &self.inference;
+        let mut errors = Vec::new();
+        let mut keep = |field: Field, e: FieldError| errors.push((field, e));
+        let utilization = parse_utilization(&inf.gpu_memory_utilization)
+            .map_err(|e| keep(Field::GpuMemoryUtilization, e));
+        let len = parse_optional_count(&inf.max_model_len, MAX_SERVED_TOKENS)
+            .map_err(|e| keep(Field::MaxModelLen, e));
+        let seqs = parse_optional_count(&inf.max_num_seqs, MAX_NUM_SEQS)
+            .map_err(|e| keep(Field::MaxNumSeqs, e));
+        let batched = parse_optional_count(&inf.max_num_batched_tokens, MAX_SERVED_TOKENS)
+            .map_err(|e| keep(Field::MaxNumBatchedTokens, e));
+        match (utilization, len, seqs, batched) {
+            (
+                Ok(utilization_ppm),
+                Ok(max_model_len),
+                Ok(max_num_seqs),
+                Ok(max_num_batched_tokens),
+            ) => Ok(VllmFields {
+                utilization_ppm,
+                max_model_len,
+                max_num_seqs,
+                max_num_batched_tokens,
+            }),
+            _ => Err(errors),
+        }
+    }
+
     /// vLLM's settings and the device as its worker sees it, when serving is on (the
     /// tensor-parallel size is the plan's, set by [`Scenario::serve`](crate::Scenario::serve)).
     ///
@@ -1818,16 +1858,10 @@ impl PageState {
         if !inf.serve || self.step.optimizer.trains() {
             return Ok(None);
         }
-        let mut errors = Vec::new();
-        let mut keep = |field: Field, e: FieldError| errors.push((field, e.to_string()));
-        let utilization = parse_utilization(&inf.gpu_memory_utilization)
-            .map_err(|e| keep(Field::GpuMemoryUtilization, e));
-        let len = parse_optional_count(&inf.max_model_len, MAX_SERVED_TOKENS)
-            .map_err(|e| keep(Field::MaxModelLen, e));
-        let seqs = parse_optional_count(&inf.max_num_seqs, MAX_NUM_SEQS)
-            .map_err(|e| keep(Field::MaxNumSeqs, e));
-        let batched = parse_optional_count(&inf.max_num_batched_tokens, MAX_SERVED_TOKENS)
-            .map_err(|e| keep(Field::MaxNumBatchedTokens, e));
+        let fields = self.parsed_vllm_fields();
+        let mut errors: Vec<(Field, String)> = fields.as_ref().err().map_or(Vec::new(), |e| {
+            e.iter().map(|(f, e)| (*f, e.to_string())).collect()
+        });
         let custom = parse_count(
             &self.hardware.custom_capacity_mib,
             MAX_CAPACITY_MIB,
@@ -1854,25 +1888,21 @@ impl PageState {
                 }
             },
         };
-        match (utilization, len, seqs, batched, device) {
-            (Ok(utilization_ppm), Ok(max_model_len), Ok(max_num_seqs), Ok(batched), Some(d))
-                if errors.is_empty() =>
-            {
-                Ok(Some((
-                    d,
-                    crate::VllmSettings {
-                        utilization_ppm,
-                        tensor_parallel: 1,
-                        max_model_len,
-                        max_num_seqs,
-                        max_num_batched_tokens: batched,
-                        weight_format: inf.weight_format,
-                        kv_dtype: inf.kv_dtype,
-                        enforce_eager: inf.enforce_eager,
-                        flashinfer_sampler: inf.flashinfer_sampler,
-                    },
-                )))
-            }
+        match (fields, device) {
+            (Ok(v), Some(d)) if errors.is_empty() => Ok(Some((
+                d,
+                crate::VllmSettings {
+                    utilization_ppm: v.utilization_ppm,
+                    tensor_parallel: 1,
+                    max_model_len: v.max_model_len,
+                    max_num_seqs: v.max_num_seqs,
+                    max_num_batched_tokens: v.max_num_batched_tokens,
+                    weight_format: inf.weight_format,
+                    kv_dtype: inf.kv_dtype,
+                    enforce_eager: inf.enforce_eager,
+                    flashinfer_sampler: inf.flashinfer_sampler,
+                },
+            ))),
             _ => Err(errors),
         }
     }
@@ -2165,23 +2195,6 @@ impl PageState {
             ),
             (Field::SeqLen, self.parsed_seq_len().map(drop)),
             (Field::NewTokens, self.parsed_new_tokens().map(drop)),
-            (
-                Field::GpuMemoryUtilization,
-                parse_utilization(&self.inference.gpu_memory_utilization).map(drop),
-            ),
-            (
-                Field::MaxModelLen,
-                parse_optional_count(&self.inference.max_model_len, MAX_SERVED_TOKENS).map(drop),
-            ),
-            (
-                Field::MaxNumSeqs,
-                parse_optional_count(&self.inference.max_num_seqs, MAX_NUM_SEQS).map(drop),
-            ),
-            (
-                Field::MaxNumBatchedTokens,
-                parse_optional_count(&self.inference.max_num_batched_tokens, MAX_SERVED_TOKENS)
-                    .map(drop),
-            ),
             (Field::LoraRank, rank.map(drop)),
             (Field::LoraAlpha, alpha),
             (Field::LoraDropout, dropout.map(drop)),
@@ -2191,6 +2204,9 @@ impl PageState {
             }
         }
         if let Err(errors) = self.parsed_objective() {
+            invalid.extend(errors);
+        }
+        if let Err(errors) = self.parsed_vllm_fields() {
             invalid.extend(errors);
         }
         invalid.extend(self.plan_field_errors());

@@ -169,12 +169,14 @@ pub(crate) struct Positions {
     pub rope_rows: u64,
 }
 
-/// The positions of a rotary decoder (`None` without `max_position_embeddings`).
-fn positions(r: &mut Reader, family: ModelFamily) -> Option<Positions> {
+/// The positions of a rotary decoder (`None` without `max_position_embeddings`), its rope
+/// scaling `rope` as [`rope`] found it.
+fn positions(
+    r: &mut Reader,
+    family: ModelFamily,
+    rope: Option<(&'static str, &Map)>,
+) -> Option<Positions> {
     let max = r.u64(&["max_position_embeddings"])?.clamp(1, MAX_POSITIONS);
-    let rope = ["rope_scaling", "rope_parameters"]
-        .into_iter()
-        .find_map(|name| r.object(name).map(|o| (name, o)));
     let Some((name, o)) = rope else {
         return Some(Positions {
             context: max,
@@ -229,12 +231,15 @@ fn positions(r: &mut Reader, family: ModelFamily) -> Option<Positions> {
 }
 
 /// Checks `rope_scaling` / `rope_parameters`: the type must be one transformers implements.
-/// None of them changes memory (they rescale frequencies), but an unknown one is a typo.
-fn rope(r: &mut Reader) {
+/// None of them changes training memory (they rescale frequencies), but an unknown one is a
+/// typo. Returns the first of them given, with its name (what serving reads).
+fn rope<'a>(r: &mut Reader<'a>) -> Option<(&'static str, &'a Map)> {
+    let mut first = None;
     for name in ["rope_scaling", "rope_parameters"] {
         let Some(o) = r.object(name) else {
             continue;
         };
+        first = first.or(Some((name, o)));
         let kind = o.get("rope_type").or_else(|| o.get("type"));
         match kind {
             None | Some(Value::Null) => {}
@@ -260,6 +265,7 @@ fn rope(r: &mut Reader) {
             ),
         }
     }
+    first
 }
 
 /// Which layers use a sliding window: `layer_types` when given, else the family's rule
@@ -390,8 +396,8 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         Some(d) => r.opt(&["vocab_size"], d, 1, MAX_VOCAB),
         None => r.req(&["vocab_size"], 1, MAX_VOCAB),
     };
-    rope(r);
-    let served = positions(r, family);
+    let rope_scaling = rope(r);
+    let served = positions(r, family, rope_scaling);
     let gemma = matches!(family, F::Gemma | F::Gemma2 | F::Gemma3);
     let tied = r.bool("tie_word_embeddings", gemma || family == F::SmolLm3);
     let attention_bias = r.bool("attention_bias", false);
