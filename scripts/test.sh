@@ -19,7 +19,7 @@ cargo clippy -p batch-size-estimator --target wasm32-unknown-unknown --all-targe
 
 step "core: unit, property and accuracy tests"
 cargo test -p estimator-core
-# as the page builds it: without the vision-language models (the `vision` feature)
+# without the vision-language models (the `vision` feature), as a build that leaves them out
 cargo test -p estimator-core --no-default-features
 
 step "cli"

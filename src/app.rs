@@ -10,8 +10,8 @@ use leptos::prelude::*;
 use crate::browser;
 use crate::components::{
     bar_markup, body_markup, breakdown_card, chart_markup, head_markup, memory_chart, model_notes,
-    notes_markup, rows_markup, sweep_table, total_markup, verdict_card, verdict_markup,
-    BreakdownDetail, BreakdownPart, Explanations, FitAdvice, Notices,
+    notes_markup, rows_markup, serving_card, serving_markup, serving_tsv, sweep_table,
+    total_markup, verdict_card, verdict_markup, BreakdownDetail, BreakdownPart, FitAdvice, Notices,
 };
 use crate::effect::{memo, watch};
 use crate::form::input_form;
@@ -589,6 +589,23 @@ pub fn App() -> impl IntoView {
         });
         m.finish()
     });
+    // vLLM's start-up, when serving is on, and the changes that let it start (as markup:
+    // one string compared per change)
+    let serving_body = memo(move |_| {
+        page.with(|p| {
+            let Some((s, Some(serving))) = p.scenario.as_ref().ok().map(|s| (s, s.serve())) else {
+                return String::new();
+            };
+            let links = match &serving {
+                Ok(now) => state.with(|inputs| s.serve_advice(inputs, now)),
+                Err(_) => Vec::new(),
+            };
+            serving_markup(Some(&serving), &links, unit.get())
+        })
+    });
+    let serving_sweep = memo(move |_| {
+        page.with(|p| serving_tsv(p.scenario.as_ref().ok().and_then(Scenario::serve).as_ref()))
+    });
     let has_figures = memo(move |_| evaluation.with(Result::is_ok));
     // The peak and the verdict, kept in view on a phone.
     let sticky = memo(move |_| {
@@ -672,6 +689,7 @@ pub fn App() -> impl IntoView {
             <div class="results">
                 {move || has_figures.get().then(|| view! { <p class="summary-line" inner_html=summary></p> })}
                 {model_notes(notes)}
+                {serving_card(serving_body, serving_sweep)}
                 {breakdown_card(breakdown_total, breakdown_bar, breakdown_rows)}
                 {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
                 {verdict_card(verdict)}
@@ -689,9 +707,11 @@ pub fn App() -> impl IntoView {
                 )}
             </div>
         </main>
-        <Explanations mode=mode />
         <footer class="page-footer">
-            <p>"Runs entirely in your browser: nothing you type leaves this page, but a Hub id you fetch."</p>
+            <p>
+                <a data-testid="about-link" href="about/index.html">"How it works, and answers to common questions"</a>
+                " · Runs entirely in your browser: nothing you type leaves this page, but a Hub id you fetch."
+            </p>
         </footer>
     }
 }

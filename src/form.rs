@@ -189,6 +189,8 @@ enum Shown {
     Objective,
     Grpo,
     VllmColocated,
+    /// Inference served by vLLM: its knobs.
+    Serving,
 }
 
 impl Shown {
@@ -216,6 +218,7 @@ impl Shown {
             Self::Sft => s.step.objective == ObjectiveKind::Sft || !trains,
             Self::Objective => s.step.objective != ObjectiveKind::Sft && trains,
             Self::Grpo => s.step.objective == ObjectiveKind::Grpo && trains,
+            Self::Serving => !trains && s.inference.serve,
             Self::VllmColocated => {
                 s.step.objective == ObjectiveKind::Grpo
                     && s.step.generator == Generator::VllmColocated
@@ -776,6 +779,16 @@ fn build(state: &PageState) -> Builder<'_> {
             );
         });
         b.when(Shown::Inference, &|b| b.fields(INFERENCE));
+        b.when(Shown::Serving, &|b| {
+            b.group(
+                "fieldset",
+                &[("class", "serving"), ("data-testid", "serve-settings")],
+                &|b| {
+                    b.m.el("legend", &[], "vLLM server (v0.11.0), per GPU");
+                    b.fields(SERVE);
+                },
+            );
+        });
     });
     b.fields(BATCH);
     b.when(Shown::Simple, &|b| b.fields(ACTIVATION_MB));
@@ -1532,6 +1545,58 @@ pub const INFERENCE: &[Spec] = &[
         "KV-cache dtype",
         "kv-dtype",
         pairs!(KvDtype, KvDtype::ALL, label),
+    ),
+    choice(
+        Field::Serve,
+        "Serve with vLLM",
+        "serve",
+        &[
+            ("off", "Off: one batch's KV cache"),
+            ("on", "On: the KV cache vLLM sizes at start-up"),
+        ],
+    ),
+];
+
+/// vLLM's knobs (v0.11.0), per GPU of its tensor-parallel group.
+pub const SERVE: &[Spec] = &[
+    typed(
+        Field::GpuMemoryUtilization,
+        "gpu_memory_utilization",
+        "gpu-memory-utilization",
+        "The fraction of the whole device vLLM may take.",
+    ),
+    typed(
+        Field::MaxModelLen,
+        "max_model_len",
+        "max-model-len",
+        "Tokens per request; empty: the model's context.",
+    ),
+    typed(
+        Field::MaxNumSeqs,
+        "max_num_seqs",
+        "max-num-seqs",
+        "Requests per step; empty: vLLM's default for the GPU.",
+    ),
+    typed(
+        Field::MaxNumBatchedTokens,
+        "max_num_batched_tokens",
+        "max-num-batched-tokens",
+        "Tokens per step; empty: vLLM's default for the GPU.",
+    ),
+    choice(
+        Field::EnforceEager,
+        "CUDA graphs",
+        "enforce-eager",
+        &[("off", "Captured (default)"), ("on", "enforce_eager: none")],
+    ),
+    choice(
+        Field::FlashinferSampler,
+        "Sampler",
+        "sampler",
+        &[
+            ("off", "PyTorch's top-k/top-p sort (pip install vllm)"),
+            ("on", "FlashInfer (vLLM's Docker image)"),
+        ],
     ),
 ];
 

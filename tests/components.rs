@@ -2,7 +2,8 @@
 #![cfg(target_arch = "wasm32")]
 
 use batch_size_estimator::components::{
-    plans_markup, BreakdownCard, BreakdownDetail, BreakdownPart, FitAdvice, ModelNotes, SweepTable,
+    plans_markup, serving_card, serving_markup, serving_tsv, BreakdownCard, BreakdownDetail,
+    BreakdownPart, FitAdvice, ModelNotes, SweepTable,
 };
 use batch_size_estimator::{advise_markup, input_form, App};
 use estimator_core::{decode_query, parse_page, ByteUnit, PageState, SweepRow};
@@ -461,6 +462,62 @@ async fn fit_advice_links_each_plan() {
         .any(|li| li.text_content().unwrap().contains("QLoRA")));
     let href: web_sys::Element = links.item(0).unwrap().unchecked_into();
     assert!(href.get_attribute("href").unwrap().starts_with("?m=arch"));
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
+async fn the_serving_card_shows_vllm_s_figures_and_the_changes_that_let_it_start() {
+    let root = container();
+    // Llama 3.1 8B asked for its whole 131k context on a 24 GB card: vLLM refuses
+    let state =
+        decode_query("m=arch&model=llama3.1-8b&o=none&r=bf16&gpu=rtx4090&srv=on&b=1&s=1024").state;
+    let page = parse_page(&state);
+    let scenario = page.scenario.as_ref().unwrap();
+    let serving = scenario.serve().unwrap();
+    let now = serving.as_ref().unwrap();
+    assert!(!now.max_model_len_fits);
+    let advice = scenario.serve_advice(&state, now);
+    assert!(!advice.is_empty());
+    let markup = serving_markup(Some(&serving), &advice, ByteUnit::Gib);
+    let tsv = serving_tsv(Some(&serving));
+    let (tokens, concurrency) = (now.kv_cache_tokens, now.max_concurrency.hundredths());
+    let shown = RwSignal::new(markup);
+    let handle = leptos::mount::mount_to(root.clone(), move || {
+        serving_card(
+            Memo::new(move |_| shown.get()),
+            Memo::new(move |_| tsv.clone()),
+        )
+    });
+    let card = by_testid(&root, "serving-card");
+    assert!(!card.has_attribute("hidden"));
+    assert_eq!(
+        by_testid(&root, "serve-kv-tokens").get_attribute("data-value"),
+        Some(tokens.to_string())
+    );
+    assert_eq!(
+        by_testid(&root, "serve-concurrency").get_attribute("data-value"),
+        Some(concurrency.to_string())
+    );
+    assert!(by_testid(&root, "serve-verdict")
+        .text_content()
+        .unwrap()
+        .starts_with("vLLM refuses to start"));
+    // each change is a link to the page with it, which then starts
+    let links = by_testid(&root, "serve-advice")
+        .query_selector_all("a[href]")
+        .unwrap();
+    assert_eq!(links.length() as usize, advice.len());
+    for i in 0..links.length() {
+        let a: web_sys::Element = links.item(i).unwrap().unchecked_into();
+        let href = a.get_attribute("href").unwrap();
+        let opened = parse_page(&decode_query(href.trim_start_matches('?')).state);
+        let started = opened.scenario.unwrap().serve().unwrap().unwrap();
+        assert!(started.max_model_len_fits, "{href}");
+    }
+    // serving off: the card hides
+    shown.set(String::new());
+    next_tick().await;
+    assert!(card.has_attribute("hidden"));
     drop(handle);
 }
 

@@ -1,7 +1,7 @@
 // What to change so that it fits, in a real browser: Llama 3 8B on an RTX 4090 does not fit
 // as a full fine-tune; the page lists plans that do, one of them QLoRA; opening a plan's link
 // gives a page whose verdict fits at the peak the plan promised. Also the newcomer fixes:
-// activation memory 0, explanations that follow the mode, the summary that stays in view
+// activation memory 0, the explanations' page, the summary that stays in view
 // on a phone, and inference formats and devices.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -62,13 +62,24 @@ test('activation memory 0 gives model state only, with a breakdown and a sweep',
   await context.close();
 });
 
-test('"How it works" follows the mode', async () => {
-  const { page, context } = await openPage(env.browser, env.server.origin + '/?gpu=none');
-  assert.ok(await page.getByTestId('how-simple').isVisible());
-  assert.ok(!(await page.getByTestId('how-architecture').isVisible()));
-  await page.getByTestId('mode-arch').check();
-  await page.getByTestId('how-architecture').waitFor();
-  assert.ok(!(await page.getByTestId('how-simple').isVisible()));
+test('"How it works" opens from the footer, offline-ready static text, and leads back', async () => {
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + '/?gpu=none');
+  // a person clicks the footer's link: the explanations are a page of their own
+  await page.getByTestId('about-link').click();
+  await page.getByTestId('explanations').waitFor();
+  assert.match(page.url(), /\/about\/index\.html$/);
+  for (const part of ['how-simple', 'how-architecture', 'how-serving']) {
+    assert.ok(await page.getByTestId(part).isVisible(), part);
+  }
+  // its FAQ opens by keyboard or click, without a script
+  assert.equal(await page.locator('script').count(), 0);
+  const faq = page.locator('details').first();
+  await faq.locator('summary').click();
+  assert.equal(await faq.getAttribute('open'), '');
+  // and it leads back to the estimator
+  await page.getByTestId('back-to-estimator').click();
+  await page.getByTestId('total').waitFor({ state: 'attached' });
+  assert.deepEqual(errors, []);
   await context.close();
 });
 
