@@ -218,7 +218,7 @@ impl Shown {
             Self::Sft => s.step.objective == ObjectiveKind::Sft || !trains,
             Self::Objective => s.step.objective != ObjectiveKind::Sft && trains,
             Self::Grpo => s.step.objective == ObjectiveKind::Grpo && trains,
-            Self::Serving => !trains && s.inference.serve,
+            Self::Serving => s.serves(),
             Self::VllmColocated => {
                 s.step.objective == ObjectiveKind::Grpo
                     && s.step.generator == Generator::VllmColocated

@@ -92,9 +92,12 @@ serving (vLLM v0.11.0's start-up, per GPU of its tensor-parallel group):
                         tokens per step, the profile's forward (default 8192 on
                         H100/H200/B200/MI300X, 2048 elsewhere)
   --enforce-eager       no CUDA graphs
-  --sampler S           flashinfer (default: vLLM's Docker image has it) or torch (a
-                        plain pip install: PyTorch's top-k/top-p sort, about three
-                        times the sampler's profile memory)
+  --enable-expert-parallel
+                        a mixture's experts spread whole over the --tp ranks (EP = TP)
+                        instead of each expert split on its inner width (also --ep N, N = TP)
+  --sampler S           torch (default: a plain pip install, PyTorch's top-k/top-p sort)
+                        or flashinfer (vLLM's Docker image: about a third of the
+                        sampler's profile memory)
   (--weight-format bf16, fp8, int4-g128 for AWQ/GPTQ, mxfp4 for gpt-oss; --kv-dtype
    model or fp8)
 
@@ -352,7 +355,8 @@ const LORA_FLAGS: [&str; 6] = [
     "--lora-dtype",
     "--base-dtype",
 ];
-const SERVE_FLAGS: [&str; 6] = [
+const SERVE_FLAGS: [&str; 7] = [
+    "--enable-expert-parallel",
     "--sampler",
     "--gpu-memory-utilization",
     "--max-model-len",
@@ -470,6 +474,8 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 set(&mut state, flag, Field::Optimizer, "none")?;
             }
             "--enforce-eager" => set(&mut state, flag, Field::EnforceEager, "on")?,
+            // EP = TP, set once --tp is known (below)
+            "--enable-expert-parallel" => {}
             "--sampler" => {
                 let on = match value()? {
                     "flashinfer" => "on",
@@ -551,6 +557,10 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         // one vLLM server: its tensor-parallel group
         let tp = state.parallel.tensor_parallel.clone();
         set(&mut state, "--tp", Field::NumGpus, &tp)?;
+    }
+    if let Some(flag) = given(&["--enable-expert-parallel"]) {
+        let tp = state.parallel.tensor_parallel.clone();
+        set(&mut state, flag, Field::ExpertParallel, &tp)?;
     }
     if given(&["--weight-format"]).is_some() && state.step.optimizer.trains() {
         return Err("--weight-format needs --optimizer none (inference)".to_owned());

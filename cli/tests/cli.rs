@@ -1881,3 +1881,45 @@ fn serving_refusals_name_the_field() {
         "memest: weight format: GGUF Q4_K_M is a llama.cpp file",
     );
 }
+
+#[test]
+fn serving_with_expert_parallelism_spreads_whole_experts() {
+    let weights = |extra: &[&str]| {
+        let mut args = vec![
+            "--preset",
+            "qwen1.5-moe-a2.7b",
+            "--serve",
+            "vllm",
+            "--gpu",
+            "h100-80",
+            "--tp",
+            "8",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = memest(&args);
+        assert_eq!(code, 0, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v["serving"]["weights_bytes"].as_u64().unwrap()
+    };
+    // 60 experts over 8 ranks: the first ranks hold 8 whole ones, more than 60/8 of each
+    let (split, whole) = (weights(&[]), weights(&["--enable-expert-parallel"]));
+    assert!(whole > split, "{whole} <= {split}");
+    // --ep N is the same, N being the tensor-parallel size
+    assert_eq!(weights(&["--ep", "8"]), whole);
+    let (code, _, stderr) = memest(&[
+        "--preset",
+        "qwen1.5-moe-a2.7b",
+        "--serve",
+        "vllm",
+        "--gpu",
+        "h100-80",
+        "--tp",
+        "2",
+        "--ep",
+        "4",
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("expert parallel"), "{stderr}");
+    assert!(stderr.contains("1 (off) or 2"), "{stderr}");
+}

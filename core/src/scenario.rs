@@ -65,11 +65,21 @@ impl Scenario {
     /// serving is on (`None` when it is off); why not, in the simple mode.
     fn served(&self) -> Option<Result<Served<'_>, (Field, String)>> {
         let (device, settings) = self.serve?;
+        let (tp, ep) = (self.plan.tensor_parallel, self.plan.expert_parallel);
         let settings = crate::VllmSettings {
-            tensor_parallel: self.plan.tensor_parallel,
+            tensor_parallel: tp,
+            expert_parallel: ep > 1,
             ..settings
         };
         Some(match &self.parsed {
+            // vLLM's expert parallelism spans its tensor-parallel group (EP = TP x DP, one
+            // server here)
+            Parsed::Architecture(model) if ep > 1 && ep != tp && model.arch.is_moe() => Err((
+                Field::ExpertParallel,
+                format!(
+                    "vLLM spreads the experts over its tensor-parallel group: 1 (off) or {tp}."
+                ),
+            )),
             Parsed::Architecture(model) => Ok((&model.arch, device, settings)),
             Parsed::Simple { .. } => Err((
                 Field::Mode,
@@ -296,6 +306,26 @@ const FLOAT8_CASTS: &str = "float8 training (torchao 0.18, measured on the fake 
 mod tests {
     use super::*;
     use crate::{decode_query, evaluate, fit_advice};
+
+    #[test]
+    fn vllm_s_expert_parallelism_spans_its_tensor_parallel_group() {
+        let serve = |q: &str| {
+            parse_page(&decode_query(q).state)
+                .scenario
+                .expect("a scenario")
+                .serve()
+                .expect("serving")
+        };
+        let base = "m=arch&model=qwen3-30b-a3b&o=none&gpu=h100-80&srv=on&tp=2";
+        assert!(serve(&format!("{base}&gpus=2&ep=2")).is_ok());
+        // (the training rule, EP dividing the data-parallel GPUs, is not vLLM's)
+        let wrong = serve(&format!("{base}&gpus=4&ep=4"));
+        assert_eq!(wrong.map(|_| ()).unwrap_err().0, Field::ExpertParallel);
+        // a dense model ignores it, as vLLM does
+        assert!(
+            serve("m=arch&model=llama3.1-8b&o=none&gpu=h100-80&srv=on&tp=2&gpus=4&ep=4").is_ok()
+        );
+    }
 
     #[test]
     fn offload_with_adapters_says_how_it_is_known() {

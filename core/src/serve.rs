@@ -103,6 +103,9 @@ pub struct VllmSettings {
     /// FlashInfer's top-k/top-p sampler (installed with vLLM's Docker image; without it,
     /// PyTorch's sort, which the profile charges three times the bytes).
     pub flashinfer_sampler: bool,
+    /// `enable_expert_parallel`: a mixture's routed experts spread whole over the
+    /// tensor-parallel ranks (EP = TP) instead of each split on its inner width.
+    pub expert_parallel: bool,
 }
 
 impl Default for VllmSettings {
@@ -117,6 +120,7 @@ impl Default for VllmSettings {
             kv_dtype: KvDtype::Model,
             enforce_eager: false,
             flashinfer_sampler: false,
+            expert_parallel: false,
         }
     }
 }
@@ -410,10 +414,16 @@ fn scheduler_defaults(large: bool) -> (u64, u64) {
 /// one pool shared by every capture size (`[1, 2, 4]` and multiples of 8 up to
 /// `min(2 x max_num_seqs, 512)`), captured largest first, so it holds the largest size's
 /// working set; and what each piecewise graph (one per layer and size) keeps.
-fn cuda_graph_bytes(arch: &Architecture, tp: u64, max_num_seqs: u64, max_model_len: u64) -> u64 {
+fn cuda_graph_bytes(
+    arch: &Architecture,
+    (tp, ep): (u64, bool),
+    max_num_seqs: u64,
+    max_model_len: u64,
+) -> u64 {
     let largest = (2 * max_num_seqs).clamp(1, 512);
     let sizes = 3 + largest / 8;
-    let pool = served::forward_peak_bytes(arch, tp, largest, largest, max_model_len, BLOCK_SIZE);
+    let pool =
+        served::forward_peak_bytes(arch, tp, ep, largest, largest, max_model_len, BLOCK_SIZE);
     let graphs = (arch.num_layers() + 1) * sizes;
     pool.saturating_add(graphs.saturating_mul(BYTES_PER_GRAPH))
 }
@@ -441,11 +451,13 @@ pub fn serve_vllm(
         WeightFormat::Recipe => arch.checkpoint_format().unwrap_or(WeightFormat::Recipe),
         f => f,
     };
-    let mut rank = served::rank_weights(arch, tp);
+    // (a dense model has no experts to spread: vLLM ignores the flag)
+    let ep = settings.expert_parallel && arch.is_moe();
+    let mut rank = served::rank_weights(arch, tp, ep);
     if format == WeightFormat::Mxfp4 {
         // the kernel's layout: padded experts, their scales and 16-bit biases, counted apart
         let (inner, hidden) = device.mxfp4_padding();
-        let (experts, biases) = served::mxfp4_experts(arch, tp, inner, hidden);
+        let (experts, biases) = served::mxfp4_experts(arch, tp, ep, inner, hidden);
         rank.sixteen_bit = rank.sixteen_bit.saturating_sub(biases) + experts / 2;
         rank.experts = 0;
     }
@@ -486,6 +498,7 @@ pub fn serve_vllm(
     let forward = served::forward_peak_bytes(
         arch,
         tp,
+        ep,
         max_num_batched_tokens,
         requests,
         max_model_len,
@@ -518,7 +531,7 @@ pub fn serve_vllm(
     let cuda_graph_bytes = if settings.enforce_eager {
         0
     } else {
-        cuda_graph_bytes(arch, tp, max_num_seqs, max_model_len)
+        cuda_graph_bytes(arch, (tp, ep), max_num_seqs, max_model_len)
     };
     Ok(Serving {
         device_total_bytes: total,
@@ -742,6 +755,61 @@ mod tests {
             pool.tokens(hi),
             printed(lo),
             printed(hi)
+        );
+    }
+
+    #[test]
+    fn expert_parallelism_holds_whole_experts_and_runs_them_whole() {
+        let rank = |key: &str, tp, ep| served::rank_weights(&arch(key), tp, ep);
+        // 128 experts over 2 ranks: whole experts or halves of each, the same bytes
+        assert_eq!(
+            rank("qwen3-30b-a3b", 2, true),
+            rank("qwen3-30b-a3b", 2, false)
+        );
+        // 60 experts over 8 ranks: the first ranks hold 8 whole experts, not 7.5
+        let (whole, split) = (
+            rank("qwen1.5-moe-a2.7b", 8, true),
+            rank("qwen1.5-moe-a2.7b", 8, false),
+        );
+        assert_eq!(whole.experts * 60, split.experts * 64);
+        assert_eq!(
+            (whole.linear, whole.sixteen_bit),
+            (split.linear, split.sixteen_bit)
+        );
+        // a rank runs its experts on every token at their whole inner width
+        let forward =
+            |ep| served::forward_peak_bytes(&arch("qwen3-30b-a3b"), 2, ep, 16_384, 256, 32_768, 16);
+        assert!(forward(true) > forward(false));
+        // a dense model ignores the flag
+        let settings = |ep| VllmSettings {
+            tensor_parallel: 2,
+            expert_parallel: ep,
+            ..VllmSettings::default()
+        };
+        let device = crate::Gpu::H100_80.serve_device(None).unwrap();
+        let llama = arch("llama3.1-8b");
+        assert_eq!(
+            serve_vllm(&llama, device, &settings(true)),
+            serve_vllm(&llama, device, &settings(false))
+        );
+        // gpt-oss's MXFP4 experts on Hopper (inner width padded to 64): split over two ranks,
+        // each half of 2,880 is padded from 1,440 to 1,472; whole, 2,880 needs no padding
+        let oss = arch("gpt-oss-120b");
+        let mxfp4 = |ep| VllmSettings {
+            weight_format: WeightFormat::Mxfp4,
+            ..settings(ep)
+        };
+        let (on, off) = (
+            serve_vllm(&oss, device, &mxfp4(true)).unwrap(),
+            serve_vllm(&oss, device, &mxfp4(false)).unwrap(),
+        );
+        // per layer: 128 x [2,944 + 2,880] x 2,880 against 64 x [5,760 + 2,880] x 2,880 weights
+        // at 17/32 of a byte (4 bits and a scale per 32), and their 16-bit biases
+        let weights = 3 * 2880 * (128 * 1472 - 64 * 2880) * 17 / 32;
+        let biases = 2 * (128 * (2 * 1472 + 2880) - 64 * (2 * 2880 + 2880));
+        assert_eq!(
+            off.weights_bytes - on.weights_bytes,
+            36 * (weights + biases)
         );
     }
 

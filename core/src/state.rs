@@ -1855,7 +1855,7 @@ impl PageState {
     /// The vLLM fields that do not parse, and a missing or unusable device.
     pub fn vllm_inputs(&self) -> Result<Option<crate::ServeInputs>, Vec<(Field, String)>> {
         let inf = &self.inference;
-        if !inf.serve || self.step.optimizer.trains() {
+        if !self.serves() {
             return Ok(None);
         }
         let fields = self.parsed_vllm_fields();
@@ -1901,10 +1901,17 @@ impl PageState {
                     kv_dtype: inf.kv_dtype,
                     enforce_eager: inf.enforce_eager,
                     flashinfer_sampler: inf.flashinfer_sampler,
+                    expert_parallel: false,
                 },
             ))),
             _ => Err(errors),
         }
+    }
+
+    /// Whether vLLM serves the model: serving on, and no optimizer (inference).
+    #[must_use]
+    pub fn serves(&self) -> bool {
+        self.inference.serve && !self.step.optimizer.trains()
     }
 
     /// The model of the architecture mode: the preset's, or the pasted config's.
@@ -2000,7 +2007,9 @@ impl PageState {
         });
         let ep = match parse_count(&self.parallel.expert_parallel, MAX_GPUS, "GPUs", false) {
             Ok(ep) => match gpus {
-                Some(n) if ep > 1 && n % ep != 0 => {
+                // (vLLM's expert parallelism spans the tensor-parallel group instead:
+                // `Scenario::serve` checks it)
+                Some(n) if ep > 1 && n % ep != 0 && !self.serves() => {
                     late.push((
                         Field::ExpertParallel,
                         FieldError::MustDivide {

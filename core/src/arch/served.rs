@@ -29,6 +29,19 @@ fn kv_heads_per_rank(kv_heads: u64, tp: u64) -> u64 {
     (kv_heads / tp.max(1)).max(1)
 }
 
+/// A mixture's routed experts on one of `tp` ranks: how many it holds and the share of each
+/// expert's inner width. With expert parallelism (`enable_expert_parallel`, EP = TP) a rank
+/// holds whole experts, the first ranks one more when they do not divide evenly
+/// (`determine_expert_map`); without it every rank holds every expert, its inner width split.
+pub(crate) fn experts_on_rank(experts: u64, tp: u64, ep: bool) -> (u64, u64) {
+    let tp = tp.max(1);
+    if ep {
+        (experts.div_ceil(tp), 1)
+    } else {
+        (experts, tp)
+    }
+}
+
 /// Why a model does not split over `tp` ranks the way vLLM splits it, if it does not.
 pub(crate) fn tp_error(arch: &Architecture, tp: u64) -> Option<String> {
     let tp = tp.max(1);
@@ -127,10 +140,9 @@ fn attention_weights(a: &Attention, tp: u64, w: &mut RankWeights) {
     }
 }
 
-/// One layer's weights on a rank: its attention, its MLP split by TP (a mixture's experts
-/// each split on their inner width, `FusedMoE` without expert parallelism; the router
-/// replicated), its norms whole.
-fn layer_weights(l: &Layer, tp: u64, w: &mut RankWeights) {
+/// One layer's weights on a rank: its attention, its MLP split by TP (a mixture's routed
+/// experts as [`experts_on_rank`] lays them out; the router replicated), its norms whole.
+fn layer_weights(l: &Layer, tp: u64, ep: bool, w: &mut RankWeights) {
     let before = *w;
     attention_weights(&l.attention, tp, w);
     let mut attention = Vec::new();
@@ -153,10 +165,13 @@ fn layer_weights(l: &Layer, tp: u64, w: &mut RankWeights) {
             let router = m.hidden * m.experts + if m.router_bias { m.experts } else { 0 };
             let gate = if m.shared_gate { m.hidden } else { 0 };
             let shared = all.saturating_sub(routed + router + gate);
+            // (`routed` and `biases` are whole multiples of the experts)
+            let (local, split) = experts_on_rank(m.experts, tp, ep);
+            let on_rank = |all: u64| all / m.experts.max(1) * local / split;
             w.add(
-                router + gate + biases / tp,
+                router + gate + on_rank(biases),
                 shared / tp,
-                (routed - biases) / tp,
+                on_rank(routed - biases),
             );
         }
     }
@@ -170,7 +185,7 @@ fn layer_weights(l: &Layer, tp: u64, w: &mut RankWeights) {
 /// The weights one of `tp` ranks loads (`Model loading took`): the vocabulary padded to 64 and
 /// split, each layer as [`layer_weights`], and the rotary tables (one per attention type for
 /// Gemma 3, whose local and global layers rotate with different bases).
-pub(crate) fn rank_weights(arch: &Architecture, tp: u64) -> RankWeights {
+pub(crate) fn rank_weights(arch: &Architecture, tp: u64, ep: bool) -> RankWeights {
     let tp = tp.max(1);
     let spec = &arch.spec;
     let mut w = RankWeights::default();
@@ -181,7 +196,7 @@ pub(crate) fn rank_weights(arch: &Architecture, tp: u64) -> RankWeights {
     let whole_tables = if spec.tied { 1 } else { 2 } * spec.embedding.vocab * spec.embedding.hidden;
     w.add(tables + outside.saturating_sub(whole_tables), 0, 0);
     for l in &spec.layers {
-        layer_weights(l, tp, &mut w);
+        layer_weights(l, tp, ep, &mut w);
     }
     if let (Some(p), Some(rotary)) = (
         arch.positions,
@@ -214,6 +229,7 @@ pub(crate) fn rank_weights(arch: &Architecture, tp: u64) -> RankWeights {
 pub(crate) fn forward_peak_bytes(
     arch: &Architecture,
     tp: u64,
+    ep: bool,
     tokens: u64,
     requests: u64,
     max_model_len: u64,
@@ -248,7 +264,9 @@ pub(crate) fn forward_peak_bytes(
                     B * m * (h + 3 * i).max(2 * h + 2 * i)
                 }
                 FeedForward::Moe(e) => {
-                    let (k, i) = (e.top_k, e.inner / tp);
+                    // with expert parallelism every rank runs its experts on all the tokens,
+                    // their inner width whole
+                    let (k, i) = (e.top_k, e.inner / experts_on_rank(e.experts, tp, ep).1);
                     let c = m.min(MOE_CHUNK_TOKENS);
                     let shared = if e.shared_inner > 0 { B * m * h } else { 0 };
                     let reduce = if tp > 1 { B * m * h } else { 0 };
@@ -290,6 +308,7 @@ pub(crate) fn sampler_peak_bytes(
 pub(crate) fn mxfp4_experts(
     arch: &Architecture,
     tp: u64,
+    ep: bool,
     pad_inner: u64,
     pad_hidden: u64,
 ) -> (u64, u64) {
@@ -299,18 +318,19 @@ pub(crate) fn mxfp4_experts(
         .iter()
         .fold((0, 0), |(bytes, counted), l| match &l.mlp {
             FeedForward::Moe(m) => {
-                let i = (m.inner / tp).next_multiple_of(pad_inner.max(1));
+                let (local, split) = experts_on_rank(m.experts, tp, ep);
+                let i = (m.inner / split).next_multiple_of(pad_inner.max(1));
                 let h = m.hidden.next_multiple_of(pad_hidden.max(1));
                 // w13 [E, 2i, h] and w2 [E, h, i]: half a byte per weight, a byte per 32
                 let weights = 3 * i * h;
                 let biases = if m.expert_bias { 2 * (2 * i + h) } else { 0 };
                 let unpadded = if m.expert_bias {
-                    m.experts * (2 * m.inner + m.hidden) / tp
+                    local * (2 * m.inner + m.hidden) / split
                 } else {
                     0
                 };
                 (
-                    bytes + m.experts * (weights / 2 + weights / 32 + biases),
+                    bytes + local * (weights / 2 + weights / 32 + biases),
                     counted + unpadded,
                 )
             }
