@@ -244,6 +244,12 @@ impl Gpu {
                 _ => 0,
             },
             rocm: matches!(self, Gpu::Mi300x),
+            // (the SXM boards of the servers these GPUs come in; a PCIe H100 or A100 is the
+            // custom GPU's case)
+            nvswitch: matches!(
+                self,
+                Gpu::A100_40 | Gpu::A100_80 | Gpu::H100_80 | Gpu::H200 | Gpu::B200
+            ),
         })
     }
 

@@ -37,6 +37,34 @@ impl ServeDevice {
         }
     }
 
+    /// What the NCCL communicator of torch's tensor-parallel group holds on each rank, in
+    /// bytes, when `tp` ranks share the model (none for one). vLLM's own communicators are
+    /// set up before the profile's first snapshot, but torch's is created lazily at its
+    /// first collective, the sampler's logits gather inside the profile, so its buffers land
+    /// in the profile's memory outside torch (`validation/VLLM.md` 9.3). NCCL 2.27.3 (torch
+    /// 2.8's), with cuMem on (vLLM 0.11 no longer turns it off), connects only the ring the
+    /// all-gather takes: per channel a 10 MiB receive and a 2 MiB send buffer (LL, LL128 and
+    /// SIMPLE, each rounded to 2 MiB pages), three 2 MiB bookkeeping pages per channel of
+    /// `pow2Up(channels)`, two for the device communicator, and with NVLink SHARP (Hopper
+    /// and Blackwell switches, more than two ranks) one more page per channel. NCCL picks
+    /// its channels by link bandwidth: 24 over A100's and H100's NVSwitch, 32 over B200's,
+    /// 2 over PCIe; not by the number of ranks. AMD's RCCL is not derived: nothing added.
+    fn tp_communicator_bytes(self, tp: u64) -> u64 {
+        const PAGE: u64 = 2 << 20;
+        if tp <= 1 || self.rocm {
+            return 0;
+        }
+        let channels = match (self.nvswitch, self.compute_capability) {
+            (true, c) if c >= 100 => 32,
+            (true, _) => 24,
+            (false, _) => 2,
+        };
+        let nvls = self.nvswitch && self.compute_capability >= 90 && tp > 2;
+        let ring = channels * 6 * PAGE;
+        let bookkeeping = (3 * u64::next_power_of_two(channels) + 2) * PAGE;
+        ring + bookkeeping + if nvls { (channels + 1) * PAGE } else { 0 }
+    }
+
     /// How the MXFP4 MoE kernel pads each rank's experts (`Mxfp4MoEMethod.create_weights`):
     /// the inner width per rank and the hidden width rounded up to these. Marlin below
     /// Hopper, Triton on Hopper and consumer Blackwell, FlashInfer on B200, AMD's kernels
@@ -56,9 +84,10 @@ impl ServeDevice {
 const SORT_SAMPLER_BYTES_PER_LOGIT: u64 = 36;
 const FLASHINFER_SAMPLER_BYTES_PER_LOGIT: u64 = 12;
 
-/// Memory outside torch that grows during the profile (kernels loaded, a second NCCL
-/// communicator at the first logits gather): the one breakdown vLLM V1 printed, 0.21 GiB
-/// (8 x L40S, v0.10.2; `validation/VLLM.md` 9.3).
+/// Memory outside torch that grows during the profile on one GPU (kernels loaded lazily,
+/// cuBLAS handles): the one breakdown vLLM V1 printed, 0.21 GiB (8 x L40S, whose PCIe
+/// communicator holds a few dozen MiB of it; v0.10.2; `validation/VLLM.md` 9.3). With
+/// tensor parallelism the communicator is added ([`ServeDevice::tp_communicator_bytes`]).
 const NON_TORCH_BYTES: u64 = 215 << 20;
 
 /// What each captured CUDA graph keeps beyond the shared pool (its nodes, the driver's
@@ -79,6 +108,9 @@ pub struct ServeDevice {
     pub compute_capability: u32,
     /// An AMD GPU (ROCm).
     pub rocm: bool,
+    /// An SXM board on an NVSwitch (A100, H100, H200, B200 servers): NCCL's rings get many
+    /// channels ([`Self::tp_communicator_bytes`]); PCIe boards get two.
+    pub nvswitch: bool,
 }
 
 /// vLLM's knobs, validated.
@@ -511,7 +543,7 @@ pub fn serve_vllm(
     };
     let sampler = served::sampler_peak_bytes(arch, max_num_batched_tokens, requests, per_logit);
     let activation_bytes = forward.max(sampler);
-    let non_torch_bytes = NON_TORCH_BYTES;
+    let non_torch_bytes = NON_TORCH_BYTES + device.tp_communicator_bytes(tp);
 
     let total = device.total_bytes;
     let requested_bytes =
@@ -756,6 +788,28 @@ mod tests {
             printed(lo),
             printed(hi)
         );
+    }
+
+    #[test]
+    fn torch_s_tensor_parallel_communicator_is_nccl_s_rings() {
+        let mib = |gpu: crate::Gpu, tp| {
+            gpu.serve_device(None)
+                .expect("a CUDA GPU")
+                .tp_communicator_bytes(tp)
+                >> 20
+        };
+        use crate::Gpu::{L40s, Mi300x, A100_80, B200, H100_80};
+        // 24 channels of a 10 + 2 MiB ring connection, 3 pages for each of 32, 2 more
+        assert_eq!(mib(H100_80, 2), 24 * 12 + (3 * 32 + 2) * 2);
+        // NVLink SHARP past two ranks: a page per channel and one
+        assert_eq!(mib(H100_80, 4), 484 + 25 * 2);
+        assert_eq!(mib(H100_80, 8), mib(H100_80, 4));
+        assert_eq!(mib(A100_80, 8), 484);
+        assert_eq!(mib(B200, 8), 32 * 12 + (3 * 32 + 2) * 2 + 33 * 2);
+        // PCIe: two channels
+        assert_eq!(mib(L40s, 4), 2 * 12 + (3 * 2 + 2) * 2);
+        assert_eq!(mib(H100_80, 1), 0);
+        assert_eq!(mib(Mi300x, 8), 0);
     }
 
     #[test]
