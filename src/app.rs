@@ -337,21 +337,6 @@ pub fn App() -> impl IntoView {
             chart_markup(rows, line, unit.get())
         })
     });
-    // with pipeline parallelism: whose GPU the figures are
-    let stage_line = move || {
-        evaluation.with(|e| {
-            let e = e.as_ref().ok()?;
-            let index = e.step.stage?;
-            Some(format!(
-                "Figures of pipeline stage {} of {}, the busiest ({} micro-batch{} in flight at most, {}).",
-                index + 1,
-                e.plan.pipeline_parallel,
-                e.step.stage_in_flight,
-                if e.step.stage_in_flight == 1 { "" } else { "es" },
-                e.plan.pipeline_schedule.label()
-            ))
-        })
-    };
     // The address bar (replaced so that Back leaves the page) and the stored inputs follow
     // once typing pauses for URL_SYNC_DELAY: Chromium's replaceState costs milliseconds a
     // call, and localStorage's setItem a tenth of a keystroke. The share link carries the
@@ -568,6 +553,21 @@ pub fn App() -> impl IntoView {
                 }
                 m.close("span");
             }
+            // with pipeline parallelism: whose GPU the figures are
+            if let Some(index) = e.step.stage {
+                m.text(" · ").el(
+                    "span",
+                    &[("data-testid", "pipeline-stage")],
+                    &format!(
+                        "Figures of pipeline stage {} of {}, the busiest ({} micro-batch{} in flight at most, {}).",
+                        index + 1,
+                        e.plan.pipeline_parallel,
+                        e.step.stage_in_flight,
+                        if e.step.stage_in_flight == 1 { "" } else { "es" },
+                        e.plan.pipeline_schedule.label()
+                    ),
+                );
+            }
             m.el(
                 "span",
                 &[("data-testid", "per-gpu-note")],
@@ -606,7 +606,6 @@ pub fn App() -> impl IntoView {
     let serving_sweep = memo(move |_| {
         page.with(|p| serving_tsv(p.scenario.as_ref().ok().and_then(Scenario::serve).as_ref()))
     });
-    let has_figures = memo(move |_| evaluation.with(Result::is_ok));
     // The peak and the verdict, kept in view on a phone.
     let sticky = memo(move |_| {
         let mut m = Markup::default();
@@ -687,11 +686,10 @@ pub fn App() -> impl IntoView {
         <main class="layout">
             {input_form(state, page)}
             <div class="results">
-                {move || has_figures.get().then(|| view! { <p class="summary-line" inner_html=summary></p> })}
+                <p class="summary-line" inner_html=summary></p>
                 {model_notes(notes)}
                 {serving_card(serving_body, serving_sweep)}
                 {breakdown_card(breakdown_total, breakdown_bar, breakdown_rows)}
-                {move || stage_line().map(|line| view! { <p class="stage" data-testid="pipeline-stage">{line}</p> })}
                 {verdict_card(verdict)}
                 <FitAdvice plans=advice fits_now=fits_now show=show_plans />
                 {memory_chart(chart, seq_shown)}

@@ -110,3 +110,22 @@ test('a bad value gets its message; a request too long gets the changes that let
   assert.deepEqual(errors, []);
   await context.close();
 });
+
+test('expert parallelism spreads whole experts over the tensor-parallel GPUs; the communicator shows outside torch', async () => {
+  const base = '/?m=arch&model=qwen1.5-moe-a2.7b&o=none&gpu=h100-80&srv=on&tp=8&gpus=8';
+  const bytes = async (page, testid) => BigInt(await page.getByTestId(testid).getAttribute('data-bytes'));
+  const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
+  await page.getByTestId('serve-kv-tokens').waitFor();
+  const split = await bytes(page, 'serve-weights');
+  // torch's NCCL communicator over the NVSwitch, beside the 215 MiB of one GPU
+  assert.equal(await bytes(page, 'serve-non-torch'), (215n + 534n) << 20n);
+  // 60 experts over 8 GPUs: whole ones, 8 on the first ranks, weigh more than 60/8 of each
+  await page.goto(env.server.origin + base + '&ep=8');
+  await page.getByTestId('serve-kv-tokens').waitFor();
+  assert.ok((await bytes(page, 'serve-weights')) > split);
+  // vLLM's expert parallelism is its tensor-parallel group, nothing else
+  await page.goto(env.server.origin + base + '&ep=4');
+  assert.match(await page.getByTestId('serve-error').textContent(), /1 \(off\) or 8/);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
