@@ -184,10 +184,8 @@ async fn model_notes_show_one_item_per_note_and_nothing_without() {
         .contains("Only the language model is estimated."));
     notes.set(Vec::new());
     next_tick().await;
-    assert!(root
-        .query_selector("[data-testid=\"model-notes\"]")
-        .unwrap()
-        .is_none());
+    assert!(list.has_attribute("hidden"));
+    assert_eq!(list.child_element_count(), 0);
     drop(handle);
 }
 

@@ -93,8 +93,8 @@ serving (vLLM v0.11.0's start-up, per GPU of its tensor-parallel group):
                         H100/H200/B200/MI300X, 2048 elsewhere)
   --enforce-eager       no CUDA graphs
   --enable-expert-parallel
-                        a mixture's experts spread whole over the --tp ranks (EP = TP)
-                        instead of each expert split on its inner width (also --ep N, N = TP)
+                        a mixture's experts spread whole over the --tp ranks (EP =
+                        TP) instead of each split on its inner width (or --ep N, N = TP)
   --sampler S           torch (default: a plain pip install, PyTorch's top-k/top-p sort)
                         or flashinfer (vLLM's Docker image: about a third of the
                         sampler's profile memory)
@@ -1028,6 +1028,9 @@ fn serving_json(s: &Serving) -> serde_json::Value {
         "weights_bytes": s.weights_bytes,
         "activation_bytes": s.activation_bytes,
         "non_torch_bytes": s.non_torch_bytes,
+        "encoder_items": s.encoder_items,
+        "encoder_budget": s.encoder_budget,
+        "encoder_kept_bytes": s.encoder_kept_bytes,
         "cuda_graph_bytes": s.cuda_graph_bytes,
         "cuda_graphs_fit": s.graphs_fit(),
         "headroom_bytes": s.headroom_bytes,
@@ -1110,6 +1113,14 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
         group_thousands(s.max_model_len),
         group_thousands(s.largest_max_model_len),
     );
+    if s.encoder_items > 0 {
+        out.push_str(&format!(
+            "image encoder     {} dummy items in a budget of {} tokens, their features kept: {}\n",
+            s.encoder_items,
+            group_thousands(s.encoder_budget),
+            b(s.encoder_kept_bytes)
+        ));
+    }
     out.push_str(&format!(
         "CUDA graphs       {} of the {} headroom{}\n",
         b(s.cuda_graph_bytes),

@@ -174,6 +174,14 @@ pub struct Serving {
     pub activation_bytes: u64,
     /// Memory outside torch grown during the profile (`non-torch forward increase memory`).
     pub non_torch_bytes: u64,
+    /// A vision-language model's profile: the dummy items its encoder ran ("profiled with N
+    /// image items"; 0 for a text model), the encoder budget in tokens, and the bytes of
+    /// their features kept through the forward and the sampler (part of `activation_bytes`).
+    pub encoder_items: u64,
+    /// See [`Self::encoder_items`].
+    pub encoder_budget: u64,
+    /// See [`Self::encoder_items`].
+    pub encoder_kept_bytes: u64,
     /// `Available KV cache memory`: requested less the three above (negative: none).
     pub available_kv_bytes: i64,
     /// The KV cache allocated: blocks x page x layers per group.
@@ -473,17 +481,6 @@ pub fn serve_vllm(
             "vLLM sizes a KV cache for generative models: this one generates nothing.".to_owned(),
         ));
     }
-    // The vision side is loaded with the language model, and v0.11.0's profile runs its
-    // encoder on dummy images whose features it pads to the encoder's budget and keeps
-    // through the forward (`validation/VLLM.md` 9.7): not modelled yet, so no figure that
-    // leaves it out.
-    #[cfg(feature = "vision")]
-    if arch.is_vision_language() {
-        return Err((
-            Field::Model,
-            "vLLM also profiles a vision-language model's image encoder at start-up: serving one is not modelled yet.".to_owned(),
-        ));
-    }
     let tp = settings.tensor_parallel.max(1);
     if let Some(why) = served::tp_error(arch, tp) {
         return Err((Field::TensorParallel, why));
@@ -503,6 +500,12 @@ pub fn serve_vllm(
         let (experts, biases) = served::mxfp4_experts(arch, tp, ep, inner, hidden);
         rank.sixteen_bit = rank.sixteen_bit.saturating_sub(biases) + experts / 2;
         rank.experts = 0;
+    }
+    // a vision-language model's tower and projector load with it, in 16 bits (quantized
+    // checkpoints leave them so), their linears split by TP
+    #[cfg(feature = "vision")]
+    if let Some(vlm) = arch.vlm.as_deref() {
+        rank.sixteen_bit += vlm.parameter_count() / tp;
     }
     let weights_bytes = weights_bytes(rank, format)?;
     let context = arch.served_context();
@@ -553,7 +556,22 @@ pub fn serve_vllm(
         SORT_SAMPLER_BYTES_PER_LOGIT
     };
     let sampler = served::sampler_peak_bytes(arch, max_num_batched_tokens, requests, per_logit);
-    let activation_bytes = forward.max(sampler);
+    // a vision-language model's encoder runs first; its features stay through the rest
+    #[cfg(feature = "vision")]
+    let encoder = served::encoder_profile(
+        arch,
+        tp,
+        max_num_batched_tokens,
+        max_num_seqs,
+        max_model_len,
+    )
+    .map_err(|why| (Field::Model, why.to_owned()))?;
+    #[cfg(not(feature = "vision"))]
+    let encoder: Option<served::EncoderProfile> = None;
+    let activation_bytes = match encoder {
+        Some(e) => e.run_bytes.max(e.kept_bytes + forward.max(sampler)),
+        None => forward.max(sampler),
+    };
     let non_torch_bytes = NON_TORCH_BYTES + device.tp_communicator_bytes(tp);
 
     let total = device.total_bytes;
@@ -582,6 +600,9 @@ pub fn serve_vllm(
         weights_bytes,
         activation_bytes,
         non_torch_bytes,
+        encoder_items: encoder.map_or(0, |e| e.items),
+        encoder_budget: encoder.map_or(0, |e| e.budget),
+        encoder_kept_bytes: encoder.map_or(0, |e| e.kept_bytes),
         available_kv_bytes,
         kv_cache_bytes: num_blocks * pool.page * pool.layers_per_group,
         block_size,
@@ -801,17 +822,93 @@ mod tests {
         );
     }
 
+    /// A vision-language config of `validation/configs/` with its published layer counts.
+    #[cfg(feature = "vision")]
+    fn vlm(config: &str, layers: &[(&str, &str)]) -> Architecture {
+        let mut text = config.to_owned();
+        for (from, to) in layers {
+            text = text.replace(from, to);
+        }
+        crate::parse_hf_config(&text).expect("parses")
+    }
+
     #[cfg(feature = "vision")]
     #[test]
-    fn a_vision_language_model_is_refused_by_name_until_its_encoder_profile_is_modelled() {
-        let llava = crate::parse_hf_config(
-            r#"{"model_type": "llava", "text_config": {"model_type": "llama", "max_position_embeddings": 4096, "vocab_size": 32064}, "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14}, "vision_feature_layer": -2, "vocab_size": 32064}"#,
-        )
-        .expect("parses");
-        let device = crate::Gpu::H100_80.serve_device(None).unwrap();
-        let (field, why) = serve_vllm(&llava, device, &VllmSettings::default()).unwrap_err();
-        assert_eq!(field, Field::Model);
-        assert!(why.contains("vision-language"), "{why}");
+    fn a_vision_language_model_s_profile_runs_as_many_dummy_images_as_vllm_logs() {
+        let h100 = crate::Gpu::H100_80.serve_device(None).unwrap();
+        let serve = |arch: &Architecture, batched, len| {
+            let settings = VllmSettings {
+                max_num_batched_tokens: Some(batched),
+                max_model_len: Some(len),
+                ..VllmSettings::default()
+            };
+            serve_vllm(arch, h100, &settings).expect("serves")
+        };
+        // LLaVA-NeXT-Mistral-7B at vLLM's LLM() defaults on an H100: "Model loading took
+        // 14.0786 GiB", "budget of 16384 tokens, and profiled with 5 image items" (v0.10.2;
+        // VLLM.md 9.7); each item's 2,928 features padded to the budget by v0.11.0
+        let llava = vlm(
+            include_str!("../../validation/configs/llava-v1.6-mistral-7b-4l.json"),
+            &[
+                ("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 32"),
+                ("\"num_hidden_layers\": 6", "\"num_hidden_layers\": 24"),
+            ],
+        );
+        let s = serve(&llava, 16_384, 4096);
+        assert_eq!((s.encoder_items, s.encoder_budget), (5, 16_384));
+        assert_eq!(s.encoder_kept_bytes, 5 * 16_384 * 4096 * 2);
+        let logged = 14.0786 * f64::from(1u32 << 30);
+        assert!(
+            (s.weights_bytes as f64 / logged - 1.0).abs() < 0.005,
+            "{}",
+            s.weights_bytes
+        );
+        // Gemma 3: 260 tokens an image ("\n\n", BOI, 256, EOI, "\n\n"): 31 at 8,192, 7 at 2,048
+        let gemma = vlm(
+            include_str!("../../validation/configs/gemma3-4b-vl-6l.json"),
+            &[],
+        );
+        let s = serve(&gemma, 8192, 4096);
+        assert_eq!(
+            (s.encoder_items, s.encoder_kept_bytes),
+            (31, 31 * 8192 * 2560 * 2)
+        );
+        assert_eq!(serve(&gemma, 2048, 4096).encoder_items, 7);
+        // Qwen2.5-VL: one image at max_pixels (16,384 tokens, the budget itself: no padding);
+        // from 32k tokens a video of up to 14 frames wins
+        let qwen = vlm(
+            include_str!("../../validation/configs/qwen2.5-vl-7b-4l.json"),
+            &[],
+        );
+        let s = serve(&qwen, 2048, 8192);
+        assert_eq!((s.encoder_items, s.encoder_budget), (1, 16_384));
+        assert_eq!(s.encoder_kept_bytes, 16_384 * 3584 * 2);
+        assert_eq!(serve(&qwen, 2048, 128_000).encoder_budget, 7 * 16_384);
+        // the profile's peak holds the kept features beside the forward or the sampler
+        assert!(s.activation_bytes > s.encoder_kept_bytes);
+        // a text model has none
+        assert_eq!(serve(&arch("llama3.1-8b"), 2048, 4096).encoder_items, 0);
+    }
+
+    #[cfg(feature = "vision")]
+    #[test]
+    fn vision_language_models_vllm_0_11_does_not_serve_as_modelled_are_refused_by_name() {
+        let h100 = crate::Gpu::H100_80.serve_device(None).unwrap();
+        for (config, says) in [
+            (
+                include_str!("../../validation/configs/llama3.2-11b-vision-5l.json"),
+                "Mllama",
+            ),
+            (
+                include_str!("../../validation/configs/qwen3-vl-4b-4l.json"),
+                "Qwen3-VL",
+            ),
+        ] {
+            let arch = crate::parse_hf_config(config).expect("parses");
+            let (field, why) = serve_vllm(&arch, h100, &VllmSettings::default()).unwrap_err();
+            assert_eq!(field, Field::Model);
+            assert!(why.contains(says), "{why}");
+        }
     }
 
     #[test]

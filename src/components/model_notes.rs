@@ -14,21 +14,17 @@ pub fn notes_markup(notes: &[&str]) -> String {
     m.finish()
 }
 
-/// The list around its items ([`notes_markup`]); nothing when there are none.
+/// The list around its items ([`notes_markup`]); hidden when there are none.
 pub fn model_notes(items: Memo<String>) -> impl IntoView {
-    let any = memo(move |_| items.with(|i| !i.is_empty()));
-    move || {
-        any.get().then(|| {
-            view! {
-                <ul class="model-notes" data-testid="model-notes" aria-label="About this estimate"
-                    inner_html=items></ul>
-            }
-        })
+    let none = memo(move |_| items.with(String::is_empty));
+    view! {
+        <ul class="model-notes" data-testid="model-notes" aria-label="About this estimate"
+            hidden=none inner_html=items></ul>
     }
 }
 
 /// The architecture's notes (a multimodal config read for its language model, an attention
-/// kernel the family forces), one item each; nothing when there are none.
+/// kernel the family forces), one item each; hidden when there are none.
 #[component]
 pub fn ModelNotes(
     /// The notes of the model being estimated.

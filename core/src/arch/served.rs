@@ -337,3 +337,109 @@ pub(crate) fn mxfp4_experts(
             FeedForward::Dense(_) => (bytes, counted),
         })
 }
+
+/// What v0.11.0's profile adds for a vision-language model (`profile_run`'s encoder part,
+/// `validation/VLLM.md` 9.7), on one of `tp` ranks, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EncoderProfile {
+    /// Dummy items of the largest modality run through the tower in one batch.
+    pub items: u64,
+    /// The encoder budget, `max(max_num_batched_tokens, tokens per item)`.
+    pub budget: u64,
+    /// The items' features kept in the encoder cache through the language model's forward
+    /// and the sampler, each padded to the whole budget when shorter (PR #25810).
+    pub kept_bytes: u64,
+    /// The peak of the encoder's own run: its largest layer stage over every position of
+    /// every item, or its outputs beside their padded copies.
+    pub run_bytes: u64,
+}
+
+/// [`EncoderProfile`] of `arch` (`None`: a text model), or why vLLM v0.11.0 would not serve
+/// it as it is modelled here.
+#[cfg(feature = "vision")]
+pub(crate) fn encoder_profile(
+    arch: &Architecture,
+    tp: u64,
+    batched: u64,
+    seqs: u64,
+    max_model_len: u64,
+) -> Result<Option<EncoderProfile>, &'static str> {
+    use super::vision::{layout, Processor, VlmKind};
+    /// V1's default `limit_mm_per_prompt` per modality.
+    const ITEMS_PER_PROMPT: u64 = 999;
+    /// Qwen2.5-VL's dummy video: at most 14 frames, two per temporal patch.
+    const VIDEO_FRAME_PAIRS: u64 = 7;
+    let Some(vlm) = arch.vlm.as_deref() else {
+        return Ok(None);
+    };
+    let tp = tp.max(1);
+    let largest = |w: u64, h: u64| layout(&vlm.processor, w, h).unwrap_or_default();
+    // the largest item: (its placeholder tokens, the features the encoder outputs, the
+    // positions entering the tower)
+    let (item, out, positions) = match (&vlm.kind, &vlm.processor) {
+        (VlmKind::Mllama, _) => return Err(
+            "vLLM 0.11 no longer serves Llama 3.2 Vision (Mllama): its last release was 0.10.2.",
+        ),
+        (VlmKind::Qwen3Vl, _) => {
+            return Err(
+                "vLLM profiles Qwen3-VL with a dummy video whose size is not derived here yet.",
+            )
+        }
+        (VlmKind::Qwen25Vl, _) => {
+            // the image at max_pixels, or from max_model_len 2 x 16,384 on, a video of up
+            // to 14 frames at that size
+            let image = largest(MAX_SIDE, MAX_SIDE);
+            let pairs = (max_model_len / image.tokens.max(1)).clamp(1, VIDEO_FRAME_PAIRS);
+            (
+                image.tokens * pairs,
+                image.tokens * pairs,
+                image.patches * pairs,
+            )
+        }
+        (_, Processor::AnyRes { pinpoints, .. }) => {
+            let l = pinpoints
+                .iter()
+                .map(|&(h, w)| largest(w, h))
+                .max_by_key(|l| l.tokens)
+                .unwrap_or_default();
+            (l.tokens + l.markup, l.tokens, l.patches)
+        }
+        (_, Processor::Split { longest_edge, .. }) => {
+            let l = largest(*longest_edge, *longest_edge);
+            (l.tokens + l.markup, l.tokens, l.patches)
+        }
+        _ => {
+            let l = largest(MAX_SIDE, MAX_SIDE);
+            (l.tokens + l.markup, l.tokens, l.patches)
+        }
+    };
+    let item = item.max(1);
+    let budget = batched.max(item);
+    let items = (budget / item)
+        .min(seqs.saturating_mul((max_model_len / item).clamp(1, ITEMS_PER_PROMPT)))
+        .max(1);
+    let features = |rows: u64| items.saturating_mul(rows).saturating_mul(2 * vlm.lm_hidden);
+    let padded = if out < budget { features(budget) } else { 0 };
+    // the tower's largest stage per position, its linears split by TP (`mm_encoder_tp_mode`
+    // "weights"): attention (no score matrix: xFormers / FlashAttention) or the MLP (GELU's
+    // two inner tensors, SwiGLU's three)
+    let t = vlm.tower;
+    let inner = if matches!(vlm.kind, VlmKind::Qwen25Vl) {
+        3
+    } else {
+        2
+    } * t.inner
+        / tp;
+    let stage = (2 * t.hidden + 4 * t.hidden / tp).max(t.hidden + inner);
+    let tower = items.saturating_mul(positions).saturating_mul(2 * stage);
+    Ok(Some(EncoderProfile {
+        items,
+        budget,
+        kept_bytes: if padded > 0 { padded } else { features(out) },
+        run_bytes: tower.max(features(out).saturating_add(padded)),
+    }))
+}
+
+/// A side larger than any processor keeps: the largest image it makes.
+#[cfg(feature = "vision")]
+const MAX_SIDE: u64 = super::vision::MAX_IMAGE_SIDE;
