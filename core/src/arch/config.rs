@@ -593,7 +593,7 @@ mod tests {
         );
     }
 
-    /// Without the `vision` feature (the page's build) a multimodal Gemma 3 config is its
+    /// Without the `vision` feature a multimodal Gemma 3 config is its
     /// language model with the note saying so, and the other vision-language wrappers are
     /// model types it does not read.
     #[cfg(not(feature = "vision"))]
