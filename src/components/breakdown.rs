@@ -184,17 +184,14 @@ pub fn breakdown_card(
     bar: Memo<Vec<String>>,
     rows: Memo<Vec<String>>,
 ) -> impl IntoView {
-    let has_bar = memo(move |_| bar.with(|b| !b.is_empty()));
     view! {
         <section class="card breakdown" aria-labelledby="breakdown-title">
             <h2 id="breakdown-title">"Memory for one training step"</h2>
             <div aria-live="polite" aria-atomic="true" data-testid="breakdown" inner_html=total></div>
             // An SVG bar: its geometry is attributes, not inline styles, so the page needs no
-            // 'unsafe-inline' in its Content-Security-Policy.
-            {move || has_bar.get().then(|| view! {
-                <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true"
-                    data-testid="breakdown-bar" use:children=bar></svg>
-            })}
+            // 'unsafe-inline' in its Content-Security-Policy (hidden while it has no segments).
+            <svg class="bar" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true"
+                data-testid="breakdown-bar" use:children=bar></svg>
             <dl class="parts" use:children=rows></dl>
         </section>
     }

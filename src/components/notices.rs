@@ -26,23 +26,19 @@ pub fn Notices(
             }
         });
     });
-    let any = memo(move |_| notices.with(|n| !n.is_empty()));
-    move || {
-        any.get().then(|| {
-            view! {
-                <div class="notices" data-testid="notices" role="status">
-                    <p class="notices-title">"Some settings could not be used and were reset to their defaults:"</p>
-                    <ul node_ref=list></ul>
-                    <button
-                        type="button"
-                        class="secondary"
-                        data-testid="dismiss-notices"
-                        on:click=move |_| notices.set(Vec::new())
-                    >
-                        "Dismiss"
-                    </button>
-                </div>
-            }
-        })
+    let none = memo(move |_| notices.with(Vec::is_empty));
+    view! {
+        <div class="notices" data-testid="notices" role="status" hidden=none>
+            <p class="notices-title">"Some settings could not be used and were reset to their defaults:"</p>
+            <ul node_ref=list></ul>
+            <button
+                type="button"
+                class="secondary"
+                data-testid="dismiss-notices"
+                on:click=move |_| notices.set(Vec::new())
+            >
+                "Dismiss"
+            </button>
+        </div>
     }
 }
