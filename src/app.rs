@@ -649,28 +649,24 @@ pub fn App() -> impl IntoView {
 
     // What the sweep varies: the batch or the sequence length (architecture mode, a model
     // of sequences).
-    let axis_shown = memo(move |_| is_arch.get() && !page.with(|p| p.is_vision));
-    let axis_control = move || {
-        axis_shown.get().then(|| {
-            let is = move |axis: SweepAxis| move || state.with(|s| s.sweep_axis == axis);
-            view! {
-                <label class="sweep-axis">
-                    "Vary "
-                    <select
-                        data-testid="sweep-axis"
-                        on:change=move |ev| {
-                            let value = event_target_value(&ev);
-                            state.update(|s| {
-                                let _ = s.set(Field::SweepAxis, &value);
-                            });
-                        }
-                    >
-                        <option value="batch" prop:selected=is(SweepAxis::Batch)>"Batch size"</option>
-                        <option value="seq" prop:selected=is(SweepAxis::Seq)>"Sequence length"</option>
-                    </select>
-                </label>
-            }
-        })
+    let axis_hidden = memo(move |_| !is_arch.get() || page.with(|p| p.is_vision));
+    let is = move |axis: SweepAxis| move || state.with(|s| s.sweep_axis == axis);
+    let axis_control = view! {
+        <label class="sweep-axis" hidden=axis_hidden>
+            "Vary "
+            <select
+                data-testid="sweep-axis"
+                on:change=move |ev| {
+                    let value = event_target_value(&ev);
+                    state.update(|s| {
+                        let _ = s.set(Field::SweepAxis, &value);
+                    });
+                }
+            >
+                <option value="batch" prop:selected=is(SweepAxis::Batch)>"Batch size"</option>
+                <option value="seq" prop:selected=is(SweepAxis::Seq)>"Sequence length"</option>
+            </select>
+        </label>
     };
 
     view! {

@@ -11,7 +11,11 @@ const env = useServerAndBrowser({ before, after });
 // comes (architecture mode on a GPU, as every link below), so that both pages are settled.
 const searched = (page) =>
   page.waitForFunction(
-    () => !document.querySelector('[data-testid="sweep-axis"]') || document.querySelector('[data-testid="longest-seq"]'),
+    () => {
+      // (the axis is offered, in its card, only where lengths are searched)
+      const axis = document.querySelector('[data-testid="sweep-axis"]');
+      return !axis?.checkVisibility() || document.querySelector('[data-testid="longest-seq"]');
+    },
   );
 
 const cards = async (page) =>

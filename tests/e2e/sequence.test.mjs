@@ -139,7 +139,7 @@ test('a shared link with sweep=seq opens the sweep over lengths; the simple mode
   assert.ok(tokens > 1024 && tokens % 128 === 0, String(tokens));
   // the simple mode varies the batch only: no control, the batch sweep
   await page.getByTestId('mode-simple').check();
-  await page.getByTestId('sweep-axis').waitFor({ state: 'detached' });
+  await page.getByTestId('sweep-axis').waitFor({ state: 'hidden' });
   await page.locator('[data-testid="sweep-row"]:not([data-tokens])').first().waitFor();
   assert.equal(await page.getByTestId('longest-seq').count(), 0);
   assert.deepEqual(errors, []);
