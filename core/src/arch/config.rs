@@ -593,6 +593,19 @@ mod tests {
         );
     }
 
+    #[test]
+    fn recurrent_and_linear_attention_families_are_refused_by_name() {
+        for model_type in ["qwen3_next", "kimi_linear", "jamba", "mamba2"] {
+            let why = parse_hf_config(&format!(r#"{{"model_type": "{model_type}"}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                why.contains(&format!("\"{model_type}\" has")) && why.contains("recurrent state"),
+                "{why}"
+            );
+        }
+    }
+
     /// Without the `vision` feature a multimodal Gemma 3 config is its
     /// language model with the note saying so, and the other vision-language wrappers are
     /// model types it does not read.
