@@ -1884,22 +1884,16 @@ fn serving_refusals_name_the_field() {
 
 #[test]
 fn serving_with_expert_parallelism_spreads_whole_experts() {
+    const QWEN_MOE: [&str; 6] = [
+        "--preset",
+        "qwen1.5-moe-a2.7b",
+        "--serve",
+        "vllm",
+        "--gpu",
+        "h100-80",
+    ];
     let weights = |extra: &[&str]| {
-        let mut args = vec![
-            "--preset",
-            "qwen1.5-moe-a2.7b",
-            "--serve",
-            "vllm",
-            "--gpu",
-            "h100-80",
-            "--tp",
-            "8",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        let (code, stdout, stderr) = memest(&args);
-        assert_eq!(code, 0, "{stderr}");
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let v = json_of(&QWEN_MOE, &with(&["--tp", "8", "--json"], extra));
         v["serving"]["weights_bytes"].as_u64().unwrap()
     };
     // 60 experts over 8 ranks: the first ranks hold 8 whole ones, more than 60/8 of each
@@ -1907,18 +1901,7 @@ fn serving_with_expert_parallelism_spreads_whole_experts() {
     assert!(whole > split, "{whole} <= {split}");
     // --ep N is the same, N being the tensor-parallel size
     assert_eq!(weights(&["--ep", "8"]), whole);
-    let (code, _, stderr) = memest(&[
-        "--preset",
-        "qwen1.5-moe-a2.7b",
-        "--serve",
-        "vllm",
-        "--gpu",
-        "h100-80",
-        "--tp",
-        "2",
-        "--ep",
-        "4",
-    ]);
+    let (code, _, stderr) = memest(&with(&QWEN_MOE, &["--tp", "2", "--ep", "4"]));
     assert_ne!(code, 0);
     assert!(stderr.contains("expert parallel"), "{stderr}");
     assert!(stderr.contains("1 (off) or 2"), "{stderr}");

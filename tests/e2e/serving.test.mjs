@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  useServerAndBrowser, openArchitecturePage, openPage, typeInto, choose, urlSettled,
+  useServerAndBrowser, openArchitecturePage, openPage, typeInto, choose, urlSettled, bytesOf,
 } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
@@ -113,16 +113,15 @@ test('a bad value gets its message; a request too long gets the changes that let
 
 test('expert parallelism spreads whole experts over the tensor-parallel GPUs; the communicator shows outside torch', async () => {
   const base = '/?m=arch&model=qwen1.5-moe-a2.7b&o=none&gpu=h100-80&srv=on&tp=8&gpus=8';
-  const bytes = async (page, testid) => BigInt(await page.getByTestId(testid).getAttribute('data-bytes'));
   const { page, errors, context } = await openPage(env.browser, env.server.origin + base);
   await page.getByTestId('serve-kv-tokens').waitFor();
-  const split = await bytes(page, 'serve-weights');
+  const split = await bytesOf(page, 'serve-weights');
   // torch's NCCL communicator over the NVSwitch, beside the 215 MiB of one GPU
-  assert.equal(await bytes(page, 'serve-non-torch'), (215n + 534n) << 20n);
+  assert.equal(await bytesOf(page, 'serve-non-torch'), (215n + 534n) << 20n);
   // 60 experts over 8 GPUs: whole ones, 8 on the first ranks, weigh more than 60/8 of each
   await page.goto(env.server.origin + base + '&ep=8');
   await page.getByTestId('serve-kv-tokens').waitFor();
-  assert.ok((await bytes(page, 'serve-weights')) > split);
+  assert.ok((await bytesOf(page, 'serve-weights')) > split);
   // vLLM's expert parallelism is its tensor-parallel group, nothing else
   await page.goto(env.server.origin + base + '&ep=4');
   assert.match(await page.getByTestId('serve-error').textContent(), /1 \(off\) or 8/);
