@@ -1041,6 +1041,7 @@ fn serving_json(s: &Serving) -> serde_json::Value {
         "kv_groups": s.kv_groups,
         "layers_per_group": s.layers_per_group,
         "kv_bytes_per_token": s.kv_bytes_per_token,
+        "state_bytes_per_request": s.state_bytes_per_request,
         "max_num_seqs": s.max_num_seqs,
         "max_num_batched_tokens": s.max_num_batched_tokens,
         // the same pool at other lengths of request
@@ -1113,6 +1114,12 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
         group_thousands(s.max_model_len),
         group_thousands(s.largest_max_model_len),
     );
+    if s.state_bytes_per_request > 0 {
+        out.push_str(&format!(
+            "states            {} per request (its linear-attention layers' recurrent state, one page each)\n",
+            b(s.state_bytes_per_request)
+        ));
+    }
     if s.encoder_items > 0 {
         out.push_str(&format!(
             "image encoder     {} dummy items in a budget of {} tokens, their features kept: {}\n",

@@ -1906,3 +1906,24 @@ fn serving_with_expert_parallelism_spreads_whole_experts() {
     assert!(stderr.contains("expert parallel"), "{stderr}");
     assert!(stderr.contains("1 (off) or 2"), "{stderr}");
 }
+
+/// Qwen3-Next, a hybrid of Gated DeltaNet and full attention: vLLM pools the DeltaNet layers'
+/// states beside the attention pages (blocks of 544 tokens on two ranks, four groups), and
+/// the CLI refuses a training step of it with why.
+#[test]
+fn a_linear_attention_hybrid_serves_but_does_not_train() {
+    let config = fixture_config("qwen3-next-80b-a3b-instruct");
+    let base = ["--config", config.as_str(), "--gpu", "h200"];
+    let v = json_of(&base, &["--serve", "vllm", "--tp", "2", "--json"]);
+    let s = &v["serving"];
+    assert_eq!(s["block_size"], 544, "{s}");
+    // 12 full-attention layers x 1 key/value head per rank x 256 x K and V x bf16
+    assert_eq!(s["kv_bytes_per_token"], 12 * 1024);
+    let (tokens, blocks) = (s["kv_cache_tokens"].as_u64(), s["num_blocks"].as_u64());
+    assert_eq!(tokens, blocks.map(|b| b / 4 * 544));
+    // 36 DeltaNet layers: a state of 548,864 bytes each, padded to the 557,056-byte page
+    assert_eq!(s["state_bytes_per_request"], 36 * 557_056);
+    let (code, stdout, stderr) = memest(&with(&base, &["--optimizer", "adamw"]));
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(stderr.contains("serving with vLLM only"), "{stderr}");
+}

@@ -499,6 +499,10 @@ pub(crate) fn parse_model(
                 None => state.architecture(),
             }
             .map_err(|e| EvaluationError::Model(e.to_string()))?;
+            // (when serving, the scenario keeps the model for vLLM and refuses the rest)
+            if let (Some(why), false) = (arch.serving_only(), state.serves()) {
+                return Err(EvaluationError::Model(why.to_owned()));
+            }
             let peft = state.parsed_peft(&arch);
             let objective = state.parsed_objective();
             // (the image fields' errors come after the objective's)

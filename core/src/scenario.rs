@@ -106,7 +106,19 @@ impl Scenario {
     /// # Errors
     /// A step that cannot be estimated (a sequence too long, a figure too large).
     pub fn evaluate(&self) -> Result<Evaluation, EvaluationError> {
+        if let Some(why) = self.serving_only() {
+            return Err(EvaluationError::Model(why.to_owned()));
+        }
         evaluate_parsed(&self.plan, &self.parsed, &self.knobs)
+    }
+
+    /// Why the model is sized for serving only (a hybrid's linear attention), if it is: no
+    /// step, advice or sweep is estimated for it.
+    fn serving_only(&self) -> Option<&'static str> {
+        match &self.parsed {
+            Parsed::Architecture(model) => model.arch.serving_only(),
+            Parsed::Simple { .. } => None,
+        }
     }
 
     /// The configurations that fit, best first (what [`fit_advice`](crate::fit_advice)
@@ -115,6 +127,9 @@ impl Scenario {
     /// # Errors
     /// No device chosen, or a step that cannot be estimated.
     pub fn advise(&self, state: &PageState, limit: usize) -> Result<Vec<FitPlan>, EvaluationError> {
+        if let Some(why) = self.serving_only() {
+            return Err(EvaluationError::Model(why.to_owned()));
+        }
         advise_parsed(state, &self.plan, &self.parsed, self.knobs, limit)
     }
 
@@ -128,6 +143,9 @@ impl Scenario {
     /// [`SEQ_STEP`]: crate::SEQ_STEP
     #[must_use]
     pub fn longest_sequence(&self) -> Option<crate::LongestSequence> {
+        if self.serving_only().is_some() {
+            return None;
+        }
         crate::evaluate::longest_sequence(&self.plan, &self.parsed, &self.knobs)
     }
 
@@ -137,6 +155,9 @@ impl Scenario {
     /// [`Self::longest_sequence`]). Empty in the simple mode and for an image model.
     #[must_use]
     pub fn sequence_sweep(&self, longest: Option<&crate::LongestSequence>) -> Vec<crate::SweepRow> {
+        if self.serving_only().is_some() {
+            return Vec::new();
+        }
         crate::evaluate::sequence_sweep(&self.plan, &self.parsed, &self.knobs, longest)
     }
 

@@ -196,6 +196,9 @@ pub struct Serving {
     pub layers_per_group: u64,
     /// KV bytes one token takes over all layers on this GPU.
     pub kv_bytes_per_token: u64,
+    /// A hybrid's recurrent states one request holds over its linear-attention layers on
+    /// this GPU, whatever its length: a page each (0 without such layers).
+    pub state_bytes_per_request: u64,
     /// `GPU KV cache size: N tokens` (a hybrid's priced as if every layer were full).
     pub kv_cache_tokens: u64,
     /// The `max_model_len` in force.
@@ -321,40 +324,63 @@ fn weights_bytes(w: served::RankWeights, format: WeightFormat) -> Result<u64, (F
         .saturating_add(experts.bytes(w.experts).unwrap_or(u64::MAX)))
 }
 
-/// The layers' attention types as vLLM groups them (`get_kv_cache_groups`): the count of
-/// each distinct type (full attention, or a sliding window), in order of first appearance.
-fn attention_types(layers: &[KvLayer]) -> Vec<(Option<u64>, u64)> {
-    let mut types: Vec<(Option<u64>, u64)> = Vec::new();
-    for l in layers {
-        match types.iter_mut().find(|(w, _)| *w == l.window) {
+/// What a layer keeps of a request, the type vLLM groups its layers by (`get_kv_cache_groups`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Span {
+    /// Every token (full attention).
+    Full,
+    /// The last tokens of a sliding window this wide.
+    Window(u64),
+    /// One recurrent state, whatever the length (`MambaSpec`).
+    State,
+}
+
+impl Span {
+    fn of(layer: &KvLayer) -> Self {
+        match (layer.state_bytes, layer.window) {
+            (1.., _) => Span::State,
+            (0, Some(w)) => Span::Window(w),
+            (0, None) => Span::Full,
+        }
+    }
+
+    /// Blocks one request of `len` tokens needs in a layer of this span
+    /// (`max_memory_usage_bytes` / page): a sliding window keeps its last `W - 1` tokens and
+    /// the step's new ones, plus one block for a window that starts mid-block; a state one
+    /// block (v0.11 keeps no state per prefix: prefix caching is off for hybrids).
+    fn blocks(self, len: u64, batched: u64, block: u64) -> u64 {
+        match self {
+            Span::Full => len.div_ceil(block),
+            Span::Window(w) => (w - 1 + batched).min(len).div_ceil(block) + 1,
+            Span::State => 1,
+        }
+    }
+}
+
+/// The layers' spans as vLLM groups them (`get_kv_cache_groups`): the count of each distinct
+/// span, in order of first appearance.
+fn spans(layers: &[KvLayer]) -> Vec<(Span, u64)> {
+    let mut types: Vec<(Span, u64)> = Vec::new();
+    for span in layers.iter().map(Span::of) {
+        match types.iter_mut().find(|(s, _)| *s == span) {
             Some((_, n)) => *n += 1,
-            None => types.push((l.window, 1)),
+            None => types.push((span, 1)),
         }
     }
     types
-}
-
-/// Blocks one request of `len` tokens needs in a layer of window `window`
-/// (`max_memory_usage_bytes` / page): a sliding window keeps its last `W - 1` tokens and the
-/// step's new ones, plus one block for a window that starts mid-block.
-fn blocks_for(window: Option<u64>, len: u64, batched: u64, block: u64) -> u64 {
-    match window {
-        None => len.div_ceil(block),
-        Some(w) => (w - 1 + batched).min(len).div_ceil(block) + 1,
-    }
 }
 
 /// The longest `max_model_len` searched for a model whose config gives no context.
 const MAX_LEN_SEARCHED: u64 = 1 << 24;
 
 /// The KV cache's layout (`kv_cache_utils`): one page size for every layer, the layers
-/// grouped by attention type, one pool of blocks the groups share.
+/// grouped by what they keep, one pool of blocks the groups share.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct KvPool {
-    /// Each layer's sliding window (`None`: full attention).
-    windows: Vec<Option<u64>>,
-    /// Each group's window.
-    groups: Vec<Option<u64>>,
+    /// Each layer's span.
+    layers: Vec<Span>,
+    /// Each group's span.
+    groups: Vec<Span>,
     /// Layers per group: the fewest of any attention type (`group_size`).
     layers_per_group: u64,
     /// Bytes of one block of one layer (`page_size_bytes`).
@@ -367,15 +393,22 @@ pub(crate) struct KvPool {
 }
 
 impl KvPool {
-    /// The pool of `layers`, `kv_bytes` per element, pages of `block_size` tokens.
+    /// The pool of `layers`, `kv_bytes` per element, pages of `block_size` tokens; with
+    /// recurrent states, of as many more tokens as a state needs.
     pub(crate) fn new(layers: &[KvLayer], kv_bytes: u64, block_size: u64, batched: u64) -> Self {
         // every layer's page is the largest: vLLM asks them to be equal
         let per_token = layers
             .iter()
             .map(|l| l.elements_per_token * kv_bytes)
             .max()
-            .unwrap_or(0);
-        let types = attention_types(layers);
+            .unwrap_or(0)
+            .max(1);
+        // a hybrid's attention pages grow to hold a state, in steps of the kernel's 16
+        // tokens, and the state's page is padded to them
+        // (`HybridAttentionMambaModelConfig.verify_and_update_config`)
+        let state = layers.iter().map(|l| l.state_bytes).max().unwrap_or(0);
+        let block_size = block_size.max(state.div_ceil(BLOCK_SIZE * per_token) * BLOCK_SIZE);
+        let types = spans(layers);
         let layers_per_group = types.iter().map(|(_, n)| *n).min().unwrap_or(1).max(1);
         // each type cut into groups of `layers_per_group` (its last padded)
         let groups = types
@@ -388,7 +421,7 @@ impl KvPool {
             })
             .collect();
         KvPool {
-            windows: layers.iter().map(|l| l.window).collect(),
+            layers: layers.iter().map(Span::of).collect(),
             groups,
             layers_per_group,
             page: (block_size * per_token).max(1),
@@ -396,6 +429,11 @@ impl KvPool {
             batched,
             bytes_per_token: layers.iter().map(|l| l.elements_per_token * kv_bytes).sum(),
         }
+    }
+
+    /// Bytes of the states one request holds: a (padded) page per state layer.
+    pub(crate) fn state_bytes_per_request(&self) -> u64 {
+        self.layers.iter().filter(|s| **s == Span::State).count() as u64 * self.page
     }
 
     /// Blocks in a pool of `available` bytes (`get_num_blocks`): one tensor per layer of a
@@ -415,7 +453,7 @@ impl KvPool {
         let per_request: u64 = self
             .groups
             .iter()
-            .map(|&w| blocks_for(w, len, self.batched, self.block_size))
+            .map(|s| s.blocks(len, self.batched, self.block_size))
             .sum();
         Concurrency {
             blocks,
@@ -432,9 +470,9 @@ impl KvPool {
     /// Bytes one request of `len` tokens needs over every layer (`max_memory_usage_bytes`,
     /// what `check_enough_kv_cache_memory` holds against the available memory).
     pub(crate) fn needed(&self, len: u64) -> u64 {
-        self.windows
+        self.layers
             .iter()
-            .map(|&w| blocks_for(w, len, self.batched, self.block_size))
+            .map(|s| s.blocks(len, self.batched, self.block_size))
             .sum::<u64>()
             .saturating_mul(self.page)
     }
@@ -605,11 +643,12 @@ pub fn serve_vllm(
         encoder_kept_bytes: encoder.map_or(0, |e| e.kept_bytes),
         available_kv_bytes,
         kv_cache_bytes: num_blocks * pool.page * pool.layers_per_group,
-        block_size,
+        block_size: pool.block_size,
         num_blocks,
         kv_groups: pool.groups.len() as u64,
         layers_per_group: pool.layers_per_group,
         kv_bytes_per_token: pool.bytes_per_token,
+        state_bytes_per_request: pool.state_bytes_per_request(),
         kv_cache_tokens: pool.tokens(num_blocks),
         max_model_len,
         max_concurrency: pool.concurrency(num_blocks, max_model_len),
@@ -1044,6 +1083,90 @@ mod tests {
         assert_eq!(p.layers_per_group, 18);
         assert_eq!(p.groups.len(), 2);
         assert_eq!(p.bytes_per_token, 36 * 2048);
+    }
+
+    fn qwen3_next() -> Architecture {
+        crate::parse_hf_config(include_str!(
+            "../tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json"
+        ))
+        .expect("parses")
+    }
+
+    /// Qwen3-Next's pool as vLLM 0.11.0 lays it out (`verify_and_update_config`,
+    /// `_get_kv_cache_groups_uniform_page_size`): a Gated DeltaNet layer's state (its
+    /// convolution's 3 x 8,192 channels and 32 x 128 x 128, in bf16, split by TP) raises the
+    /// attention block to hold it in multiples of 16 tokens, and its page is padded to the
+    /// attention page; 12 full-attention and 36 state layers make 1 + 3 groups of 12.
+    #[test]
+    fn a_hybrid_s_states_share_the_pool_as_vllm_groups_them() {
+        let next = qwen3_next();
+        // (tp, KV bytes, block, page): the block and page vLLM's formula gives for each
+        for (tp, kv, block, page) in [
+            (1, 2, 544, 1_114_112),
+            (2, 2, 544, 557_056),
+            (4, 2, 272, 278_528),
+            (8, 2, 144, 147_456),
+            (1, 1, 1072, 1_097_728),
+        ] {
+            let layers = served::kv_layers(&next, tp);
+            let state = layers.iter().map(|l| l.state_bytes).max().unwrap();
+            assert_eq!(state, 2 * (3 * 8192 + 32 * 128 * 128) / tp, "tp {tp}");
+            let p = pool(&next, tp, kv, 8192);
+            assert_eq!((p.block_size, p.page), (block, page), "tp {tp}, kv {kv}");
+            assert_eq!((p.groups.len(), p.layers_per_group), (4, 12));
+        }
+        // v71, 2 x H200, TP 2 (v0.10.2, the same arithmetic): "Current kv cache memory in use
+        // is 47878721024 bytes", "num_gpu_blocks is: 7162", "GPU KV cache size: 973,760
+        // tokens", "Maximum concurrency for 262,144 tokens per request: 14.77x"
+        let p = pool(&next, 2, 2, 8192);
+        let blocks = p.blocks(47_878_721_024);
+        assert_eq!(blocks, 7162);
+        assert_eq!(p.tokens(blocks), 973_760);
+        let c = p.concurrency(blocks, 262_144);
+        assert_eq!(
+            (c.blocks_per_request, c.to_string()),
+            (482 + 3, "14.77x".to_owned())
+        );
+        // one request needs every attention layer's pages and every state layer's one page
+        assert_eq!(p.needed(262_144), (12 * 482 + 36) * 557_056);
+    }
+
+    /// vLLM's start-up of Qwen3-Next on 2 x H200 as v71 logged it: the weights to the
+    /// hundredth of a GiB, the KV tokens and concurrency within 2%; training is refused.
+    #[test]
+    fn qwen3_next_serves_as_vllm_logged_it() {
+        let h200 = crate::Gpu::H200.serve_device(None).unwrap();
+        let settings = VllmSettings {
+            tensor_parallel: 2,
+            ..VllmSettings::default()
+        };
+        let s = serve_vllm(&qwen3_next(), h200, &settings).expect("serves");
+        assert_eq!(vllm_gib(s.weights_bytes), "74.28");
+        assert_eq!(
+            (s.block_size, s.kv_groups, s.max_model_len),
+            (544, 4, 262_144)
+        );
+        let near = |ours: f64, logged: f64| (ours / logged - 1.0).abs() < 0.02;
+        assert!(
+            near(s.kv_cache_tokens as f64, 973_760.0),
+            "{}",
+            s.kv_cache_tokens
+        );
+        assert!(
+            near(s.max_concurrency.as_f64(), 14.77),
+            "{}",
+            s.max_concurrency
+        );
+        // three in four layers keep a state, not keys and values: 12 layers' bytes per token
+        assert_eq!(s.kv_bytes_per_token, 12 * 2 * 256 * 2);
+        let odd = VllmSettings {
+            tensor_parallel: 3,
+            ..settings
+        };
+        assert_eq!(
+            serve_vllm(&qwen3_next(), h200, &odd).unwrap_err().0,
+            Field::TensorParallel
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! vLLM's start-up from scratch (model, GPU, settings) against the KV cache its logs printed
 //! on real GPUs (`validation/published/vllm-logs.tsv`, quoted with their sources; the whole
-//! table is `validation/published/latest-vllm.md`). These rows ran releases 0.8-0.10, whose
+//! table is `validation/published/latest-vllm.md`). These rows ran releases 0.8-0.10.2, whose
 //! sizing is v0.11.0's, the one the estimator follows.
 
 use estimator_core::{
@@ -123,6 +123,16 @@ fn kv_tokens_within_five_percent_of_the_logs() {
             format: WeightFormat::Int4Group128,
             ..log("v50", QWEN2_7B, Gpu::L40s, 1, 900_000, 32_768, 611_248)
         },
+        // a Gated DeltaNet + attention hybrid: its states share the pool
+        log(
+            "v71",
+            "qwen3-next-80b-a3b-instruct",
+            Gpu::H200,
+            2,
+            900_000,
+            262_144,
+            973_760,
+        ),
     ];
     for l in logs {
         let s = serve_vllm(

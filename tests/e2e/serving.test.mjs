@@ -3,6 +3,7 @@
 // message; when one request does not fit, the changes that let vLLM start are links.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
 import {
   useServerAndBrowser, openArchitecturePage, openPage, typeInto, choose, urlSettled, bytesOf,
 } from './harness.mjs';
@@ -125,6 +126,31 @@ test('expert parallelism spreads whole experts over the tensor-parallel GPUs; th
   // vLLM's expert parallelism is its tensor-parallel group, nothing else
   await page.goto(env.server.origin + base + '&ep=4');
   assert.match(await page.getByTestId('serve-error').textContent(), /1 \(off\) or 8/);
+  assert.deepEqual(errors, []);
+  await context.close();
+});
+
+test('a linear-attention hybrid (Qwen3-Next) pasted as a config: sized for vLLM, its training refused with why', async () => {
+  const config = await readFile(new URL('../../core/tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json', import.meta.url), 'utf8');
+  const { page, errors, context } = await openArchitecturePage(env, '?gpu=h200&tp=2&gpus=2');
+  await page.getByTestId('model').selectOption('custom');
+  await page.getByTestId('config-json').fill(config);
+  // training: the page says why there is no estimate, and the config itself is fine
+  await page.getByText(/serving with vLLM only/).first().waitFor();
+  assert.equal(await page.getByTestId('config-json-error').textContent(), '');
+  await choose(page, 'optimizer', 'none');
+  await choose(page, 'serve', 'on');
+  // exactly what `memest --config qwen3-next-80b-a3b-instruct.json --serve vllm --gpu h200
+  // --tp 2` prints: pages of 544 tokens (a DeltaNet state each), four groups of 12 layers
+  assert.equal(await figure(page, 'serve-kv-tokens'), 989_536);
+  assert.equal(await figure(page, 'serve-concurrency'), 1501);
+  assert.match(await page.getByTestId('serve-weights').textContent(), /74\.28 GiB/);
+  assert.equal(await page.getByTestId('serve-verdict').count(), 0);
+  // the link keeps the pasted config and the serving
+  await page.waitForURL(/srv=on.*cfg=|cfg=.*srv=on/);
+  const again = await openPage(env.browser, page.url());
+  assert.equal(await figure(again.page, 'serve-kv-tokens'), 989_536);
+  await again.context.close();
   assert.deepEqual(errors, []);
   await context.close();
 });

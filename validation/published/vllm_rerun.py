@@ -56,6 +56,7 @@ ROWS = {
     "v67": (["--preset", "llama3.1-8b"], "l4", ["--weight-format", "int4-g128"] + FI, "AWQ int4; log: FlashInfer sampler"),
     "v68": (["--preset", "qwen3-4b"], "l4", FI, "fp8 KV; log: FlashInfer sampler"),
     "v69": (["--preset", "qwen3-4b"], "l4", FI, "log: FlashInfer sampler"),
+    "v71": (["--config", "configs/qwen3-next-80b-a3b-instruct.json"], "h200", ["--sampler", "torch"], "hybrid (Gated DeltaNet + attention), MoE; v0.10.2; log: FlashInfer sampler unavailable"),
     "v74": (["--preset", "llama3.3-70b"], "h100-80", [], "Llama 3.1 70B's geometry; U not stated: the default 0.9"),
     "v75": (["--preset", "qwen3-32b"], "h100-80", [], "U not stated: the default 0.9"),
 }
@@ -137,7 +138,7 @@ def main():
             "| {} | {} | {} | {} | {} | {} | {} | {} / {:,} | {} | {} / {:.2f} | {} | {} / {:.2f} | {} / {:.2f} | {} |".format(
                 rid,
                 row["vllm_version"].split(" ")[0][:12],
-                row["model"].split("/")[-1][:34],
+                row["model"].split(" (")[0].split("/")[-1][:34],
                 row["gpu"][:22],
                 row["tp"],
                 row["gpu_memory_utilization"],

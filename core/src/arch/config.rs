@@ -30,6 +30,8 @@ pub struct Architecture {
     /// The vision side of a vision-language model (its language model is `spec`).
     #[cfg(feature = "vision")]
     pub(crate) vlm: Option<Box<super::vision::VisionLm>>,
+    /// A hybrid's linear-attention layers (Qwen3-Next), served but not trained.
+    pub(crate) linear: Option<Box<super::hybrid::LinearAttention>>,
 }
 
 /// Parameter elements of one rank by FSDP unit: what FSDP2 all-gathers at a time.
@@ -94,6 +96,7 @@ impl Architecture {
             n_params,
             #[cfg(feature = "vision")]
             vlm: self.vlm.clone(),
+            linear: self.linear.clone(),
         }
     }
 
@@ -121,6 +124,12 @@ impl Architecture {
     }
     fn first_attention(&self) -> Option<&super::model::Attention> {
         self.spec.layers.first().map(|l| &l.attention)
+    }
+    /// Why the model is estimated for serving with vLLM only (a hybrid whose linear-attention
+    /// layers the training tape does not model), if it is.
+    #[must_use]
+    pub fn serving_only(&self) -> Option<&'static str> {
+        self.linear.as_ref().map(|_| super::hybrid::SERVING_ONLY)
     }
     /// Transformer layers.
     #[must_use]
@@ -593,9 +602,36 @@ mod tests {
         );
     }
 
+    /// Qwen3-Next's parameters as its checkpoint's shapes add up (the MTP layer aside):
+    /// embeddings and head 2 x 151,936 x 2,048; per layer two norms and the mixture (router
+    /// 512 x 2,048, 512 experts and a shared expert of 3 x 2,048 x 512, the shared gate
+    /// 2,048); 36 Gated DeltaNet mixers of 33,718,464 (in_proj_qkvz 12,288 x 2,048,
+    /// in_proj_ba 64 x 2,048, conv1d 8,192 x 4, dt_bias and A_log 32 each, norm 128,
+    /// out_proj 2,048 x 4,096) and 12 gated attentions of 27,263,488 (q_proj 8,192 x 2,048,
+    /// k and v 512 x 2,048, o 2,048 x 4,096, q/k norms 256 each).
+    #[test]
+    fn qwen3_next_counts_its_gated_deltanet_and_gated_attention_layers() {
+        let layers = 48 * (2 * 2048 + 1_048_576 + 513 * 3 * 2048 * 512 + 2048);
+        let expected = 2 * 151_936 * 2048 + 2048 + layers + 36 * 33_718_464 + 12 * 27_263_488;
+        assert_eq!(expected, 79_674_391_296);
+        count("qwen3-next-80b-a3b-instruct.json", expected);
+        let arch = parse_hf_config(
+            &std::fs::read_to_string(format!(
+                "{}/tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            arch.serving_only(),
+            Some(super::super::hybrid::SERVING_ONLY)
+        );
+    }
+
     #[test]
     fn recurrent_and_linear_attention_families_are_refused_by_name() {
-        for model_type in ["qwen3_next", "kimi_linear", "jamba", "mamba2"] {
+        for model_type in ["kimi_linear", "jamba", "mamba2"] {
             let why = parse_hf_config(&format!(r#"{{"model_type": "{model_type}"}}"#))
                 .unwrap_err()
                 .to_string();

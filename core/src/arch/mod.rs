@@ -19,7 +19,8 @@
 //! step as the op kinds see it), `loss` (the trainers' heads and losses), `model` (a model as
 //! data and its forward tape), `mesh` (one tensor-parallel rank's share of a model), `vision`
 //! (a vision-language model's vision side as data, its processors' token arithmetic), `config`
-//! (a validated `Architecture`), `families` (the readers and `parse_hf_config`, the dispatch
+//! (a validated `Architecture`), `hybrid` (Qwen3-Next's Gated DeltaNet layers, for serving),
+//! `families` (the readers and `parse_hf_config`, the dispatch
 //! above them), `presets`, `estimate` (the step's moments) and `vlm` (vision-language models,
 //! on top of `estimate`). No module imports one above it, so a new input of the op kinds (a
 //! device mesh) is one more field of `shape`.
@@ -80,6 +81,7 @@ mod error;
 mod estimate;
 mod families;
 mod family;
+mod hybrid;
 mod loss;
 mod mesh;
 mod model;

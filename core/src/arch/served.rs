@@ -4,6 +4,7 @@
 //! groups, blocks, concurrency) is `crate::serve`.
 
 use super::config::Architecture;
+use super::hybrid::{output_gate, GatedDeltaNet};
 use super::model::{Attention, Layer};
 use super::ops::FeedForward;
 use super::peft::Role;
@@ -12,11 +13,14 @@ use super::peft::Role;
 /// (`DEFAULT_VOCAB_PADDING_SIZE`, `vocab_parallel_embedding.py`) before splitting it.
 const VOCAB_PADDING: u64 = 64;
 
-/// What one attention layer keeps per token in the KV cache on one rank.
+/// What one layer keeps in the KV cache on one rank: per token (an attention layer), or per
+/// request (a linear-attention layer's recurrent state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KvLayer {
-    /// Cache elements per token (K and V; MLA's latent and rope key).
+    /// Cache elements per token (K and V; MLA's latent and rope key; 0 for a state).
     pub elements_per_token: u64,
+    /// Bytes of one request's recurrent state (`MambaSpec`), 0 for attention.
+    pub state_bytes: u64,
     /// The sliding window, `None` for full attention.
     pub window: Option<u64>,
     /// Multi-head latent attention (its block size is the MLA backend's).
@@ -45,6 +49,14 @@ pub(crate) fn experts_on_rank(experts: u64, tp: u64, ep: bool) -> (u64, u64) {
 /// Why a model does not split over `tp` ranks the way vLLM splits it, if it does not.
 pub(crate) fn tp_error(arch: &Architecture, tp: u64) -> Option<String> {
     let tp = tp.max(1);
+    if let Some(g) = arch.linear.as_deref().map(|l| l.mixer) {
+        if g.key_heads % tp != 0 || g.value_heads % tp != 0 {
+            return Some(format!(
+                "vLLM splits the Gated DeltaNet's {} key and {} value heads over the tensor-parallel ranks: {tp} does not divide them.",
+                g.key_heads, g.value_heads
+            ));
+        }
+    }
     arch.spec.layers.iter().find_map(|l| {
         let a = &l.attention;
         if a.heads % tp != 0 {
@@ -66,27 +78,45 @@ pub(crate) fn tp_error(arch: &Architecture, tp: u64) -> Option<String> {
 /// The KV cache of each attention layer on one of `tp` ranks (`Attention.get_kv_cache_spec`):
 /// GQA heads split by TP, MLA's compressed latent whole on every rank
 /// (`MLAAttentionSpec`, `num_kv_heads = 1`).
+/// A hybrid's Gated DeltaNet layers keep one state per request (`MambaSpec`).
 pub(crate) fn kv_layers(arch: &Architecture, tp: u64) -> Vec<KvLayer> {
     arch.spec
         .layers
         .iter()
-        .map(|l| {
+        .enumerate()
+        .map(|(i, l)| {
             let a = &l.attention;
+            if let Some(g) = linear_mixer(arch, i) {
+                return KvLayer {
+                    elements_per_token: 0,
+                    state_bytes: g.state_bytes_per_rank(tp),
+                    window: None,
+                    latent: false,
+                };
+            }
             match a.latent {
                 Some(lat) => KvLayer {
                     elements_per_token: lat.kv_rank + lat.rope_dim,
+                    state_bytes: 0,
                     window: None,
                     latent: true,
                 },
                 // vLLM's page holds K and V of `head_size` each
                 None => KvLayer {
                     elements_per_token: 2 * kv_heads_per_rank(a.kv_heads, tp) * a.head_dim,
+                    state_bytes: 0,
                     window: a.window,
                     latent: false,
                 },
             }
         })
         .collect()
+}
+
+/// Layer `i`'s Gated DeltaNet, if it is a hybrid's linear-attention layer.
+fn linear_mixer(arch: &Architecture, i: usize) -> Option<GatedDeltaNet> {
+    let linear = arch.linear.as_deref()?;
+    linear.is_linear.get(i).copied()?.then_some(linear.mixer)
 }
 
 /// One rank's weights by how a checkpoint format stores them (elements).
@@ -142,9 +172,27 @@ fn attention_weights(a: &Attention, tp: u64, w: &mut RankWeights) {
 
 /// One layer's weights on a rank: its attention, its MLP split by TP (a mixture's routed
 /// experts as [`experts_on_rank`] lays them out; the router replicated), its norms whole.
-fn layer_weights(l: &Layer, tp: u64, ep: bool, w: &mut RankWeights) {
+///
+/// A hybrid's layer has a Gated DeltaNet (`mixer`) in place of its attention, or a gate on its
+/// attention's output (`output_gate`: q_proj's second half).
+fn layer_weights(
+    l: &Layer,
+    (mixer, output_gate_of): (Option<GatedDeltaNet>, bool),
+    tp: u64,
+    ep: bool,
+    w: &mut RankWeights,
+) {
     let before = *w;
-    attention_weights(&l.attention, tp, w);
+    match mixer {
+        Some(g) => {
+            let (sixteen_bit, linear) = g.weights_per_rank(l.attention.hidden, tp);
+            w.add(sixteen_bit, linear, 0);
+        }
+        None => attention_weights(&l.attention, tp, w),
+    }
+    if output_gate_of && mixer.is_none() {
+        w.add(0, output_gate(&l.attention) / tp, 0);
+    }
     let mut attention = Vec::new();
     l.attention.params(&mut attention);
     let mut mlp = Vec::new();
@@ -195,8 +243,9 @@ pub(crate) fn rank_weights(arch: &Architecture, tp: u64, ep: bool) -> RankWeight
     let outside: u64 = spec.outside_parameter_tensors().iter().sum();
     let whole_tables = if spec.tied { 1 } else { 2 } * spec.embedding.vocab * spec.embedding.hidden;
     w.add(tables + outside.saturating_sub(whole_tables), 0, 0);
-    for l in &spec.layers {
-        layer_weights(l, tp, ep, &mut w);
+    for (i, l) in spec.layers.iter().enumerate() {
+        let hybrid = (linear_mixer(arch, i), arch.linear.is_some());
+        layer_weights(l, hybrid, tp, ep, &mut w);
     }
     if let (Some(p), Some(rotary)) = (
         arch.positions,
@@ -244,12 +293,16 @@ pub(crate) fn forward_peak_bytes(
     arch.spec
         .layers
         .iter()
-        .map(|l| {
+        .enumerate()
+        .map(|(i, l)| {
             let a = &l.attention;
             let h = a.hidden;
             let q = a.heads * a.head_dim / tp;
             let kv = kv_heads_per_rank(a.kv_heads, tp) * a.head_dim;
-            let mut attention = B * m * (h + 3 * (q + kv));
+            let mut attention = match linear_mixer(arch, i) {
+                Some(g) => gated_delta_net_bytes(g, h, tp, m),
+                None => B * m * (h + 3 * (q + kv)),
+            };
             if let Some(lat) = a.latent {
                 let w = (8 * max_model_len)
                     .max(4 * requests * block)
@@ -282,6 +335,26 @@ pub(crate) fn forward_peak_bytes(
         })
         .max()
         .unwrap_or(0)
+}
+
+/// A Gated DeltaNet layer's stage in the profile over `tokens` tokens on one of `tp` ranks,
+/// in bytes (`Qwen3NextGatedDeltaNet.forward`, derived, not measured): beside the stream, the
+/// two in-projections' outputs, the convolution's output over its channels, the chunked
+/// delta rule's output and the state it keeps at each chunk's start (FLA's
+/// `chunk_gated_delta_rule_fwd_h`, chunks of 64 tokens, the model's dtype). A mixture's
+/// experts or the sampler outweigh it at vLLM's defaults.
+fn gated_delta_net_bytes(g: GatedDeltaNet, hidden: u64, tp: u64, tokens: u64) -> u64 {
+    const B: u64 = 2;
+    const CHUNK: u64 = 64;
+    let (keys, values) = (
+        g.key_heads * g.key_dim / tp,
+        g.value_heads * g.value_dim / tp,
+    );
+    let heads = g.value_heads / tp;
+    let projections = 2 * keys + 2 * values + 2 * heads;
+    let per_token = hidden + projections + g.conv_channels() / tp + values;
+    let chunk_states = tokens.div_ceil(CHUNK) * heads * g.key_dim * g.value_dim;
+    B * (tokens * per_token + chunk_states)
 }
 
 /// The sampler's warm-up in the profile on `requests` rows (`_dummy_sampler_run`,
