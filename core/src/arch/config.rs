@@ -285,13 +285,22 @@ impl Architecture {
     #[must_use]
     pub fn active_parameter_count(&self) -> u64 {
         let outside: u64 = self.spec.outside_parameter_tensors().iter().sum();
-        self.spec.layers.iter().fold(outside, |acc, l| {
+        let active = self.spec.layers.iter().fold(outside, |acc, l| {
             let mut ffn = Vec::new();
             l.mlp.params(&mut ffn);
             let all: u64 = l.params().iter().sum();
             let routed_off = ffn.iter().sum::<u64>() - l.mlp.active_params();
             acc.saturating_add(all - routed_off)
-        })
+        });
+        // a hybrid's mixers and output gates, which every token runs, in place of the
+        // attention its spec holds at those layers
+        match &self.linear {
+            Some(_) => {
+                let spec: u64 = self.spec.parameter_tensors().iter().sum();
+                (active + self.n_params).saturating_sub(spec)
+            }
+            None => active,
+        }
     }
 
     /// Parameters of the largest transformer layer (what an FSDP all-gather materialises).
