@@ -1212,6 +1212,24 @@ mod tests {
         assert_eq!(on(crate::Gpu::H200).kv_bytes_per_token, 61 * 576 * 2);
     }
 
+    /// EXAONE 4.0 32B, three 4,096-token windows to one global layer: vLLM gives the window
+    /// layers `SlidingWindowSpec`s, 16 full and 48 sliding layers make 1 + 3 groups of 16, and
+    /// a request of the model's 131,072 tokens pays full length in one group only.
+    #[test]
+    fn exaone4_s_sliding_layers_pool_as_vllm_groups_them() {
+        let exaone =
+            crate::parse_hf_config(include_str!("../tests/fixtures/configs/exaone4-32b.json"))
+                .expect("parses");
+        let layers = served::kv_layers(&exaone, 2);
+        let sliding = layers.iter().filter(|l| l.window == Some(4096)).count();
+        assert_eq!((layers.len(), sliding), (64, 48));
+        let p = pool(&exaone, 2, 2, 8192);
+        assert_eq!((p.groups.len(), p.layers_per_group), (4, 16));
+        // a window keeps its last 4,095 tokens and the step's 8,192: 769 blocks of 16
+        let c = p.concurrency(10_000, 131_072);
+        assert_eq!(c.blocks_per_request, 8192 + 3 * 769);
+    }
+
     /// Every preset on every GPU, TP size, KV dtype and format: vLLM's start-up is sized or
     /// refused with a field, never a panic, and its figures hold together.
     #[test]

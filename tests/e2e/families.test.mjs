@@ -46,6 +46,8 @@ const families = [
   ['xlm-roberta-base', 278_295_186],
   ['mistral-7b', 7_241_732_096],
   ['qwen2.5-0.5b', 494_032_768],
+  // norms after each sub-block, per-head q/k norms (the 1.2B: every layer global)
+  ['exaone4-1.2b', 1_279_391_488],
 ];
 
 for (const [name, nParams] of families) {

@@ -638,6 +638,62 @@ mod tests {
         );
     }
 
+    /// EXAONE 4.0 as its shapes add up (1.2B tied: 1.07B without the embedding, as its card
+    /// says; 32B untied), its norms after each sub-block, and the 32B's layers: three of
+    /// 4,096-token windows with rotary, then one global without (`layer_types` or
+    /// `sliding_window_pattern`, the same layout).
+    #[test]
+    fn exaone4_counts_and_lays_out_its_layers() {
+        let layer = |h: u64, q: u64, kv: u64, d: u64, f: u64| {
+            2 * h * q + 2 * h * kv + 2 * d + 3 * h * f + 2 * h
+        };
+        let small = 102_400 * 2048 + 30 * layer(2048, 2048, 512, 64, 4096) + 2048;
+        assert_eq!(small, 1_279_391_488);
+        count("exaone4-1.2b.json", small);
+        let big = 2 * 102_400 * 5120 + 64 * layer(5120, 5120, 1024, 128, 27392) + 5120;
+        assert_eq!(big, 32_003_216_384);
+        count("exaone4-32b.json", big);
+        let text = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/configs/exaone4-32b.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        for text in [
+            text.clone(),
+            text.replace(
+                "\"sliding_window_pattern\": 4,",
+                &format!(
+                    "\"layer_types\": [{}],",
+                    vec!["\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\""; 16]
+                        .join(", ")
+                ),
+            ),
+        ] {
+            let arch = parse_hf_config(&text).unwrap();
+            for (i, l) in arch.spec.layers.iter().enumerate() {
+                let global = i % 4 == 3;
+                let a = &l.attention;
+                assert_eq!(a.window, (!global).then_some(4096), "layer {i}");
+                assert_eq!(a.rotary_dim, (!global).then_some(128), "layer {i}");
+                assert_eq!(l.placement, super::super::model::Placement::Post);
+            }
+        }
+        // the 1.2B has no sliding layers: every layer rotates
+        let small = parse_hf_config(
+            &std::fs::read_to_string(format!(
+                "{}/tests/fixtures/configs/exaone4-1.2b.json",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(small
+            .spec
+            .layers
+            .iter()
+            .all(|l| l.attention.window.is_none() && l.attention.rotary_dim == Some(64)));
+    }
+
     #[test]
     fn recurrent_and_linear_attention_families_are_refused_by_name() {
         for model_type in ["kimi_linear", "jamba", "mamba2"] {

@@ -368,6 +368,11 @@ fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>>
             let w = window(r, 4096);
             (w, 0, r.opt(&["sliding_window_pattern"], 6, 1, MAX_LAYERS))
         }
+        // (`Exaone4Config`: every `sliding_window_pattern`-th layer global)
+        ModelFamily::Exaone4 => {
+            let w = window(r, 4096);
+            (w, 0, r.opt(&["sliding_window_pattern"], 4, 1, MAX_LAYERS))
+        }
         _ => (None, 0, NONE_LEFT_OUT),
     };
     (0..layers)
@@ -504,6 +509,12 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
         vec![true; layers as usize]
     };
     let windows = windows(family, r, layers);
+    // EXAONE 4's global layers take no positions beside sliding ones ("global NoPE")
+    let ropes: Vec<bool> = if family == F::Exaone4 && windows.iter().any(Option::is_some) {
+        windows.iter().map(Option::is_some).collect()
+    } else {
+        ropes
+    };
     let (attn_softcap, final_softcap) = if matches!(family, F::Gemma2 | F::Gemma3) {
         (
             r.positive("attn_logit_softcapping").is_some(),
@@ -550,6 +561,14 @@ fn decoder(family: ModelFamily, r: &mut Reader) -> Result<Architecture, ConfigEr
             }),
         ),
         F::GptOss => (RmsStyle::Olmo2, Placement::Pre, None),
+        F::Exaone4 => (
+            RmsStyle::Llama,
+            Placement::Post,
+            Some(QkNorm {
+                style: RmsStyle::Llama,
+                per_head: true,
+            }),
+        ),
         F::Olmo2 => (
             RmsStyle::Olmo2,
             Placement::Post,

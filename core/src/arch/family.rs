@@ -24,6 +24,9 @@ pub enum ModelFamily {
     Gemma3,
     /// OLMo 2 (norms after the sub-blocks, q/k norm over the whole projection).
     Olmo2,
+    /// EXAONE 4.0 (norms after each sub-block as OLMo 2, q/k RMSNorm per head, three
+    /// sliding-window layers to one global layer without rotary embedding).
+    Exaone4,
     /// SmolLM3 (layers without rotary embedding).
     SmolLm3,
     /// Granite (embedding, residual, attention and logits multipliers).
@@ -53,7 +56,7 @@ pub enum ModelFamily {
 
 impl ModelFamily {
     /// Every family, in the order the page groups them.
-    pub const ALL: [ModelFamily; 22] = [
+    pub const ALL: [ModelFamily; 23] = [
         ModelFamily::Llama,
         ModelFamily::Qwen3,
         ModelFamily::Qwen2,
@@ -63,6 +66,7 @@ impl ModelFamily {
         ModelFamily::Mistral,
         ModelFamily::Phi3,
         ModelFamily::Olmo2,
+        ModelFamily::Exaone4,
         ModelFamily::SmolLm3,
         ModelFamily::Granite,
         ModelFamily::Mixtral,
@@ -92,6 +96,7 @@ impl ModelFamily {
             ModelFamily::Gemma2 => "gemma2",
             ModelFamily::Gemma3 => "gemma3_text",
             ModelFamily::Olmo2 => "olmo2",
+            ModelFamily::Exaone4 => "exaone4",
             ModelFamily::SmolLm3 => "smollm3",
             ModelFamily::Granite => "granite",
             ModelFamily::Phi3 => "phi3",
@@ -121,6 +126,7 @@ impl ModelFamily {
             ModelFamily::Gemma2 => "Gemma 2",
             ModelFamily::Gemma3 => "Gemma 3",
             ModelFamily::Olmo2 => "OLMo 2",
+            ModelFamily::Exaone4 => "EXAONE 4",
             ModelFamily::SmolLm3 => "SmolLM3",
             ModelFamily::Granite => "Granite",
             ModelFamily::Phi3 => "Phi-3 / Phi-4-mini",
@@ -155,6 +161,13 @@ impl ModelFamily {
         v.insert(
             v.iter().position(|k| *k == "qwen2").map_or(0, |i| i + 1),
             "qwen2_5",
+        );
+        // (read for serving with vLLM only)
+        v.insert(
+            v.iter()
+                .position(|k| *k == "qwen2_moe")
+                .map_or(0, |i| i + 1),
+            "qwen3_next",
         );
         // the vision-language wrappers, read around their language model
         #[cfg(feature = "vision")]
