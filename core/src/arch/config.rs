@@ -696,7 +696,7 @@ mod tests {
 
     #[test]
     fn recurrent_and_linear_attention_families_are_refused_by_name() {
-        for model_type in ["kimi_linear", "jamba", "mamba2"] {
+        for model_type in ["kimi_linear", "jamba", "mamba2", "qwen3_5_moe"] {
             let why = parse_hf_config(&format!(r#"{{"model_type": "{model_type}"}}"#))
                 .unwrap_err()
                 .to_string();

@@ -105,7 +105,11 @@ pub(crate) fn read(m: &Map) -> Result<Architecture, ConfigError> {
 /// state-space layers (a recurrent state vLLM pools beside the KV cache, `MambaSpec`:
 /// `validation/VLLM.md` 2) are not op kinds of the tape yet, and their states' shapes are not
 /// read (Qwen3-Next's Gated DeltaNet is, for serving: `hybrid.rs`).
-const RECURRENT: [&str; 9] = [
+const RECURRENT: [&str; 13] = [
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
     "kimi_linear",
     "jamba",
     "falcon_h1",
@@ -322,7 +326,8 @@ fn windows(family: ModelFamily, r: &mut Reader, layers: u64) -> Vec<Option<u64>>
         return types
             .iter()
             .map(|t| match t.as_str() {
-                Some("full_attention") => None,
+                // (a hybrid's linear-attention layers: `hybrid.rs` reads which they are)
+                Some("full_attention" | "linear_attention") => None,
                 Some("sliding_attention") => {
                     if w.is_none() {
                         r.fail(ConfigError::MissingField("sliding_window".into()));

@@ -73,6 +73,8 @@ pub(crate) struct LinearAttention {
     /// Per layer, whether it is a Gated DeltaNet layer (else full attention).
     pub is_linear: Vec<bool>,
     pub mixer: GatedDeltaNet,
+    /// The full-attention layers gate their output (`attn_output_gate`, vLLM's default).
+    pub output_gate: bool,
 }
 
 impl LinearAttention {
@@ -93,13 +95,18 @@ pub(crate) const SERVING_ONLY: &str = "Qwen3-Next's Gated DeltaNet layers are si
 
 /// What a `qwen3_next` config adds to Qwen2-MoE's fields, read before them (so that the
 /// reader's first error is reported in the order of the fields).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Qwen3NextFields {
     mixer: GatedDeltaNet,
     /// Every `full_attention_interval`-th layer is full attention, the others Gated DeltaNet.
     full_attention_interval: u64,
     /// `partial_rotary_factor`: the share of each head's dims that rotate.
     rotary_factor: f64,
+    /// `layer_types` when the config lists them (newer saves do): whether each layer is
+    /// `linear_attention`.
+    layer_types: Option<Vec<bool>>,
+    /// `attn_output_gate` (vLLM's `getattr(config, "attn_output_gate", True)`).
+    output_gate: bool,
 }
 
 /// Reads the fields of a `qwen3_next` config that Qwen2-MoE's reader does not.
@@ -114,6 +121,13 @@ pub(crate) fn qwen3_next_fields(r: &mut Reader) -> Qwen3NextFields {
         },
         full_attention_interval: r.opt(&["full_attention_interval"], 4, 1, 1 << 10),
         rotary_factor: r.positive("partial_rotary_factor").unwrap_or(1.0).min(1.0),
+        layer_types: r.array("layer_types").map(|types| {
+            types
+                .iter()
+                .map(|t| t.as_str() == Some("linear_attention"))
+                .collect()
+        }),
+        output_gate: r.bool("attn_output_gate", true),
     }
 }
 
@@ -126,11 +140,15 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         mixer,
         full_attention_interval,
         rotary_factor,
+        layer_types,
+        output_gate: gated,
     } = fields;
-    // (a `layer_types` list is the interval's pattern in every released config)
-    let is_linear: Vec<bool> = (0..arch.num_layers())
-        .map(|i| !(i + 1).is_multiple_of(full_attention_interval))
-        .collect();
+    // (the reader has checked that `layer_types`, when given, has an entry per layer)
+    let is_linear: Vec<bool> = layer_types.unwrap_or_else(|| {
+        (0..arch.num_layers())
+            .map(|i| !(i + 1).is_multiple_of(full_attention_interval))
+            .collect()
+    });
     let mut replaced = 0u64;
     for (layer, linear) in arch.spec.layers.iter_mut().zip(&is_linear) {
         let a = &mut layer.attention;
@@ -151,14 +169,18 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
             replaced += params.iter().sum::<u64>();
         }
     }
-    let linear = LinearAttention { is_linear, mixer };
+    let linear = LinearAttention {
+        is_linear,
+        mixer,
+        output_gate: gated,
+    };
     let mixers = linear.count() * mixer.parameters(arch.hidden_size());
     let gates: u64 = arch
         .spec
         .layers
         .iter()
         .zip(&linear.is_linear)
-        .filter(|(_, l)| !**l)
+        .filter(|(_, l)| gated && !**l)
         .map(|(layer, _)| output_gate(&layer.attention))
         .sum();
     let spec: u64 = arch.spec.parameter_tensors().iter().sum();
