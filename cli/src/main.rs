@@ -1116,8 +1116,8 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
     );
     if s.state_bytes_per_request > 0 {
         out.push_str(&format!(
-            "states            {} per request (its linear-attention layers' recurrent state, one page each)\n",
-            b(s.state_bytes_per_request)
+            "states            {} bytes per request (its linear-attention layers' recurrent states, one page each)\n",
+            group_thousands(s.state_bytes_per_request)
         ));
     }
     if s.encoder_items > 0 {
