@@ -1131,6 +1131,44 @@ mod tests {
         assert_eq!(p.needed(262_144), (12 * 482 + 36) * 557_056);
     }
 
+    /// A Qwen3-Next config with dimensions as large as the reader takes, on every TP and KV
+    /// dtype: sized or refused with a field, never a panic (the tests run with overflow
+    /// checks).
+    #[test]
+    fn a_hybrid_with_extreme_dimensions_is_sized_or_refused() {
+        let text = include_str!("../tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json");
+        let big = 1u64 << 20;
+        let mut sized = 0;
+        for (field, value) in [
+            ("\"linear_num_value_heads\": 32", big),
+            ("\"linear_key_head_dim\": 128", big),
+            ("\"linear_value_head_dim\": 128", big),
+            ("\"linear_conv_kernel_dim\": 4", 64),
+            ("\"hidden_size\": 2048", big),
+        ] {
+            let name = field.split(':').next().unwrap();
+            let config = text.replace(field, &format!("{name}: {value}"));
+            let Ok(arch) = crate::parse_hf_config(&config) else {
+                continue;
+            };
+            for tp in [1, 2, 4, 8, 16] {
+                for kv_dtype in [KvDtype::Model, KvDtype::Fp8] {
+                    let settings = VllmSettings {
+                        tensor_parallel: tp,
+                        kv_dtype,
+                        ..VllmSettings::default()
+                    };
+                    let h100 = crate::Gpu::H100_80.serve_device(None).unwrap();
+                    if let Ok(s) = serve_vllm(&arch, h100, &settings) {
+                        assert!(s.block_size >= 16 && s.block_size % 16 == 0, "{field}");
+                        sized += 1;
+                    }
+                }
+            }
+        }
+        assert!(sized > 0);
+    }
+
     /// vLLM's start-up of Qwen3-Next on 2 x H200 as v71 logged it: the weights to the
     /// hundredth of a GiB, the KV tokens and concurrency within 2%; training is refused.
     #[test]

@@ -296,8 +296,12 @@ impl Architecture {
         // attention its spec holds at those layers
         match &self.linear {
             Some(_) => {
-                let spec: u64 = self.spec.parameter_tensors().iter().sum();
-                (active + self.n_params).saturating_sub(spec)
+                let spec = self
+                    .spec
+                    .parameter_tensors()
+                    .iter()
+                    .fold(0u64, |a, &b| a.saturating_add(b));
+                active.saturating_add(self.n_params).saturating_sub(spec)
             }
             None => active,
         }

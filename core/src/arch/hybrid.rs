@@ -27,7 +27,9 @@ pub(crate) struct GatedDeltaNet {
 impl GatedDeltaNet {
     /// Channels of the causal convolution: q and k of every key head, v of every value head.
     pub fn conv_channels(self) -> u64 {
-        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+        let keys = self.key_heads.saturating_mul(self.key_dim);
+        let values = self.value_heads.saturating_mul(self.value_dim);
+        keys.saturating_mul(2).saturating_add(values)
     }
 
     /// Bytes of one request's state on one of `tp` ranks (`gated_delta_net_state_shape`):
@@ -37,9 +39,11 @@ impl GatedDeltaNet {
     /// Gated DeltaNet).
     pub fn state_bytes_per_rank(self, tp: u64) -> u64 {
         let tp = tp.max(1);
-        let conv = self.conv_channels() / tp * (self.conv_kernel - 1);
-        let temporal = self.value_heads / tp * self.key_dim * self.value_dim;
-        2 * (conv + temporal)
+        let conv = (self.conv_channels() / tp).saturating_mul(self.conv_kernel - 1);
+        let temporal = (self.value_heads / tp)
+            .saturating_mul(self.key_dim)
+            .saturating_mul(self.value_dim);
+        conv.saturating_add(temporal).saturating_mul(2)
     }
 
     /// Weights of one layer's mixer on one of `tp` ranks, as (16-bit, linear) elements:
@@ -48,21 +52,24 @@ impl GatedDeltaNet {
     /// 16 bits; `A_log` split, in fp32 (counted as two 16-bit elements each).
     pub fn weights_per_rank(self, hidden: u64, tp: u64) -> (u64, u64) {
         let tp = tp.max(1);
-        let keys = self.key_heads * self.key_dim;
-        let values = self.value_heads * self.value_dim;
-        let qkvz = hidden * (2 * keys + 2 * values) / tp;
-        let out = values * hidden / tp;
-        let ba = hidden * 2 * self.value_heads / tp;
-        let conv = self.conv_channels() / tp * self.conv_kernel;
+        let values = self.value_heads.saturating_mul(self.value_dim);
+        // q, k, v and z: the convolution's channels and the gate's values
+        let qkvz = hidden.saturating_mul(self.conv_channels().saturating_add(values)) / tp;
+        let out = values.saturating_mul(hidden) / tp;
+        let ba = hidden.saturating_mul(2 * self.value_heads) / tp;
+        let conv = (self.conv_channels() / tp).saturating_mul(self.conv_kernel);
         let heads = 3 * self.value_heads / tp;
-        (ba + conv + heads + self.value_dim, qkvz + out)
+        let small = [ba, conv, heads, self.value_dim]
+            .into_iter()
+            .fold(0, u64::saturating_add);
+        (small, qkvz.saturating_add(out))
     }
 
     /// Parameters of one layer's mixer on one device.
     pub fn parameters(self, hidden: u64) -> u64 {
         let (small, linear) = self.weights_per_rank(hidden, 1);
         // (`A_log` once, not as two 16-bit halves)
-        small + linear - self.value_heads
+        small.saturating_add(linear) - self.value_heads
     }
 }
 
@@ -166,7 +173,8 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         if *linear {
             let mut params = Vec::new();
             a.params(&mut params);
-            replaced += params.iter().sum::<u64>();
+            let attention = params.iter().fold(0u64, |a, &b| a.saturating_add(b));
+            replaced = replaced.saturating_add(attention);
         }
     }
     let linear = LinearAttention {
@@ -174,7 +182,9 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         mixer,
         output_gate: gated,
     };
-    let mixers = linear.count() * mixer.parameters(arch.hidden_size());
+    let mixers = linear
+        .count()
+        .saturating_mul(mixer.parameters(arch.hidden_size()));
     let gates: u64 = arch
         .spec
         .layers
@@ -182,9 +192,16 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         .zip(&linear.is_linear)
         .filter(|(_, l)| gated && !**l)
         .map(|(layer, _)| output_gate(&layer.attention))
-        .sum();
-    let spec: u64 = arch.spec.parameter_tensors().iter().sum();
-    arch.n_params = (spec - replaced) + gates + mixers;
+        .fold(0, u64::saturating_add);
+    let spec = arch
+        .spec
+        .parameter_tensors()
+        .iter()
+        .fold(0u64, |a, &b| a.saturating_add(b));
+    arch.n_params = spec
+        .saturating_sub(replaced)
+        .saturating_add(gates)
+        .saturating_add(mixers);
     arch.linear = Some(Box::new(linear));
     arch
 }

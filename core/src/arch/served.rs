@@ -347,15 +347,26 @@ pub(crate) fn forward_peak_bytes(
 fn gated_delta_net_bytes(g: GatedDeltaNet, hidden: u64, tp: u64, tokens: u64) -> u64 {
     const B: u64 = 2;
     const CHUNK: u64 = 64;
+    // (saturating: a config's dimensions may be as large as the reader allows)
+    let per_rank = |heads: u64, dim: u64| heads.saturating_mul(dim) / tp;
     let (keys, values) = (
-        g.key_heads * g.key_dim / tp,
-        g.value_heads * g.value_dim / tp,
+        per_rank(g.key_heads, g.key_dim),
+        per_rank(g.value_heads, g.value_dim),
     );
     let heads = g.value_heads / tp;
-    let projections = 2 * keys + 2 * values + 2 * heads;
-    let per_token = hidden + projections + g.conv_channels() / tp + values;
-    let chunk_states = tokens.div_ceil(CHUNK) * heads * g.key_dim * g.value_dim;
-    B * (tokens * per_token + chunk_states)
+    let per_token = [hidden, keys, keys, values, values, heads, heads]
+        .into_iter()
+        .chain([g.conv_channels() / tp, values])
+        .fold(0u64, u64::saturating_add);
+    let chunk_states = tokens
+        .div_ceil(CHUNK)
+        .saturating_mul(heads)
+        .saturating_mul(g.key_dim.saturating_mul(g.value_dim));
+    B.saturating_mul(
+        tokens
+            .saturating_mul(per_token)
+            .saturating_add(chunk_states),
+    )
 }
 
 /// The sampler's warm-up in the profile on `requests` rows (`_dummy_sampler_run`,
