@@ -1122,8 +1122,13 @@ fn readable_serving(s: &Serving, unit: ByteUnit) -> String {
     }
     if s.encoder_items > 0 {
         out.push_str(&format!(
-            "image encoder     {} dummy items in a budget of {} tokens, their features kept: {}\n",
+            "image encoder     {} dummy {} in a budget of {} tokens, their features kept: {}\n",
             s.encoder_items,
+            if s.encoder_items == 1 {
+                "item"
+            } else {
+                "items"
+            },
             group_thousands(s.encoder_budget),
             b(s.encoder_kept_bytes)
         ));

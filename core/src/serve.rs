@@ -570,6 +570,14 @@ pub fn serve_vllm(
     let max_num_seqs = settings
         .max_num_seqs
         .unwrap_or(default_seqs.min(max_num_batched_tokens));
+    // Qwen3-VL's language model keeps a buffer for the deepstack features of a step's
+    // tokens, made with the model (`Qwen3VLForConditionalGeneration.__init__`)
+    #[cfg(feature = "vision")]
+    let weights_bytes = weights_bytes.saturating_add(arch.vlm.as_deref().map_or(0, |vlm| {
+        vlm.deepstack
+            .saturating_mul(max_num_batched_tokens)
+            .saturating_mul(2 * vlm.lm_hidden)
+    }));
 
     // the profile: a forward of max_num_batched_tokens, then the sampler over one row per request
     let requests = max_num_seqs.min(max_num_batched_tokens);
@@ -929,25 +937,60 @@ mod tests {
         assert_eq!(serve(&arch("llama3.1-8b"), 2048, 4096).encoder_items, 0);
     }
 
+    /// Qwen3-VL's profile (vLLM 0.11.0, `Qwen3VLProcessingInfo`): a dummy video, its every
+    /// token booked as 12.5; from max_model_len 16,200 on 24,576 frames of 32 x 32 (12,288
+    /// tokens, 49,152 patches), below it 2 frames of 3,520 x 3,520 (12,100 tokens); one item
+    /// whose features, the main merger's and the three deepstack mergers', are padded to
+    /// the whole budget; the deepstack buffer of a step's tokens loads with the model.
     #[cfg(feature = "vision")]
     #[test]
-    fn vision_language_models_vllm_0_11_does_not_serve_as_modelled_are_refused_by_name() {
+    fn qwen3_vl_is_profiled_with_vllm_s_dummy_video() {
         let h100 = crate::Gpu::H100_80.serve_device(None).unwrap();
-        for (config, says) in [
-            (
-                include_str!("../../validation/configs/llama3.2-11b-vision-5l.json"),
-                "Mllama",
-            ),
-            (
-                include_str!("../../validation/configs/qwen3-vl-4b-4l.json"),
-                "Qwen3-VL",
-            ),
+        let arch = vlm(
+            include_str!("../../validation/configs/qwen3-vl-4b-4l.json"),
+            &[],
+        );
+        let vl = arch.vlm.as_deref().unwrap();
+        let width = vl.lm_hidden * 4;
+        assert_eq!(vl.deepstack, 3);
+        let serve = |len, batched| {
+            let settings = VllmSettings {
+                max_model_len: Some(len),
+                max_num_batched_tokens: Some(batched),
+                ..VllmSettings::default()
+            };
+            serve_vllm(&arch, h100, &settings).expect("serves")
+        };
+        for (len, tokens) in [
+            (32_768, 12_288),
+            (16_200, 12_288),
+            (16_199, 12_100),
+            (8192, 12_100),
         ] {
-            let arch = crate::parse_hf_config(config).expect("parses");
-            let (field, why) = serve_vllm(&arch, h100, &VllmSettings::default()).unwrap_err();
-            assert_eq!(field, Field::Model);
-            assert!(why.contains(says), "{why}");
+            let s = serve(len, 8192);
+            let booked = tokens * 25 / 2;
+            assert_eq!((s.encoder_items, s.encoder_budget), (1, booked), "{len}");
+            assert_eq!(s.encoder_kept_bytes, booked * width * 2, "{len}");
         }
+        // the deepstack buffer: 3 x a step's tokens x the hidden width, in bf16
+        let (small, large) = (serve(32_768, 2048), serve(32_768, 8192));
+        assert_eq!(
+            large.weights_bytes - small.weights_bytes,
+            3 * 6144 * vl.lm_hidden * 2
+        );
+    }
+
+    #[cfg(feature = "vision")]
+    #[test]
+    fn llama_3_2_vision_which_vllm_0_11_does_not_serve_is_refused_by_name() {
+        let h100 = crate::Gpu::H100_80.serve_device(None).unwrap();
+        let arch = crate::parse_hf_config(include_str!(
+            "../../validation/configs/llama3.2-11b-vision-5l.json"
+        ))
+        .expect("parses");
+        let (field, why) = serve_vllm(&arch, h100, &VllmSettings::default()).unwrap_err();
+        assert_eq!(field, Field::Model);
+        assert!(why.contains("Mllama"), "{why}");
     }
 
     #[test]
@@ -1131,18 +1174,19 @@ mod tests {
         assert_eq!(p.needed(262_144), (12 * 482 + 36) * 557_056);
     }
 
-    /// A Qwen3-Next config with dimensions as large as the reader takes, on every TP and KV
-    /// dtype: sized or refused with a field, never a panic (the tests run with overflow
-    /// checks).
+    /// A Qwen3-Next config with dimensions as large as the reader takes (its Gated DeltaNet's
+    /// bounded so that no size overflows), on every TP and KV dtype: sized or refused with a
+    /// field, never a panic (the tests run with overflow checks).
     #[test]
     fn a_hybrid_with_extreme_dimensions_is_sized_or_refused() {
         let text = include_str!("../tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json");
-        let big = 1u64 << 20;
+        let (linear, big) = (1u64 << 10, 1u64 << 20);
         let mut sized = 0;
         for (field, value) in [
-            ("\"linear_num_value_heads\": 32", big),
-            ("\"linear_key_head_dim\": 128", big),
-            ("\"linear_value_head_dim\": 128", big),
+            ("\"linear_num_key_heads\": 16", linear),
+            ("\"linear_num_value_heads\": 32", linear),
+            ("\"linear_key_head_dim\": 128", linear),
+            ("\"linear_value_head_dim\": 128", linear),
             ("\"linear_conv_kernel_dim\": 4", 64),
             ("\"hidden_size\": 2048", big),
         ] {

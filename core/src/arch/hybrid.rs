@@ -8,7 +8,7 @@
 //! experts beside a gated shared expert) with Qwen3's per-head q/k norms, partial rotary and
 //! a sigmoid gate on the attention output that doubles q's projection (`attn_output_gate`).
 
-use super::config::{Architecture, Reader, MAX_DIM};
+use super::config::{Architecture, Reader};
 use super::model::{Attention, QkNorm};
 use super::ops::RmsStyle;
 
@@ -27,9 +27,7 @@ pub(crate) struct GatedDeltaNet {
 impl GatedDeltaNet {
     /// Channels of the causal convolution: q and k of every key head, v of every value head.
     pub fn conv_channels(self) -> u64 {
-        let keys = self.key_heads.saturating_mul(self.key_dim);
-        let values = self.value_heads.saturating_mul(self.value_dim);
-        keys.saturating_mul(2).saturating_add(values)
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
     }
 
     /// Bytes of one request's state on one of `tp` ranks (`gated_delta_net_state_shape`):
@@ -39,11 +37,9 @@ impl GatedDeltaNet {
     /// Gated DeltaNet).
     pub fn state_bytes_per_rank(self, tp: u64) -> u64 {
         let tp = tp.max(1);
-        let conv = (self.conv_channels() / tp).saturating_mul(self.conv_kernel - 1);
-        let temporal = (self.value_heads / tp)
-            .saturating_mul(self.key_dim)
-            .saturating_mul(self.value_dim);
-        conv.saturating_add(temporal).saturating_mul(2)
+        let conv = self.conv_channels() / tp * (self.conv_kernel - 1);
+        let temporal = self.value_heads / tp * self.key_dim * self.value_dim;
+        2 * (conv + temporal)
     }
 
     /// Weights of one layer's mixer on one of `tp` ranks, as (16-bit, linear) elements:
@@ -52,24 +48,21 @@ impl GatedDeltaNet {
     /// 16 bits; `A_log` split, in fp32 (counted as two 16-bit elements each).
     pub fn weights_per_rank(self, hidden: u64, tp: u64) -> (u64, u64) {
         let tp = tp.max(1);
-        let values = self.value_heads.saturating_mul(self.value_dim);
-        // q, k, v and z: the convolution's channels and the gate's values
-        let qkvz = hidden.saturating_mul(self.conv_channels().saturating_add(values)) / tp;
-        let out = values.saturating_mul(hidden) / tp;
-        let ba = hidden.saturating_mul(2 * self.value_heads) / tp;
-        let conv = (self.conv_channels() / tp).saturating_mul(self.conv_kernel);
+        let keys = self.key_heads * self.key_dim;
+        let values = self.value_heads * self.value_dim;
+        let qkvz = hidden * (2 * keys + 2 * values) / tp;
+        let out = values * hidden / tp;
+        let ba = hidden * 2 * self.value_heads / tp;
+        let conv = self.conv_channels() / tp * self.conv_kernel;
         let heads = 3 * self.value_heads / tp;
-        let small = [ba, conv, heads, self.value_dim]
-            .into_iter()
-            .fold(0, u64::saturating_add);
-        (small, qkvz.saturating_add(out))
+        (ba + conv + heads + self.value_dim, qkvz + out)
     }
 
     /// Parameters of one layer's mixer on one device.
     pub fn parameters(self, hidden: u64) -> u64 {
         let (small, linear) = self.weights_per_rank(hidden, 1);
         // (`A_log` once, not as two 16-bit halves)
-        small.saturating_add(linear) - self.value_heads
+        small + linear - self.value_heads
     }
 }
 
@@ -100,6 +93,10 @@ pub(crate) fn output_gate(a: &Attention) -> u64 {
 /// Why a hybrid model is not estimated for training.
 pub(crate) const SERVING_ONLY: &str = "Qwen3-Next's Gated DeltaNet layers are sized for serving with vLLM only (optimizer none, Serve with vLLM on; memest --serve vllm): training and a batch's inference do not model them yet.";
 
+/// The most heads, and the widest head, a Gated DeltaNet config may give: 64 and 8 times the
+/// released model's, and small enough that no size of one overflows 64 bits.
+const MAX_LINEAR: u64 = 1 << 10;
+
 /// What a `qwen3_next` config adds to Qwen2-MoE's fields, read before them (so that the
 /// reader's first error is reported in the order of the fields).
 #[derive(Clone, Debug)]
@@ -120,10 +117,10 @@ pub(crate) struct Qwen3NextFields {
 pub(crate) fn qwen3_next_fields(r: &mut Reader) -> Qwen3NextFields {
     Qwen3NextFields {
         mixer: GatedDeltaNet {
-            key_heads: r.req(&["linear_num_key_heads"], 1, MAX_DIM),
-            value_heads: r.req(&["linear_num_value_heads"], 1, MAX_DIM),
-            key_dim: r.req(&["linear_key_head_dim"], 1, MAX_DIM),
-            value_dim: r.req(&["linear_value_head_dim"], 1, MAX_DIM),
+            key_heads: r.req(&["linear_num_key_heads"], 1, MAX_LINEAR),
+            value_heads: r.req(&["linear_num_value_heads"], 1, MAX_LINEAR),
+            key_dim: r.req(&["linear_key_head_dim"], 1, MAX_LINEAR),
+            value_dim: r.req(&["linear_value_head_dim"], 1, MAX_LINEAR),
             conv_kernel: r.opt(&["linear_conv_kernel_dim"], 4, 2, 64),
         },
         full_attention_interval: r.opt(&["full_attention_interval"], 4, 1, 1 << 10),
@@ -173,8 +170,7 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         if *linear {
             let mut params = Vec::new();
             a.params(&mut params);
-            let attention = params.iter().fold(0u64, |a, &b| a.saturating_add(b));
-            replaced = replaced.saturating_add(attention);
+            replaced += params.iter().sum::<u64>();
         }
     }
     let linear = LinearAttention {
@@ -182,9 +178,7 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         mixer,
         output_gate: gated,
     };
-    let mixers = linear
-        .count()
-        .saturating_mul(mixer.parameters(arch.hidden_size()));
+    let mixers = linear.count() * mixer.parameters(arch.hidden_size());
     let gates: u64 = arch
         .spec
         .layers
@@ -192,16 +186,9 @@ pub(crate) fn qwen3_next(mut arch: Architecture, fields: Qwen3NextFields) -> Arc
         .zip(&linear.is_linear)
         .filter(|(_, l)| gated && !**l)
         .map(|(layer, _)| output_gate(&layer.attention))
-        .fold(0, u64::saturating_add);
-    let spec = arch
-        .spec
-        .parameter_tensors()
-        .iter()
-        .fold(0u64, |a, &b| a.saturating_add(b));
-    arch.n_params = spec
-        .saturating_sub(replaced)
-        .saturating_add(gates)
-        .saturating_add(mixers);
+        .sum();
+    let spec: u64 = arch.spec.parameter_tensors().iter().sum();
+    arch.n_params = (spec - replaced) + gates + mixers;
     arch.linear = Some(Box::new(linear));
     arch
 }

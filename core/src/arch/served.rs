@@ -347,26 +347,15 @@ pub(crate) fn forward_peak_bytes(
 fn gated_delta_net_bytes(g: GatedDeltaNet, hidden: u64, tp: u64, tokens: u64) -> u64 {
     const B: u64 = 2;
     const CHUNK: u64 = 64;
-    // (saturating: a config's dimensions may be as large as the reader allows)
-    let per_rank = |heads: u64, dim: u64| heads.saturating_mul(dim) / tp;
     let (keys, values) = (
-        per_rank(g.key_heads, g.key_dim),
-        per_rank(g.value_heads, g.value_dim),
+        g.key_heads * g.key_dim / tp,
+        g.value_heads * g.value_dim / tp,
     );
     let heads = g.value_heads / tp;
-    let per_token = [hidden, keys, keys, values, values, heads, heads]
-        .into_iter()
-        .chain([g.conv_channels() / tp, values])
-        .fold(0u64, u64::saturating_add);
-    let chunk_states = tokens
-        .div_ceil(CHUNK)
-        .saturating_mul(heads)
-        .saturating_mul(g.key_dim.saturating_mul(g.value_dim));
-    B.saturating_mul(
-        tokens
-            .saturating_mul(per_token)
-            .saturating_add(chunk_states),
-    )
+    let projections = 2 * keys + 2 * values + 2 * heads;
+    let per_token = hidden + projections + g.conv_channels() / tp + values;
+    let chunk_states = tokens.div_ceil(CHUNK) * heads * g.key_dim * g.value_dim;
+    B * (tokens * per_token + chunk_states)
 }
 
 /// The sampler's warm-up in the profile on `requests` rows (`_dummy_sampler_run`,
@@ -465,10 +454,27 @@ pub(crate) fn encoder_profile(
         (VlmKind::Mllama, _) => return Err(
             "vLLM 0.11 no longer serves Llama 3.2 Vision (Mllama): its last release was 0.10.2.",
         ),
-        (VlmKind::Qwen3Vl, _) => {
-            return Err(
-                "vLLM profiles Qwen3-VL with a dummy video whose size is not derived here yet.",
-            )
+        (
+            VlmKind::Qwen3Vl,
+            &Processor::Qwen {
+                patch,
+                merge,
+                temporal,
+                ..
+            },
+        ) => {
+            // a video, whose every token vLLM books as 12.5 (the timestamps' text around
+            // it): the largest image's 16,384 tokens never outweigh it
+            let image = largest(MAX_SIDE, MAX_SIDE);
+            let side = (image.grid.0 * patch, image.grid.1 * patch);
+            let video = |frames| qwen3_vl_video(side, (patch, merge, temporal), frames);
+            let frames = if video(3).0 > max_model_len {
+                2
+            } else {
+                QWEN3_VL_MAX_FRAMES
+            };
+            let (tokens, patches) = video(frames);
+            (tokens * 25 / 2, tokens, patches)
         }
         (VlmKind::Qwen25Vl, _) => {
             // the image at max_pixels, or from max_model_len 2 x 16,384 on, a video of up
@@ -503,7 +509,9 @@ pub(crate) fn encoder_profile(
     let items = (budget / item)
         .min(seqs.saturating_mul((max_model_len / item).clamp(1, ITEMS_PER_PROMPT)))
         .max(1);
-    let features = |rows: u64| items.saturating_mul(rows).saturating_mul(2 * vlm.lm_hidden);
+    // Qwen3-VL's deepstack mergers' features travel beside the main merger's
+    let width = vlm.lm_hidden * (1 + vlm.deepstack);
+    let features = |rows: u64| items.saturating_mul(rows).saturating_mul(2 * width);
     let padded = if out < budget { features(budget) } else { 0 };
     // the tower's largest stage per position, its linears split by TP (`mm_encoder_tp_mode`
     // "weights"): attention (no score matrix: xFormers / FlashAttention) or the MLP (GELU's
@@ -523,6 +531,43 @@ pub(crate) fn encoder_profile(
         kept_bytes: if padded > 0 { padded } else { features(out) },
         run_bytes: tower.max(features(out).saturating_add(padded)),
     }))
+}
+
+/// vLLM 0.11.0's cap on a Qwen3-VL dummy video's frames (`_MAX_FRAMES_PER_VIDEO`).
+#[cfg(feature = "vision")]
+const QWEN3_VL_MAX_FRAMES: u64 = 24_576;
+
+/// The pixels of a whole Qwen3-VL video clip (the shipped `video_preprocessor_config`'s
+/// `size.longest_edge`, 24,576 frames of 32 x 32).
+#[cfg(feature = "vision")]
+const QWEN3_VL_VIDEO_PIXELS: f64 = 25_165_824.0;
+
+/// A Qwen3-VL dummy video of `frames` frames resized from `side` (height, width), as
+/// `_get_vision_info` lays it out with transformers' video `smart_resize`: the clip's pixels
+/// capped as a whole, frames paired; (its placeholder tokens, the patches entering the
+/// tower). vLLM's frame search stops at the first count whose tokens exceed
+/// `max_model_len`: 3 frames of 2,880 x 2,880 (16,200 tokens) are the most, so below that
+/// length it keeps 2 frames; from it on the frames shrink to 32 x 32 and grow to the cap.
+#[cfg(feature = "vision")]
+fn qwen3_vl_video(
+    side: (u64, u64),
+    (patch, merge, temporal): (u64, u64, u64),
+    frames: u64,
+) -> (u64, u64) {
+    let f = (patch * merge) as f64;
+    let (h, w) = (side.0 as f64, side.1 as f64);
+    let mut hb = (h / f).round_ties_even() * f;
+    let mut wb = (w / f).round_ties_even() * f;
+    let t = temporal.max(1);
+    let t_bar = (frames as f64 / t as f64).round_ties_even() * t as f64;
+    if t_bar * hb * wb > QWEN3_VL_VIDEO_PIXELS {
+        let beta = (frames as f64 * h * w / QWEN3_VL_VIDEO_PIXELS).sqrt();
+        hb = f.max((h / beta / f).floor() * f);
+        wb = f.max((w / beta / f).floor() * f);
+    }
+    let grid_t = ((frames + frames % t) / t).max(1);
+    let patches = grid_t * (hb as u64 / patch.max(1)) * (wb as u64 / patch.max(1));
+    (patches / (merge * merge).max(1), patches)
 }
 
 /// A side larger than any processor keeps: the largest image it makes.
