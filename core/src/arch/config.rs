@@ -599,13 +599,18 @@ mod tests {
     use super::*;
     use crate::arch::families::parse_hf_config;
 
-    #[track_caller]
-    fn count(path: &str, expected: u64) {
-        let text = std::fs::read_to_string(format!(
-            "{}/tests/fixtures/configs/{path}",
+    /// The text of `core/tests/fixtures/configs/<name>`.
+    fn fixture(name: &str) -> String {
+        std::fs::read_to_string(format!(
+            "{}/tests/fixtures/configs/{name}",
             env!("CARGO_MANIFEST_DIR")
         ))
-        .expect("fixture config");
+        .expect("fixture config")
+    }
+
+    #[track_caller]
+    fn count(path: &str, expected: u64) {
+        let text = fixture(path);
         let arch = parse_hf_config(&text).expect("parses");
         assert_eq!(arch.parameter_count(), expected, "{path}");
         assert_eq!(
@@ -627,18 +632,34 @@ mod tests {
         let layers = 48 * (2 * 2048 + 1_048_576 + 513 * 3 * 2048 * 512 + 2048);
         let expected = 2 * 151_936 * 2048 + 2048 + layers + 36 * 33_718_464 + 12 * 27_263_488;
         assert_eq!(expected, 79_674_391_296);
-        count("qwen3-next-80b-a3b-instruct.json", expected);
-        let arch = parse_hf_config(
-            &std::fs::read_to_string(format!(
-                "{}/tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .unwrap(),
-        )
-        .unwrap();
+        // "80B-A3B": 10 of the 512 experts and the shared one run per token, and every
+        // Gated DeltaNet mixer and attention gate
+        let routed_off = 48 * 502 * 3 * 2048 * 512;
+        assert_eq!(expected - routed_off, 3_874_929_408);
+        let name = "qwen3-next-80b-a3b-instruct.json";
+        moe(name, expected, expected - routed_off);
+        let text = fixture(name);
+        let arch = parse_hf_config(&text).unwrap();
         assert_eq!(
             arch.serving_only(),
             Some(super::super::hybrid::SERVING_ONLY)
+        );
+        // a newer save lists the layer types; one without the output gate has q_proj's half
+        let types =
+            ["\"linear_attention\", \"linear_attention\", \"linear_attention\", \"full_attention\"";
+                12];
+        let listed = text.replace(
+            "\"full_attention_interval\": 4,",
+            &format!("\"layer_types\": [{}],", types.join(", ")),
+        );
+        assert_eq!(
+            parse_hf_config(&listed).unwrap().parameter_count(),
+            expected
+        );
+        let ungated = text.replace("\"head_dim\"", "\"attn_output_gate\": false, \"head_dim\"");
+        assert_eq!(
+            parse_hf_config(&ungated).unwrap().parameter_count(),
+            expected - 12 * 2048 * 16 * 256
         );
     }
 
@@ -657,11 +678,7 @@ mod tests {
         let big = 2 * 102_400 * 5120 + 64 * layer(5120, 5120, 1024, 128, 27392) + 5120;
         assert_eq!(big, 32_003_216_384);
         count("exaone4-32b.json", big);
-        let text = std::fs::read_to_string(format!(
-            "{}/tests/fixtures/configs/exaone4-32b.json",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap();
+        let text = fixture("exaone4-32b.json");
         for text in [
             text.clone(),
             text.replace(
@@ -683,14 +700,7 @@ mod tests {
             }
         }
         // the 1.2B has no sliding layers: every layer rotates
-        let small = parse_hf_config(
-            &std::fs::read_to_string(format!(
-                "{}/tests/fixtures/configs/exaone4-1.2b.json",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .unwrap(),
-        )
-        .unwrap();
+        let small = parse_hf_config(&fixture("exaone4-1.2b.json")).unwrap();
         assert!(small
             .spec
             .layers
@@ -777,14 +787,7 @@ mod tests {
 
     #[test]
     fn kv_cache_follows_windows_and_latents() {
-        let read = |name: &str| {
-            let text = std::fs::read_to_string(format!(
-                "{}/tests/fixtures/configs/{name}",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-            .expect("fixture config");
-            parse_hf_config(&text).expect("parses")
-        };
+        let read = |name: &str| parse_hf_config(&fixture(name)).expect("parses");
         // Llama 3 8B: 32 layers x 2 x 8 heads x 128
         let llama = read("llama3-8b.json");
         assert_eq!(
@@ -811,11 +814,7 @@ mod tests {
     #[track_caller]
     fn moe(path: &str, total: u64, active: u64) {
         count(path, total);
-        let text = std::fs::read_to_string(format!(
-            "{}/tests/fixtures/configs/{path}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .expect("fixture config");
+        let text = fixture(path);
         let arch = parse_hf_config(&text).expect("parses");
         assert!(arch.is_moe(), "{path}");
         assert_eq!(arch.active_parameter_count(), active, "{path} active");
