@@ -984,10 +984,10 @@ mod tests {
     #[test]
     fn llama_3_2_vision_which_vllm_0_11_does_not_serve_is_refused_by_name() {
         let h100 = crate::Gpu::H100_80.serve_device(None).unwrap();
-        let arch = crate::parse_hf_config(include_str!(
-            "../../validation/configs/llama3.2-11b-vision-5l.json"
-        ))
-        .expect("parses");
+        let arch = vlm(
+            include_str!("../../validation/configs/llama3.2-11b-vision-5l.json"),
+            &[],
+        );
         let (field, why) = serve_vllm(&arch, h100, &VllmSettings::default()).unwrap_err();
         assert_eq!(field, Field::Model);
         assert!(why.contains("Mllama"), "{why}");

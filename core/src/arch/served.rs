@@ -243,8 +243,8 @@ pub(crate) fn rank_weights(arch: &Architecture, tp: u64, ep: bool) -> RankWeight
     let outside: u64 = spec.outside_parameter_tensors().iter().sum();
     let whole_tables = if spec.tied { 1 } else { 2 } * spec.embedding.vocab * spec.embedding.hidden;
     w.add(tables + outside.saturating_sub(whole_tables), 0, 0);
+    let gated = arch.linear.as_deref().is_some_and(|l| l.output_gate);
     for (i, l) in spec.layers.iter().enumerate() {
-        let gated = arch.linear.as_deref().is_some_and(|l| l.output_gate);
         let hybrid = (linear_mixer(arch, i), gated);
         layer_weights(l, hybrid, tp, ep, &mut w);
     }
