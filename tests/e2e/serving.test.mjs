@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import {
-  useServerAndBrowser, openArchitecturePage, openPage, typeInto, choose, urlSettled, bytesOf,
+  useServerAndBrowser, openArchitecturePage, openPage, typeInto, choose, urlSettled, bytesOf, fixture,
 } from './harness.mjs';
 
 const env = useServerAndBrowser({ before, after });
@@ -131,7 +131,7 @@ test('expert parallelism spreads whole experts over the tensor-parallel GPUs; th
 });
 
 test('a linear-attention hybrid (Qwen3-Next) pasted as a config: sized for vLLM, its training refused with why', async () => {
-  const config = await readFile(new URL('../../core/tests/fixtures/configs/qwen3-next-80b-a3b-instruct.json', import.meta.url), 'utf8');
+  const config = await readFile(fixture('qwen3-next-80b-a3b-instruct'), 'utf8');
   const { page, errors, context } = await openArchitecturePage(env, '?gpu=h200&tp=2&gpus=2');
   await page.getByTestId('model').selectOption('custom');
   await page.getByTestId('config-json').fill(config);
