@@ -387,11 +387,14 @@ def _dev_only(snap):
 
 class PeftTracker(H.PhaseTracker):
     """The harness's tracker on the emulated GPU ("cpu") alone, the offloaded bytes remembered at
-    each new peak."""
+    each new peak (`at_new_peak`: a recipe that offloads elsewhere remembers its own)."""
 
     def __init__(self, param_storages):
         super().__init__(param_storages)
         self.offload_at_peak = 0
+
+    def at_new_peak(self):
+        self.offload_at_peak = OFFLOAD["cur"]
 
     def _update_peak_stats(self, peak_state):
         import copy
@@ -401,14 +404,14 @@ class PeftTracker(H.PhaseTracker):
             if self._peak_mem.get(dev, 0) < dev_snap[_mt._TOTAL_KEY]:
                 self._peak_mem[dev] = dev_snap[_mt._TOTAL_KEY]
                 self._peak_mem_snap[dev] = copy.deepcopy(dev_snap)
-                self.offload_at_peak = OFFLOAD["cur"]
+                self.at_new_peak()
 
     def snap(self):
         return H.flat(_dev_only(self.get_tracker_snapshot("current")))
 
     def reset_peak(self):
         super().reset_peak()
-        self.offload_at_peak = OFFLOAD["cur"]
+        self.at_new_peak()
 
     def peak(self):
         return H.flat(_dev_only(self.get_tracker_snapshot("peak")))

@@ -44,6 +44,7 @@ def _is_moe(c):
 
 # (recipe, test on a row's config), first match wins
 RECIPES = [
+    ("unsloth/measure_unsloth.py", lambda c: "kernels" in c),
     ("distributed.py", lambda c: "strategy" in c),
     ("float8.py", lambda c: "float8" in c),
     ("pipeline.py", lambda c: "pp" in c),
@@ -110,7 +111,7 @@ def main(argv=None):
             t0 = time.time()
             m, err = measure_again(row, a.python)
             n += 1
-            label = f"  [{i}] {recipe_of(c):15} {c['model']} b{c['batch']} s{c['seq']} {c['precision']}"
+            label = f"  [{i}] {recipe_of(c):26} {c['model']} b{c['batch']} s{c['seq']} {c['precision']}"
             if m is None:
                 print(f"{label}: FAILED ({err})", flush=True)
                 continue
