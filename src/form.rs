@@ -15,8 +15,8 @@
 use estimator_core::{
     group_thousands, wants_preprocessor, with_preprocessor, AllocatorMode, AttentionKernel,
     BackwardPrefetch, ByteUnit, Checkpointing, Compile, Field, Float8, Fsdp1Sharding, Fsdp1Wrap,
-    Generator, Gpu, HubId, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind, Offload,
-    Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision,
+    Generator, Gpu, HubId, Kernels, KvDtype, LossKind, Method, Mode, ModelFamily, ObjectiveKind,
+    Offload, Optimizer, OptimizerImpl, Page, PageState, ParamUnit, PipelineSchedule, Precision,
     PrecisionRecipe, Preset, Quant4, Reference, Sharding, TpPlan, Trainer, WeightFormat,
     CUSTOM_MODEL_KEY, PREPROCESSOR_FILE, SIMPLE_OPTIMIZERS,
 };
@@ -126,7 +126,7 @@ const MODEL: Spec = choice(
 // (`Source::Trainer`), and a choice applies its defaults.
 const TRAINER_CHOICE: Spec = choice(
     Field::Loss,
-    "Trainer (sets attention, checkpointing, loss, packing, optimizer kernel)",
+    "Trainer (sets its defaults below, each still changeable)",
     "trainer",
     pairs!(
         Trainer,
@@ -1346,6 +1346,12 @@ pub const TRAINER: &[Spec] = &[
             ("off", "After backward (all gradients kept)"),
             ("on", "In backward (torchtune's optimizer_in_bwd)"),
         ],
+    ),
+    choice(
+        Field::Kernels,
+        "Layer kernels (LoRA, QLoRA)",
+        "kernels",
+        pairs!(Kernels, Kernels::ALL, label),
     ),
     choice(
         Field::ActivationOffload,

@@ -550,6 +550,41 @@ async fn the_form_shows_a_field_s_message_and_reports_typing() {
 }
 
 #[wasm_bindgen_test]
+async fn the_unsloth_trainer_sets_its_defaults_in_the_form() {
+    let (root, state, handle) = mount_form("m=arch&model=llama3.1-8b&gpu=t4");
+    next_tick().await;
+    let trainer: web_sys::HtmlSelectElement = by_testid(&root, "trainer").unchecked_into();
+    trainer.set_value("unsloth");
+    trainer
+        .dispatch_event(&web_sys::Event::new("change").unwrap())
+        .unwrap();
+    next_tick().await;
+    let (kernels, method) = state.with_untracked(|s| (s.step.kernels, s.training.method));
+    assert_eq!(kernels, estimator_core::Kernels::Unsloth);
+    assert_eq!(method, estimator_core::Method::Qlora);
+    let select = |id: &str| -> String {
+        by_testid(&root, id)
+            .unchecked_into::<web_sys::HtmlSelectElement>()
+            .value()
+    };
+    assert_eq!(select("kernels"), "unsloth");
+    assert_eq!(select("checkpointing"), "offload");
+    // a changed default leaves the trainer's name for "custom"
+    let kernels: web_sys::HtmlSelectElement = by_testid(&root, "kernels").unchecked_into();
+    kernels.set_value("torch");
+    kernels
+        .dispatch_event(&web_sys::Event::new("change").unwrap())
+        .unwrap();
+    next_tick().await;
+    assert_eq!(
+        state.with_untracked(|s| s.step.kernels),
+        estimator_core::Kernels::Torch
+    );
+    assert_eq!(select("trainer"), "custom");
+    drop(handle);
+}
+
+#[wasm_bindgen_test]
 async fn the_hub_id_is_read_on_the_click_only_and_checked_before_any_request() {
     let (root, state, handle) = mount_form("m=arch&gpu=none");
     state.update(|s| s.model.preset = None);

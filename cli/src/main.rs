@@ -61,7 +61,8 @@ step:
                         FSDP2 gathers the float8 weights a byte each (tensorwise
                         only; default off)
   --trainer T           a trainer's defaults (loss, packing, checkpointing, attention,
-                        optimizer implementation), before any of them:
+                        optimizer implementation; Unsloth's also its kernels, QLoRA
+                        r 16 on every linear, bf16, AdamW 8-bit), before any of them:
 {trainers}  --loss L              the trainer's loss (causal LMs; default hf):
 {losses}  --packing on|off      documents packed per row, position ids restarting (a block-causal
                         mask under sdpa and eager; default off)
@@ -73,6 +74,10 @@ step:
   --activation-offload on|off
                         torchtune's enable_activation_offloading: saved tensors to pinned
                         CPU memory, the last 5 on the GPU until copied (default off)
+  --kernels K           the layers' kernels under LoRA / QLoRA: torch (default:
+                        transformers and peft), unsloth (Unsloth 2026.3's fused LoRA
+                        kernels and offloaded checkpointing, derived from source),
+                        unsloth-2024.12 (the release its published tables measured)
   --generate N          tokens generated after the prompt (KV cache; optimizer none)
 
 inference (--optimizer none):
@@ -272,7 +277,7 @@ struct Options {
 }
 
 /// Flags that set one input of the page, with the input they set.
-const FIELD_FLAGS: [(&str, Field); 71] = [
+const FIELD_FLAGS: [(&str, Field); 72] = [
     ("--batch", Field::Batch),
     ("--seq", Field::SeqLen),
     ("--precision", Field::Recipe),
@@ -288,6 +293,7 @@ const FIELD_FLAGS: [(&str, Field); 71] = [
     ("--padding", Field::Padding),
     ("--optimizer-in-backward", Field::OptimizerInBackward),
     ("--activation-offload", Field::ActivationOffload),
+    ("--kernels", Field::Kernels),
     ("--objective", Field::Objective),
     ("--reference", Field::Reference),
     ("--generations", Field::Generations),
@@ -826,7 +832,7 @@ fn readable(e: &Evaluation, state: &PageState, longest: Option<&LongestSequence>
     ));
     if e.step.host_bytes > 0 {
         out.push_str(&format!(
-            "host RAM per GPU  {} (offloaded state)\n",
+            "host RAM per GPU  {} (what is offloaded)\n",
             fmt(e.step.host_bytes)
         ));
     }

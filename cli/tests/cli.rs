@@ -1927,3 +1927,58 @@ fn a_linear_attention_hybrid_serves_but_does_not_train() {
     assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
     assert!(stderr.contains("serving with vLLM only"), "{stderr}");
 }
+
+/// `--trainer unsloth` sets Unsloth's defaults (QLoRA r 16, its kernels, offloaded
+/// checkpointing), prints the host RAM of the offloaded layer inputs, and a flag after it
+/// refines them; `--kernels` alone switches the kernels of any LoRA step.
+#[test]
+fn unsloth_s_trainer_and_kernels() {
+    let base = [
+        "--preset",
+        "llama3.1-8b",
+        "--batch",
+        "1",
+        "--seq",
+        "8192",
+        "--gpu",
+        "t4",
+    ];
+    let unsloth = json_of(&base, &["--trainer", "unsloth", "--json"]);
+    let query = unsloth["query"].as_str().unwrap();
+    for part in [
+        "kern=unsloth",
+        "method=qlora",
+        "lr=16",
+        "gc=offload",
+        "alloc=expandable",
+    ] {
+        assert!(query.split('&').any(|p| p == part), "{part}: {query}");
+    }
+    // 31 layers' inputs (the last stays on the GPU) and 200 staging buffers of 2^17 elements
+    assert_eq!(
+        unsloth["host_bytes"].as_u64(),
+        Some(31 * 8192 * 4096 * 2 + 200 * 131_072 * 2)
+    );
+    let r32 = json_of(&base, &["--trainer", "unsloth", "--lora-r", "32", "--json"]);
+    assert!(r32["query"].as_str().unwrap().contains("lr=32"));
+    let older = json_of(&base, &["--trainer", "unsloth-2024.12", "--json"]);
+    assert!(older["peak_bytes"].as_u64() > unsloth["peak_bytes"].as_u64());
+    assert!(older["max_seq"]["tokens"].as_u64() < unsloth["max_seq"]["tokens"].as_u64());
+    // the same QLoRA step through transformers and peft holds far more per token
+    let torch = json_of(
+        &base,
+        &["--trainer", "unsloth", "--kernels", "torch", "--json"],
+    );
+    assert!(torch["peak_bytes"].as_u64() > unsloth["peak_bytes"].as_u64());
+    let (code, stdout, _) = memest(&with(&base, &["--trainer", "unsloth"]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("host RAM per GPU"), "{stdout}");
+    refused_on_llama(
+        &["--kernels", "unsloth"],
+        "memest: Unsloth's kernels are modelled",
+    );
+    refused_on_llama(
+        &["--kernels", "cuda"],
+        "memest: --kernels \"cuda\": expected one of torch, unsloth",
+    );
+}

@@ -37,6 +37,7 @@ fn main() {
                                 optimizer_in_backward: false,
                                 activation_offload: false,
                                 micro_batches: m,
+                                kernels: estimator_core::Kernels::Torch,
                             };
                             let r = |m| {
                                 estimate_rank_replayed(&arch, &step(m), None, &Mesh::SINGLE, mode)

@@ -77,6 +77,7 @@ fn main() {
         optimizer_in_backward: false,
         activation_offload: false,
         micro_batches: 1,
+        kernels: estimator_core::Kernels::Torch,
     };
     report(
         "architecture: one peak estimate (Llama-3-8B)",

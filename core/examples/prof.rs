@@ -52,6 +52,7 @@ fn main() {
                 optimizer_in_backward: false,
                 activation_offload: false,
                 micro_batches: 1,
+                kernels: estimator_core::Kernels::Torch,
             };
             let n: u32 = std::env::args()
                 .nth(2)

@@ -83,6 +83,7 @@ fn main() {
             activation_offload: false,
             micro_batches: 1,
             compile: Compile::Off,
+            kernels: estimator_core::Kernels::Torch,
         };
         for mode in AllocatorMode::ALL {
             let t = std::time::Instant::now();

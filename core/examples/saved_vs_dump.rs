@@ -43,6 +43,7 @@ fn main() {
             optimizer_in_backward: false,
             activation_offload: false,
             micro_batches: 1,
+            kernels: estimator_core::Kernels::Torch,
         };
         let meas = i["saved_act_bytes"].as_u64().unwrap() as i64;
         match estimate_peak(&arch, &step) {

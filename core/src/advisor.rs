@@ -893,6 +893,7 @@ impl<'a> Search<'a> {
             compile: k.compile,
             optimizer_in_backward: k.optimizer_in_backward,
             activation_offload: k.activation_offload,
+            kernels: k.kernels,
             checkpointing: pick(&o.checkpointing, l, CKPT, k.checkpointing),
             weight_format: pick(&o.weight_format, l, FORMAT, k.weight_format),
             kv_dtype: pick(&o.kv, l, KV, k.kv_dtype),

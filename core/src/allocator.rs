@@ -422,7 +422,8 @@ pub struct CachingAllocator {
     /// What `cudaMalloc` can hand out (`u64::MAX`: an infinite device).
     capacity: u64,
     /// A request failed after the cached segments were released (the step runs out of
-    /// memory); the replay goes on as if the device were larger.
+    /// memory); the allocator goes on as if the device were larger (a step's replay stops
+    /// there: see `AllocatorPeaks::out_of_memory`).
     out_of_memory: bool,
 }
 

@@ -389,6 +389,8 @@ pub(crate) struct Knobs {
     pub optimizer_in_backward: bool,
     /// torchtune's activation offloading (architecture mode).
     pub activation_offload: bool,
+    /// The layers' kernels (architecture mode).
+    pub kernels: crate::Kernels,
     /// Weight format (architecture mode, inference).
     pub weight_format: WeightFormat,
     /// KV-cache dtype (architecture mode, inference).
@@ -463,6 +465,7 @@ pub(crate) fn parse_model(
         padding: state.step.padding,
         optimizer_in_backward: state.step.optimizer_in_backward,
         activation_offload: state.step.activation_offload,
+        kernels: state.step.kernels,
         weight_format: state.inference.weight_format,
         kv_dtype: state.inference.kv_dtype,
         peft: None,
@@ -569,6 +572,7 @@ impl Parsed {
                     optimizer_in_backward: knobs.optimizer_in_backward,
                     activation_offload: knobs.activation_offload,
                     micro_batches: 1,
+                    kernels: knobs.kernels,
                 },
                 format_weight_bytes: if knobs.optimizer.trains() {
                     None
@@ -931,8 +935,8 @@ pub(crate) fn resolve_reserve(
                 .ok()
                 .and_then(|e| e.allocator)
             };
-            // a step that runs out of memory on the GPU: how much more it needs comes from a
-            // device large enough for it
+            // a step that runs out of memory on the GPU (its replay there stops where it ran
+            // out): how much more it needs comes from a device large enough for it
             let replay = match on(capacity) {
                 Some(r) if r.out_of_memory => on(None),
                 r => r,

@@ -84,6 +84,11 @@ pub(crate) fn shard_step(
             Unsharded::Architecture(estimate, units),
         ) => {
             let arch = &model.arch;
+            // (Unsloth trains on one GPU, or under accelerate's DDP; sharded engines do not
+            // run its kernels)
+            if step.kernels != crate::Kernels::Torch && plan.sharding != Sharding::Ddp {
+                return Err(EvaluationError::Step(crate::arch::UNSLOTH_SCOPE.to_owned()));
+            }
             // the GPUs each parameter is split over (FSDP1's NO_SHARD: none; HYBRID_SHARD:
             // a node's)
             let n = plan.shard_group();
@@ -181,6 +186,8 @@ pub(crate) fn shard_step(
                     (gpu, host.total())
                 }
             };
+            // (offloaded checkpointing's layer inputs wait in host memory too)
+            let host_bytes = host_bytes.saturating_add(estimate.host_activation_bytes);
             Ok(peak.step_memory(&StepFacts {
                 estimate,
                 trains: step.optimizer.trains(),

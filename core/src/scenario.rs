@@ -295,6 +295,9 @@ pub fn parse_page(state: &PageState) -> Page {
                 if state.step.float8 != crate::Float8::Off && state.step.optimizer.trains() {
                     notes.push(FLOAT8_CASTS);
                 }
+                if state.step.kernels != crate::Kernels::Torch {
+                    notes.push(UNSLOTH_DERIVED);
+                }
                 notes
             })
             .unwrap_or_default(),
@@ -319,6 +322,9 @@ const COMPILE_MEASURED_ON: &str = "torch.compile is modelled from Llama, Qwen3, 
 /// Said when CPU offload is asked for with LoRA or QLoRA: measured under FSDP1 only, the
 /// rest read from the engines' sources, and a derived figure must say so.
 const OFFLOAD_WITH_ADAPTERS: &str = "CPU offload with LoRA or QLoRA was measured under FSDP1 (a fake process group); under FSDP2 and DeepSpeed it is read from their sources: the base's shards, the adapters' gradients and optimizer in host RAM, only what is gathered on the GPU.";
+
+/// Said with Unsloth's kernels: derived from its source; its Triton kernels do not run here.
+const UNSLOTH_DERIVED: &str = "Unsloth's kernels are derived from its source (validation/UNSLOTH.md), and its 2024.12 PyTorch code measured on the CPU with stand-ins for its Triton kernels, not on a GPU. Its 2026 loss, a chunked cross-entropy sized from free memory, is counted as Cut Cross-Entropy.";
 
 /// Said with float8 training: what its casts hold is measured, not modelled.
 const FLOAT8_CASTS: &str = "float8 training (torchao 0.18, measured on the fake mode: validation/FLOAT8.md) saves what bf16 saves and holds no more state; FSDP2's float8 all-gather halves the gathered layers. The casts inside each linear (eager: about 9 bytes per element of the tensor cast, fused away by torch.compile) are left out of these figures: they stayed under the loss's peak in every measured step.";

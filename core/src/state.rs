@@ -4,9 +4,9 @@ use crate::number::{parse_whole_count, FieldError};
 use crate::simple::{parse_activation_mb, parse_batch, parse_params, SimpleInputs};
 use crate::{
     AllocatorMode, AttentionKernel, BackwardPrefetch, ByteUnit, Checkpointing, Compile,
-    Fsdp1Sharding, Fsdp1Wrap, Generator, Gpu, KvDtype, LossKind, Method, ObjectiveKind, Offload,
-    Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision, PrecisionRecipe,
-    Preset, Quant4, Reference, Reshard, Sharding, SweepAxis, TpPlan, WeightFormat,
+    Fsdp1Sharding, Fsdp1Wrap, Generator, Gpu, Kernels, KvDtype, LossKind, Method, ObjectiveKind,
+    Offload, Optimizer, OptimizerImpl, ParamUnit, Peft, PipelineSchedule, Precision,
+    PrecisionRecipe, Preset, Quant4, Reference, Reshard, Sharding, SweepAxis, TpPlan, WeightFormat,
 };
 
 /// The `model` value that means "the pasted config.json" rather than a preset.
@@ -332,6 +332,8 @@ pub struct StepSettings {
     pub optimizer_in_backward: bool,
     /// torchtune's `enable_activation_offloading`.
     pub activation_offload: bool,
+    /// The layers' kernels: PyTorch's or Unsloth's.
+    pub kernels: Kernels,
     /// Supervised, DPO or GRPO.
     pub objective: ObjectiveKind,
     /// Where DPO's (or GRPO's, with beta > 0) reference log-probabilities come from.
@@ -365,6 +367,7 @@ impl Default for StepSettings {
             padding: false,
             optimizer_in_backward: false,
             activation_offload: false,
+            kernels: Kernels::Torch,
             objective: ObjectiveKind::Sft,
             reference: Reference::Separate,
             generations: "8".to_owned(),
@@ -392,6 +395,7 @@ impl Section for StepSettings {
         (Field::Padding, "pad"),
         (Field::OptimizerInBackward, "oib"),
         (Field::ActivationOffload, "ao"),
+        (Field::Kernels, "kern"),
         (Field::Objective, "obj"),
         (Field::Reference, "ref"),
         (Field::Generations, "ng"),
@@ -867,6 +871,8 @@ pub enum Field {
     OptimizerInBackward,
     /// [`PageState::activation_offload`].
     ActivationOffload,
+    /// [`StepSettings::kernels`].
+    Kernels,
     /// [`StepSettings::objective`].
     Objective,
     /// [`StepSettings::reference`].
@@ -1004,7 +1010,7 @@ const MAX_TEXT_FIELD_CHARS: usize = 64;
 
 impl Field {
     /// Every field, in the order the URL lists them.
-    pub const ALL: [Field; if cfg!(feature = "vision") { 85 } else { 81 }] = [
+    pub const ALL: [Field; if cfg!(feature = "vision") { 86 } else { 82 }] = [
         Field::Mode,
         Field::Params,
         Field::ParamsUnit,
@@ -1026,6 +1032,7 @@ impl Field {
         Field::Padding,
         Field::OptimizerInBackward,
         Field::ActivationOffload,
+        Field::Kernels,
         Field::Objective,
         Field::Reference,
         Field::Generations,
@@ -1125,6 +1132,7 @@ impl Field {
             Field::Float8 => "float8 training",
             Field::Float8AllGather => "FSDP2 float8 all-gather",
             Field::Loss => "loss",
+            Field::Kernels => "kernels",
             Field::Packing => "sequence packing",
             Field::Padding => "padded rows",
             Field::OptimizerInBackward => "optimizer in backward",
@@ -1401,6 +1409,7 @@ impl Field {
             Field::Compile => keys_of!(Compile),
             Field::Float8 => keys_of!(crate::Float8),
             Field::Loss => keys_of!(LossKind),
+            Field::Kernels => keys_of!(Kernels),
             Field::Packing
             | Field::Padding
             | Field::OptimizerInBackward
@@ -1549,6 +1558,7 @@ impl PageState {
             Field::Padding => usize::from(!st.padding),
             Field::OptimizerInBackward => usize::from(!st.optimizer_in_backward),
             Field::ActivationOffload => usize::from(!st.activation_offload),
+            Field::Kernels => st.kernels as usize,
             Field::Objective => st.objective as usize,
             Field::Reference => st.reference as usize,
             Field::Generator => st.generator as usize,
@@ -1646,6 +1656,7 @@ impl PageState {
                     Field::Padding => st.padding = i == 0,
                     Field::OptimizerInBackward => st.optimizer_in_backward = i == 0,
                     Field::ActivationOffload => st.activation_offload = i == 0,
+                    Field::Kernels => st.kernels = *Kernels::ALL.get(i)?,
                     Field::Objective => st.objective = *ObjectiveKind::ALL.get(i)?,
                     Field::Reference => st.reference = *Reference::ALL.get(i)?,
                     Field::Generator => st.generator = *Generator::ALL.get(i)?,

@@ -150,6 +150,7 @@ fn rows(file: &str, strict: bool) -> Vec<Row> {
             optimizer_in_backward: c["optimizer_in_bwd"].as_bool().unwrap_or(false),
             activation_offload: c["activation_offload"].as_bool().unwrap_or(false),
             micro_batches: c["micro_batches"].as_u64().unwrap_or(1),
+            kernels: estimator_core::Kernels::Torch,
         };
         let est = match estimate_peak_with(&arch, &step, peft.as_ref()) {
             Ok(e) => e,
@@ -526,6 +527,7 @@ proptest! {
             optimizer_in_backward: false,
             activation_offload: false,
             micro_batches: 1,
+            kernels: estimator_core::Kernels::Torch,
         };
         if let Ok(e) = estimate_peak(&arch, &step) {
             prop_assert!(e.peak_bytes >= e.at_peak.parameters);
@@ -626,6 +628,7 @@ fn rl_rows() -> Vec<RlRow> {
             optimizer_in_backward: false,
             activation_offload: false,
             micro_batches: 1,
+            kernels: estimator_core::Kernels::Torch,
         };
         let est = estimate_objective(&arch, &step, peft.as_ref(), &Mesh::SINGLE, &objective, None)
             .unwrap_or_else(|e| panic!("{model}: {e}"));
@@ -824,6 +827,7 @@ fn vlm_rows() -> Vec<VlmRow> {
             optimizer_in_backward: false,
             activation_offload: false,
             micro_batches: 1,
+            kernels: estimator_core::Kernels::Torch,
         };
         let est = estimate_vlm(&arch, &step, peft.as_ref(), &images)
             .unwrap_or_else(|e| panic!("{model}: {e}"));
@@ -915,4 +919,230 @@ fn vision_language_steps_are_within_three_percent() {
     }
     println!("max |error| {worst:.2}% over {} rows", rows.len());
     assert!(failing.is_empty(), "beyond 3%: {failing:#?}");
+}
+
+/// One row of a published context-length table.
+struct PublishedContext {
+    /// The preset.
+    model: &'static str,
+    /// "GPU VRAM" in GB.
+    gb: u64,
+    /// The card, where the source names it (our GPU key).
+    card: Option<&'static str>,
+    /// Unsloth's context length.
+    unsloth: u64,
+    /// HF + FA2's, `None` for "OOM".
+    hf: Option<u64>,
+}
+
+/// Unsloth's published context lengths (README at tag February-2026, lines 380-407, and
+/// https://unsloth.ai/blog/llama3-3): Llama 3.1 8B and Llama 3.3 70B Instruct, 4-bit QLoRA on
+/// the 7 linears, rank 32, batch 1, sequences padded to the length. Each source read as it
+/// is written: the 70B's 80 GB row names its card, an A100 80GB (our `a100-80`, 81,920 MiB);
+/// the other rows give only "GPU VRAM" in GB, read as 10^9 bytes (a custom card). They
+/// measured Unsloth 2024.12 (`validation/UNSLOTH.md` sections 8-9). `None`: "OOM" in the
+/// HF + FA2 column.
+const UNSLOTH_PUBLISHED: [PublishedContext; 9] = [
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 8,
+        card: None,
+        unsloth: 2_972,
+        hf: None,
+    },
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 12,
+        card: None,
+        unsloth: 21_848,
+        hf: Some(932),
+    },
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 16,
+        card: None,
+        unsloth: 40_724,
+        hf: Some(2_551),
+    },
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 24,
+        card: None,
+        unsloth: 78_475,
+        hf: Some(5_789),
+    },
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 40,
+        card: None,
+        unsloth: 153_977,
+        hf: Some(12_264),
+    },
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 48,
+        card: None,
+        unsloth: 191_728,
+        hf: Some(15_502),
+    },
+    PublishedContext {
+        model: "llama3.1-8b",
+        gb: 80,
+        card: None,
+        unsloth: 342_733,
+        hf: Some(28_454),
+    },
+    PublishedContext {
+        model: "llama3.3-70b",
+        gb: 48,
+        card: None,
+        unsloth: 12_106,
+        hf: None,
+    },
+    PublishedContext {
+        model: "llama3.3-70b",
+        gb: 80,
+        card: Some("a100-80"),
+        unsloth: 89_389,
+        hf: Some(6_916),
+    },
+];
+
+/// The longest sequence the page says fits (its verdict: the replayed reserve, the CUDA
+/// context and the 5% margin) for `query` with `trainer`'s defaults at rank 32.
+fn longest_published(query: &str, trainer: Option<estimator_core::Trainer>) -> Option<u64> {
+    let mut state = estimator_core::decode_query(query).state;
+    if let Some(t) = trainer {
+        t.apply(&mut state);
+    }
+    "32".clone_into(&mut state.training.lora_rank);
+    estimator_core::Scenario::parse(&state)
+        .ok()?
+        .longest_sequence()?
+        .tokens
+}
+
+/// Our longest sequence against Unsloth's published one within 10% on at least two thirds
+/// of the rows (the issue's bar), and on every row but two, where the step's constants
+/// leave nothing: the 8 GB row (the published 8B column is exactly linear: its 8 GB point
+/// looks extrapolated) and the 70B on an unnamed 48 GB card, below the 1.34 GB floor of
+/// its 80 per-layer RoPE caches and Cut Cross-Entropy's 2.1 GB head gradient (section 9).
+/// The HF + FA2 column through transformers and peft is printed beside it.
+#[test]
+fn unsloth_published_contexts_are_within_ten_percent() {
+    use estimator_core::Trainer;
+    println!("\n| model | GPU | published | ours (Unsloth 2024.12) | error | ours (2026.3) | HF + FA2 published | ours (HF + FA2) | error |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut within = 0;
+    for row in UNSLOTH_PUBLISHED {
+        let PublishedContext {
+            model,
+            gb,
+            card: named,
+            unsloth: published,
+            hf: hf_published,
+        } = row;
+        // (a custom card's capacity in MiB, rounded down)
+        let gpu = named.map_or_else(
+            || format!("custom&cap={}", gb * 1_000_000_000 / (1 << 20)),
+            str::to_owned,
+        );
+        let card = format!("m=arch&model={model}&b=1&s=2048&gpu={gpu}");
+        let ours = longest_published(&card, Some(Trainer::Unsloth2024)).unwrap_or(0);
+        let today = longest_published(&card, Some(Trainer::Unsloth)).unwrap_or(0);
+        // transformers + peft with flash attention 2 and checkpointing, the head and loss
+        // as transformers computes them, the base prepared for k-bit training
+        let hf = longest_published(
+            &format!("{card}&method=qlora&r=bf16&o=adamw8bit&attn=flash2&gc=full"),
+            None,
+        );
+        let err = |a: u64, b: u64| (a as f64 - b as f64) / b as f64 * 100.0;
+        let e = err(ours, published);
+        if e.abs() <= 10.0 {
+            within += 1;
+        }
+        let (hf_text, hf_err) = match (hf, hf_published) {
+            (Some(h), Some(p)) => (format!("{h}"), format!("{:+.1}%", err(h, p))),
+            (h, _) => (format!("{h:?}"), "-".to_owned()),
+        };
+        println!(
+            "| {model} | {gb} GB | {published} | {ours} | {e:+.1}% | {today} | {} | {hf_text} | {hf_err} |",
+            hf_published.map_or("OOM".to_owned(), |p| p.to_string())
+        );
+        if gb >= 12 && (gb, model) != (48, "llama3.3-70b") {
+            assert!(
+                e.abs() <= 10.0,
+                "{model} on {gb} GB: {ours} against {published}"
+            );
+        }
+        // today's release fits longer: no N x inner LoRA temporary, one RoPE cache
+        assert!(
+            today > ours,
+            "{model} on {gb} GB: 2026.3 {today}, 2024.12 {ours}"
+        );
+    }
+    println!("within 10%: {within} of {}", UNSLOTH_PUBLISHED.len());
+    assert!(
+        within * 3 >= UNSLOTH_PUBLISHED.len() * 2,
+        "{within} rows within 10%"
+    );
+}
+
+/// Unsloth 2024.12.4's own PyTorch code measured under the harness (its Triton kernels and
+/// bitsandbytes' CUDA functions replaced by stand-ins that allocate what their wrappers do:
+/// `validation/unsloth/`, `validation/UNSLOTH.md` section 11), against the page's estimate
+/// with the same settings, each within 3%.
+#[test]
+fn unsloth_s_pytorch_code_under_the_harness_is_within_three_percent() {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/unsloth-measured.jsonl")).unwrap();
+    let mut worst: f64 = 0.0;
+    let mut rows = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let row: Value = serde_json::from_str(line).unwrap();
+        let c = &row["config"];
+        let model = c["model"].as_str().unwrap();
+        let mut config: Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{FIXTURES}/configs/{model}.json")).unwrap(),
+        )
+        .unwrap();
+        config["num_hidden_layers"] = c["layers"].clone();
+        let gc = if c["gc"] == "offload" {
+            "offload"
+        } else {
+            "none"
+        };
+        let query = format!(
+            "m=arch&gpu=none&kern={}&method={}&lr={}&la={}&ld=0&lt=all-linear&ldt=fp32\
+             &q=nf4&dq=on&kbit=off&gc={gc}&attn=sdpa&r=bf16&o=adamw&oi=foreach&loss=hf&b={}&s={}",
+            c["kernels"].as_str().unwrap(),
+            c["method"].as_str().unwrap(),
+            c["lora_r"],
+            c["lora_alpha"],
+            c["batch"],
+            c["seq"],
+        );
+        let mut state = estimator_core::decode_query(&query).state;
+        state.model.preset = None;
+        state.model.config_json = config.to_string();
+        let e = estimator_core::evaluate(&state).expect("an estimate");
+        let measured = row["peak_bytes"].as_u64().unwrap();
+        let error = (e.step.peak_bytes as f64 - measured as f64) / measured as f64 * 100.0;
+        println!(
+            "{model} L{} b{} s{} {} gc {gc}: measured {measured}, estimated {}, {error:+.2}%",
+            c["layers"],
+            c["batch"],
+            c["seq"],
+            c["method"].as_str().unwrap(),
+            e.step.peak_bytes
+        );
+        assert_eq!(
+            e.step.host_bytes,
+            row["offloaded_end_fwd_bytes"].as_u64().unwrap(),
+            "{query}: the offloaded layer inputs"
+        );
+        worst = worst.max(error.abs());
+        rows += 1;
+    }
+    assert_eq!(rows, 13);
+    assert!(worst <= 3.0, "largest error {worst:.2}%");
 }

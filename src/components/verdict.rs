@@ -179,7 +179,7 @@ fn verdict_into(
     // beside the verdict: the host RAM what is offloaded takes
     if e.step.host_bytes > 0 {
         m.open("p", &[])
-            .text("Host RAM for the offloaded state: ")
+            .text("Host RAM for what is offloaded: ")
             .el(
                 "strong",
                 &[

@@ -231,6 +231,7 @@ pub fn check_config(data: &[u8]) {
             optimizer_in_backward: p % 4 == 1,
             activation_offload: p % 6 == 1,
             micro_batches: 1,
+            kernels: estimator_core::Kernels::ALL[(p / 13) % estimator_core::Kernels::ALL.len()],
         };
         #[cfg(feature = "vision")]
         if arch.is_vision_language() {

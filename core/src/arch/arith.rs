@@ -3,7 +3,20 @@
 
 use super::error::EstimateError;
 
-pub(crate) type Res<T> = Result<T, EstimateError>;
+/// A byte count beyond 64 bits: the one way the arithmetic below, and the op kinds' tape
+/// built on it, fail. A unit, so that each `?` on it writes [`EstimateError::TooLarge`]
+/// where a whole [`EstimateError`] would be copied through every caller (hundreds of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TooLarge;
+
+impl From<TooLarge> for EstimateError {
+    fn from(_: TooLarge) -> Self {
+        EstimateError::TooLarge
+    }
+}
+
+/// A figure of the arithmetic or the tape, or [`TooLarge`].
+pub(crate) type Res<T> = Result<T, TooLarge>;
 
 /// The CUDA caching allocator's block: every storage is rounded up to it.
 pub(crate) const BLOCK: u64 = 512;
@@ -17,17 +30,17 @@ pub(crate) fn mul(a: u64, b: u64) -> Res<u64> {
     if (a | b) >> 32 == 0 {
         return Ok(a * b);
     }
-    a.checked_mul(b).ok_or(EstimateError::TooLarge)
+    a.checked_mul(b).ok_or(TooLarge)
 }
 pub(crate) fn add(a: u64, b: u64) -> Res<u64> {
-    a.checked_add(b).ok_or(EstimateError::TooLarge)
+    a.checked_add(b).ok_or(TooLarge)
 }
 /// Bytes of one storage of `elems` elements of `bytes` each, rounded to the allocator block.
 pub(crate) fn storage(elems: u64, bytes: u64) -> Res<u64> {
     let blocks = mul(elems, bytes)?.div_ceil(BLOCK);
     // (a comparison, not `checked_mul`, which WebAssembly spells as a 128-bit multiply)
     if blocks > u64::MAX / BLOCK {
-        return Err(EstimateError::TooLarge);
+        return Err(TooLarge);
     }
     Ok(blocks * BLOCK)
 }

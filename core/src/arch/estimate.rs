@@ -8,12 +8,13 @@ use super::model::{Layer, ModelSpec, Placement};
 use super::ops::{
     add, mul, storage, sum_storages, Dtypes, NormKind, PartBytes, Res, SavedPart, BLOCK,
 };
-use super::peft::{four_bit_bytes, Peft, Role, TapePeft};
-use super::recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
+use super::peft::{four_bit_bytes, Peft, Role, TapePeft, FOUR_BIT_BLOCK};
+use super::recipe::{AttentionKernel, Checkpointing, Compile, Kernels, LossKind, PrecisionRecipe};
 use super::replay::{
     replay, AllocatorPeaks, ReplayDevice, StepAllocations, StepTemporaries, Trained,
 };
 use super::shape::StepShape;
+use super::unsloth;
 use crate::allocator::AllocatorMode;
 use crate::{Optimizer, OptimizerImpl};
 
@@ -57,7 +58,12 @@ pub struct TrainingStep {
     /// and the backward (accumulated into in place, freed by the step's `zero_grad`), and
     /// each new gradient is a transient added into it.
     pub micro_batches: u64,
+    /// The layers' kernels: PyTorch's as transformers and peft call them, or Unsloth's.
+    pub kernels: Kernels,
 }
+
+/// Where Unsloth's kernels are modelled.
+pub(crate) const UNSLOTH_SCOPE: &str = "Unsloth's kernels are modelled for LoRA and QLoRA training (lora_dropout 0) of Llama, Mistral, Qwen3 and Gemma, on one GPU or under DDP";
 
 /// torchtune's `max_fwd_stash_size`: offloaded tensors kept on the GPU until their copy ends.
 pub const OFFLOAD_STASH: u64 = 5;
@@ -209,6 +215,9 @@ pub struct PeakEstimate {
     /// Optimizer state in CUDA managed memory (paged optimizers): on the GPU but outside
     /// PyTorch's caching allocator, so not in `peak_bytes`.
     pub paged_bytes: u64,
+    /// Host memory the step's activations wait in: the checkpointed layer inputs offloaded
+    /// to pinned CPU memory (0 without offloaded checkpointing).
+    pub host_activation_bytes: u64,
     /// The step's allocations replayed through the caching allocator, when asked for
     /// ([`estimate_rank_replayed`]).
     pub allocator: Option<AllocatorPeaks>,
@@ -458,6 +467,16 @@ fn estimate_on(
     let spec = &arch.spec;
     let p = step.precision;
     let quantized = peft.is_some_and(Peft::quantized);
+    let unsloth = step.kernels.unsloth();
+    if unsloth.is_some() {
+        use super::family::ModelFamily as F;
+        let family = matches!(arch.family(), F::Llama | F::Mistral | F::Qwen3 | F::Gemma);
+        // (elsewhere Unsloth runs peft's layers, or its compiler: neither is modelled)
+        let trains = step.optimizer.trains();
+        if !family || !trains || peft.is_none_or(|f| f.dropout) || mesh.splits_the_step() {
+            return Err(EstimateError::StepUnsupported(UNSLOTH_SCOPE));
+        }
+    }
     let kbit = quantized && peft.is_some_and(|f| f.kbit_prepare);
     // prepare_model_for_kbit_training makes every unquantized weight fp32: outside autocast
     // the residual stream and every op between the 4-bit linears then run in fp32
@@ -502,10 +521,11 @@ fn estimate_on(
         // or eager, get a 4-D mask in every layer
         mask: !flash2 && (step.padding || step.packing),
         loss: step.loss,
-        head_grad_bytes: if peft.is_some() {
-            0
-        } else {
-            p.gradient_bytes()
+        head_grad_bytes: match (peft, unsloth) {
+            (None, _) => p.gradient_bytes(),
+            // Cut Cross-Entropy 24.11.4 makes the head's gradient even for a frozen head
+            (Some(_), Some(u)) if u.head_gradient_always && step.loss == LossKind::Cce => 2,
+            (Some(_), _) => 0,
         },
         // prepare_model_for_kbit_training leaves every unquantized weight in fp32
         head_weight_bytes: if kbit { 4 } else { p.weight_bytes() },
@@ -534,6 +554,7 @@ fn estimate_on(
         compile: step.compile,
         checkpointed: step.checkpointing != Checkpointing::None,
         scored_per_row: trainer.scored_per_row,
+        unsloth: unsloth.is_some(),
     };
     // each layer's group (the index into `groups` and the forward's per-group figures)
     let (groups, group_of) = spec.layer_groups();
@@ -675,7 +696,29 @@ fn estimate_on(
         storage(mul(step.batch, seq)?, 8)?
     };
     buffers = add(buffers, input)?;
+    if let Some(u) = unsloth {
+        // (`max_position_embeddings`: what vLLM reads as the model's context too)
+        let positions = arch.served_context().unwrap_or(seq);
+        let own = unsloth::buffers(&groups, seq, positions, d.act, quantized, u)?;
+        buffers = add(buffers, own)?;
+    }
     let acts = spec.forward(&shape, &groups)?;
+    let tokens = mul(step.batch, seq)?;
+    // under Unsloth's kernels, each group's layer as they run it (the tape's own figures
+    // stand for the embeddings, the head and the loss)
+    // and the MLP's backward transients, which the tape's figures and the replay both read
+    let mut unsloth_logs = Vec::new();
+    let mut unsloth_mlp = None;
+    if let Some(u) = unsloth {
+        for (l, _) in &groups {
+            unsloth_logs.push(unsloth::layer_log(l, tokens, d.act)?);
+        }
+        if let (Some(l), Some(f)) = (spec.layers.last(), peft) {
+            unsloth_mlp = Some(unsloth::mlp_backward(
+                l, tokens, d.act, f.rank, quantized, u,
+            )?);
+        }
+    }
     let cast = |e: &[u64]| -> Res<u64> {
         if p.autocast() {
             sum_storages(e, 2)
@@ -696,6 +739,10 @@ fn estimate_on(
     let group_casts = groups
         .iter()
         .map(|(l, _)| {
+            if unsloth.is_some() {
+                // fast_lora casts the adapters inside its kernels and keeps no copy
+                return Ok(0);
+            }
             let mut copied = l.linear_params(!trains);
             if quantized {
                 for w in linear_weights(l) {
@@ -718,6 +765,7 @@ fn estimate_on(
         // (4-bit weights are never cast)
         (Some(first), Some(f))
             if p.autocast()
+                && unsloth.is_none()
                 && !quantized
                 && !step.checkpointing.checkpoints_layer(0)
                 && !trainer.input_grad() =>
@@ -754,15 +802,19 @@ fn estimate_on(
             }
             log
         };
-        let logs: Vec<Vec<(u64, bool)>> = acts
-            .per_group_log
+        let group_logs = if unsloth.is_some() {
+            &unsloth_logs
+        } else {
+            &acts.per_group_log
+        };
+        let logs: Vec<Vec<(u64, bool)>> = group_logs
             .iter()
             .zip(&group_casts)
             .map(|(log, &cast)| with_casts(log, cast))
             .collect();
         let first = group_of.first().and_then(|&g| {
             let cast = group_casts.get(g)?.saturating_sub(first_layer_casts);
-            Some(with_casts(acts.per_group_log.get(g)?, cast))
+            Some(with_casts(group_logs.get(g)?, cast))
         });
         (logs, first)
     } else {
@@ -814,12 +866,13 @@ fn estimate_on(
                 }
             }
             persistent.push(buffers.saturating_sub(input));
-            let tokens = mul(step.batch, seq)?;
             let last = spec.layers.last();
             let inner = last.map_or(0, |l| l.mlp.inner_per_token());
             let inner_tensors = last.map_or(1, |l| l.mlp.backward_inner_tensors());
-            let mut layer_backward =
-                vec![storage(tokens, mul(inner, d.act)?)?; inner_tensors as usize];
+            let mut layer_backward = match &unsloth_mlp {
+                Some(mlp) => mlp.clone(),
+                None => vec![storage(tokens, mul(inner, d.act)?)?; inner_tensors as usize],
+            };
             layer_backward.push(storage(tokens, mul(spec.hidden(), d.resid())?)?);
             // a trained tensor of `e` elements: its gradient, the state its first step
             // makes (0 for none) and its step's temporary
@@ -943,7 +996,6 @@ fn estimate_on(
         optimizer_states: opt_state,
         ..CategoryBytes::default()
     };
-    let tokens = mul(step.batch, seq)?;
     if !trains {
         // the head's 16-bit weight copy is made at the head, after the layers' peak; inside
         // the last layer's eager attention, its output projection's and MLP's copies are not
@@ -1002,23 +1054,37 @@ fn estimate_on(
             saved_activation_bytes: storage(kept, p.activation_bytes())?,
             trainable_params: 0,
             paged_bytes: 0,
+            host_activation_bytes: 0,
             allocator,
             objective: None,
         });
     }
     // one layer's saved tensors with its weight copies, per group
-    let full_layers = acts
-        .per_group
-        .iter()
-        .zip(&group_casts)
-        .map(|(a, c)| add(*a, *c))
-        .collect::<Res<Vec<u64>>>()?;
+    let full_layers = if unsloth.is_some() {
+        // (a layer keeps its input and not its output, or recomputed, the reverse: the same
+        // bytes)
+        unsloth_logs
+            .iter()
+            .map(|log| unsloth::recomputed(log))
+            .collect::<Res<Vec<u64>>>()?
+    } else {
+        acts.per_group
+            .iter()
+            .zip(&group_casts)
+            .map(|(a, c)| add(*a, *c))
+            .collect::<Res<Vec<u64>>>()?
+    };
+    let first_layer_discount = if unsloth.is_some() {
+        0
+    } else {
+        acts.first_layer_discount
+    };
     let largest_layer = full_layers.iter().copied().max().unwrap_or(0);
     let all_layers = groups
         .iter()
         .zip(&full_layers)
         .try_fold(0, |acc, ((_, count), f)| add(acc, mul(*f, *count)?))?
-        .saturating_sub(add(acts.first_layer_discount, first_layer_casts)?);
+        .saturating_sub(add(first_layer_discount, first_layer_casts)?);
     // inside the last layer's backward: the head's gradients exist, its saved tensors are gone
     let in_backward = trains && step.optimizer_in_backward;
     // with the optimizer in backward, a gradient lives only while its parameter is stepped:
@@ -1065,21 +1131,23 @@ fn estimate_on(
     // (bitsandbytes' MatMul4Bit.backward: `dequantize_4bit(B, state).to(grad_output.dtype)`)
     let dequantized = if quantized {
         spec.layers.last().map_or(Ok(0), |l| {
-            l.roled_linears().iter().try_fold(0, |acc: u64, (_, lin)| {
-                let n = mul(lin.n_in, lin.n_out)?;
-                let absmax = if peft.is_some_and(|f| f.double_quant) {
-                    storage(n.div_ceil(64), 4)?
-                } else {
-                    0
-                };
-                let weight = storage(n, p.weight_bytes())?;
-                let cast = if p.weight_bytes() == 2 {
-                    0
-                } else {
-                    storage(n, 2)?
-                };
-                Ok(acc.max(add(weight, absmax.max(cast))?))
-            })
+            l.roled_linears()
+                .iter()
+                .try_fold(0, |acc: u64, (_, lin)| -> Res<u64> {
+                    let n = mul(lin.n_in, lin.n_out)?;
+                    let absmax = if peft.is_some_and(|f| f.double_quant) {
+                        storage(n.div_ceil(FOUR_BIT_BLOCK), 4)?
+                    } else {
+                        0
+                    };
+                    let weight = storage(n, p.weight_bytes())?;
+                    let cast = if p.weight_bytes() == 2 {
+                        0
+                    } else {
+                        storage(n, 2)?
+                    };
+                    Ok(acc.max(add(weight, absmax.max(cast))?))
+                })
         })?
     } else {
         0
@@ -1104,7 +1172,13 @@ fn estimate_on(
         }
         _ => 0,
     };
-    let layer_transient = add(add(layer_transient, dequantized)?, adapter_input_grad)?;
+    let layer_transient = match &unsloth_mlp {
+        Some(mlp) => {
+            let incoming = storage(tokens, mul(spec.hidden(), d.resid())?)?;
+            mlp.iter().try_fold(incoming, |acc, &t| add(acc, t))?
+        }
+        None => add(add(layer_transient, dequantized)?, adapter_input_grad)?,
+    };
     let layer_backward = add(layer_transient, head_grads)?.saturating_sub(acts.head_saved);
     let layer_input = storage(shape.stream_tokens(tokens), mul(spec.hidden(), d.resid())?)?;
     let offload = step.activation_offload && step.checkpointing != Checkpointing::Offload;
@@ -1123,6 +1197,21 @@ fn estimate_on(
         // the last few tensors of the last layer: at most what it saves
         Checkpointing::None => largest_layer,
         _ => mul(layer_input, OFFLOAD_STASH.min(arch.num_layers()))?,
+    };
+    // every checkpointed layer's input copied to pinned host memory (`host_activation_bytes`);
+    // Unsloth from 2025 keeps the last one on the GPU (`unsloth_kept`), with the buffer the
+    // others come back into from the forward on, and pins its staging buffers first
+    let (host_activation_bytes, unsloth_kept) = match (step.checkpointing, unsloth) {
+        (Checkpointing::Offload, Some(u)) if u.keeps_last_input => {
+            let offloaded = mul(layer_input, arch.num_layers().saturating_sub(1))?;
+            let elems = mul(shape.stream_tokens(tokens), spec.hidden())?;
+            (
+                add(offloaded, unsloth::pinned_staging(d.act)?)?,
+                add(layer_input, unsloth::checkpoint_buffer(elems, d.resid())?)?,
+            )
+        }
+        (Checkpointing::Offload, _) => (mul(layer_input, arch.num_layers())?, 0),
+        _ => (0, 0),
     };
     let (saved, bwd_inner) = match step.checkpointing {
         Checkpointing::None if offload => (
@@ -1148,10 +1237,16 @@ fn estimate_on(
         ),
         // the layer inputs wait in CPU memory, but for the first layer's (the embeddings'
         // output stays referenced: measured); backward copies one back before its recompute
-        Checkpointing::Offload => (
-            add(add(acts.outside, head_cast)?, layer_input)?,
-            add(add(largest_layer, layer_backward)?, layer_input)?,
-        ),
+        Checkpointing::Offload => {
+            let reloaded = if unsloth_kept > 0 { 0 } else { layer_input };
+            (
+                add(
+                    add(acts.outside, head_cast)?,
+                    add(layer_input, unsloth_kept)?,
+                )?,
+                add(add(largest_layer, layer_backward)?, reloaded)?,
+            )
+        }
         // a checkpointed layer keeps its input (and its masks), the others everything
         Checkpointing::EveryNth(_) => {
             let mut kept = 0;
@@ -1166,7 +1261,7 @@ fn estimate_on(
                 )?;
             }
             // the first layer is never checkpointed: its frozen-base discount holds
-            let kept = kept.saturating_sub(add(acts.first_layer_discount, first_layer_casts)?);
+            let kept = kept.saturating_sub(add(first_layer_discount, first_layer_casts)?);
             (
                 add(add(kept, acts.outside)?, add(head_cast, kept_masks)?)?,
                 add(largest_layer, layer_backward)?,
@@ -1627,7 +1722,7 @@ fn estimate_on(
             parts.add(SavedPart::Masks, masks)?;
         }
         Checkpointing::Offload => {
-            parts.add(SavedPart::LayerInputs, layer_input)?;
+            parts.add(SavedPart::LayerInputs, add(layer_input, unsloth_kept)?)?;
             parts.add(SavedPart::WeightCopies, head_cast)?;
         }
         // the kept layers' parts in proportion to their count (the parts are rescaled to
@@ -1673,6 +1768,7 @@ fn estimate_on(
         saved_activation_bytes: saved,
         trainable_params: if trains { trainable_params } else { 0 },
         paged_bytes: optimizer.paged,
+        host_activation_bytes,
         allocator,
         objective: None,
     })
@@ -1832,6 +1928,7 @@ mod tests {
             optimizer_in_backward: false,
             activation_offload: false,
             micro_batches: 1,
+            kernels: crate::Kernels::Torch,
         }
     }
 

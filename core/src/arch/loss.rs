@@ -469,6 +469,7 @@ mod tests {
             compile: crate::arch::recipe::Compile::Off,
             checkpointed: false,
             scored_per_row: None,
+            unsloth: false,
         };
         let head = CausalHead {
             hidden: h,

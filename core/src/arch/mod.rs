@@ -93,6 +93,7 @@ mod recipe;
 mod replay;
 pub(crate) mod served;
 mod shape;
+mod unsloth;
 #[cfg(feature = "vision")]
 mod vision;
 #[cfg(feature = "vision")]
@@ -100,6 +101,7 @@ mod vlm;
 
 pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
+pub(crate) use estimate::UNSLOTH_SCOPE;
 pub use estimate::{
     estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed, BackwardMoment,
     CategoryBytes, ObjectivePhases, PeakEstimate, Phase, StepPhase, TrainingStep,
@@ -112,7 +114,9 @@ pub use objective::{estimate_objective, Generator, Objective, ObjectiveKind, Ref
 pub use ops::SavedPart;
 pub use peft::{LoraTargets, Method, Peft, Quant4, TargetsError};
 pub use presets::Preset;
-pub use recipe::{AttentionKernel, Checkpointing, Compile, LossKind, PrecisionRecipe};
+pub use recipe::{
+    AttentionKernel, Checkpointing, Compile, Kernels, LossKind, PrecisionRecipe, UnslothRelease,
+};
 pub(crate) use replay::STEADY_PASSES;
 pub use replay::{AllocatorPeaks, ReplayDevice};
 #[cfg(feature = "vision")]

@@ -5,7 +5,7 @@
 use super::loss::CausalHead;
 use super::ops::{
     add, dropout, mul, residual, storage, Activation, ExpertAct, FeedForward, Linear, Norm,
-    NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, T,
+    NormKind, PartBytes, Res, RmsStyle, SavedPart, Tape, TooLarge, T,
 };
 use super::peft::Role;
 use super::replay::LossTensors;
@@ -480,7 +480,7 @@ impl Attention {
                 }
                 // the memory-efficient kernel pads its logsumexp to a multiple of 32
                 let padded = s.seq.div_ceil(32).checked_mul(32);
-                let padded = padded.ok_or(super::error::EstimateError::TooLarge)?;
+                let padded = padded.ok_or(TooLarge)?;
                 tape.raw(mul(heads_rows, padded)?, 4)
                     .and_then(|t| tape.save(t))?;
             }
@@ -1100,7 +1100,7 @@ impl ModelSpec {
         // compiled whole, the model recomputes its rotary tables from `inv_freq` in backward
         // (measured on Llama: nothing of them is kept); compiled per block they are the
         // blocks' inputs, kept as in eager
-        let rotary_pairs = if s.compile.whole_model() {
+        let rotary_pairs = if s.compile.whole_model() || s.unsloth {
             0
         } else {
             self.rotary_pairs()
@@ -1203,6 +1203,9 @@ impl ModelSpec {
                             tape.tokens = tokens;
                             tape.tensor(h, x.bytes)?
                         }
+                        Some(n) if s.unsloth => {
+                            Norm::new(n, h).forward_compiled(&mut tape, x, d)?
+                        }
                         Some(n) => Norm::new(n, h).forward(&mut tape, x, d)?,
                         None => x,
                     };
@@ -1249,9 +1252,7 @@ impl ModelSpec {
                             )?,
                             mul(storage(rows, mul(m.inner, wd)?)?, 2)?,
                         )?;
-                        Ok::<u64, super::error::EstimateError>(
-                            acc.max(add(mul(hidden_r, 4)?, experts)?),
-                        )
+                        Ok::<u64, TooLarge>(acc.max(add(mul(hidden_r, 4)?, experts)?))
                     })?;
                     let mlp_live = mlp_live.max(moe_live);
                     // the final norm's output (and its 16-bit cast for a LayerNorm under
@@ -1310,7 +1311,7 @@ impl ModelSpec {
                     let attn_live = groups.iter().try_fold(0, |acc, (l, _)| {
                         let own = l.attention.inference_live(s)?;
                         if own == 0 {
-                            return Ok::<u64, super::error::EstimateError>(acc);
+                            return Ok::<u64, TooLarge>(acc);
                         }
                         let hiddens = 2
                             + u64::from(self.embedding.positions > 0)

@@ -11,7 +11,7 @@
 //! the device for the whole run (vLLM 0.31.0's `request_memory`), counted where the device
 //! is known.
 
-use super::arith::{storage, Res};
+use super::arith::storage;
 use super::config::Architecture;
 use super::error::EstimateError;
 use super::estimate::{
@@ -343,7 +343,7 @@ impl<'a> Ctx<'a> {
         batch: u64,
         o: &Objective,
         replay: Option<ReplayDevice>,
-    ) -> Res<PeakEstimate> {
+    ) -> Result<PeakEstimate, EstimateError> {
         let step = TrainingStep {
             batch,
             seq_len: o.seq_len(),
@@ -471,7 +471,11 @@ fn st(elems: u64, bytes: u64) -> u64 {
 
 /// DPO: `[chosen; rejected]` in one forward of twice the batch; the reference's forward
 /// under `no_grad` on top of everything the policy's forward saved.
-fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<ReplayDevice>) -> Res<PeakEstimate> {
+fn dpo(
+    ctx: &Ctx<'_>,
+    o: &Objective,
+    replay: Option<ReplayDevice>,
+) -> Result<PeakEstimate, EstimateError> {
     let rows = ctx.step.batch.saturating_mul(2);
     let seq = o.seq_len();
     let mut e = ctx.training(rows, o, replay)?;
@@ -519,7 +523,11 @@ fn dpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<ReplayDevice>) -> Res<PeakEs
 /// GRPO: the generation batch of `prompts x generations` sequences generated, scored when
 /// the old policy's or the reference's log-probabilities are needed, then trained on in
 /// micro-batches.
-fn grpo(ctx: &Ctx<'_>, o: &Objective, replay: Option<ReplayDevice>) -> Res<PeakEstimate> {
+fn grpo(
+    ctx: &Ctx<'_>,
+    o: &Objective,
+    replay: Option<ReplayDevice>,
+) -> Result<PeakEstimate, EstimateError> {
     let generations = o.generations.max(1);
     let sequences = ctx.step.batch.saturating_mul(generations);
     let split = o.steps_per_generation.max(1);
@@ -742,7 +750,7 @@ fn finish(
     scoring: Option<CategoryBytes>,
     reference_param_bytes: u64,
     vllm_permille: Option<u32>,
-) -> Res<PeakEstimate> {
+) -> Result<PeakEstimate, EstimateError> {
     let mut phases: Vec<(Phase, CategoryBytes)> =
         [(Phase::Generation, generation), (Phase::Scoring, scoring)]
             .into_iter()

@@ -8,7 +8,7 @@
 
 use super::peft::{Role, TapePeft};
 
-pub(crate) use super::arith::{add, mul, storage, sum_storages, Res, BLOCK};
+pub(crate) use super::arith::{add, mul, storage, sum_storages, Res, TooLarge, BLOCK};
 
 /// The dtypes of one step, in bytes per element.
 #[derive(Clone, Copy, Debug)]
@@ -493,8 +493,9 @@ impl Norm {
     /// upcast of the input and no normalised copy before the weight are kept. The output is
     /// kept by whatever reads it (the projections keep their input). RMSNorm's rstd is fp32;
     /// LayerNorm's mean and rstd come out of the decomposition in the dtype it computes in
-    /// (the input's, fp32 after autocast's cast).
-    fn forward_compiled(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
+    /// (the input's, fp32 after autocast's cast). Unsloth's `fast_rms_layernorm` keeps the
+    /// same: its input and the fp32 `r` (`Fast_RMS_Layernorm.forward`).
+    pub(crate) fn forward_compiled(&self, tape: &mut Tape, x: T, d: Dtypes) -> Res<T> {
         match self.kind {
             NormKind::LayerNorm => {
                 let input = if d.amp { tape.cast(x, 4)? } else { x };

@@ -334,13 +334,17 @@ pub(crate) struct TapePeft {
     pub autocast: bool,
 }
 
+/// Weights per absmax in bitsandbytes' 4-bit blocks (its default `blocksize`, and Unsloth's
+/// pre-quantized models' too).
+pub(crate) const FOUR_BIT_BLOCK: u64 = 64;
+
 /// Bytes of one 4-bit weight of `elems` elements on the GPU: the packed data (the parameter)
 /// and its quantization state (buffers): absmax per block of 64 (fp32, or uint8 with a
 /// second-level fp32 absmax per 256 blocks and an fp32 offset) and the 16-entry code.
 pub(crate) fn four_bit_bytes(elems: u64, double_quant: bool) -> (u64, u64) {
     use super::arith::storage;
     let packed = storage(elems.div_ceil(2), 1).unwrap_or(u64::MAX);
-    let blocks = elems.div_ceil(64);
+    let blocks = elems.div_ceil(FOUR_BIT_BLOCK);
     let state = if double_quant {
         [
             storage(blocks, 1),

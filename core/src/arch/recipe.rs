@@ -286,6 +286,98 @@ impl Checkpointing {
     }
 }
 
+/// The kernels a decoder layer runs under LoRA: PyTorch's ops as transformers and peft
+/// call them, or Unsloth's (`FastLanguageModel`: its fused LoRA QKV, O and MLP autograd
+/// functions, in-place RoPE, RMSNorm saving its input, "unsloth" offloaded checkpointing),
+/// derived from source in `validation/UNSLOTH.md` (Triton: nothing of it runs here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Kernels {
+    /// transformers' layers and peft's adapters.
+    #[default]
+    Torch,
+    /// Unsloth 2026.3 (unsloth 2026.3.5, unsloth_zoo 2026.3.4): what people run today.
+    Unsloth,
+    /// Unsloth 2024.12 (unsloth 2024.12.4, unsloth_zoo 2024.12.1, cut-cross-entropy
+    /// 24.11.4, transformers 4.47): the release its published context tables measured.
+    Unsloth2024,
+}
+
+/// What differs between Unsloth's releases, as data ([`Kernels::unsloth`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnslothRelease {
+    /// `matmul_lora` adds the adapters' output as a new N x out tensor, and the MLP's
+    /// backward its gate's share of the input's gradient as a new N x hidden one (2024.12),
+    /// not in place with `addmm_` (from 2025-03).
+    pub lora_output_temporary: bool,
+    /// One RoPE cos/sin cache per layer (transformers 4.47's per-layer `rotary_emb`),
+    /// built at 32,768 rows and grown in steps of 8,192 to the sequence; else one per GPU
+    /// grown to `max(max_seq_length, max_position_embeddings)`.
+    pub rope_per_layer: bool,
+    /// Dequantized weights go to one global buffer of the largest linear (2026), not to a
+    /// fresh tensor per call (2024.12).
+    pub dequant_buffer: bool,
+    /// `UnslothCheckpointFunction` (unsloth_zoo from 2025-01): the last layer's input is
+    /// saved on the GPU, not offloaded, and the others come back into one GPU buffer that
+    /// lives through the step; 2024.12's checkpointer copies each back to a fresh tensor.
+    pub keeps_last_input: bool,
+    /// Cut Cross-Entropy 24.11.4's backward allocates the head weight's gradient even
+    /// for a frozen head (`dc = torch.zeros_like(c)`).
+    pub head_gradient_always: bool,
+}
+
+impl Kernels {
+    /// Every choice, in the order the page lists them.
+    pub const ALL: [Kernels; 3] = [Kernels::Torch, Kernels::Unsloth, Kernels::Unsloth2024];
+
+    /// Short stable key.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Kernels::Torch => "torch",
+            Kernels::Unsloth => "unsloth",
+            Kernels::Unsloth2024 => "unsloth-2024.12",
+        }
+    }
+
+    /// Name shown to a person.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Kernels::Torch => "PyTorch (transformers, peft)",
+            Kernels::Unsloth => "Unsloth 2026.3",
+            Kernels::Unsloth2024 => "Unsloth 2024.12 (its published tables)",
+        }
+    }
+
+    /// The release's differences, for Unsloth's kernels.
+    #[must_use]
+    pub const fn unsloth(self) -> Option<UnslothRelease> {
+        match self {
+            Kernels::Torch => None,
+            Kernels::Unsloth => Some(UnslothRelease {
+                lora_output_temporary: false,
+                rope_per_layer: false,
+                dequant_buffer: true,
+                keeps_last_input: true,
+                head_gradient_always: false,
+            }),
+            Kernels::Unsloth2024 => Some(UnslothRelease {
+                lora_output_temporary: true,
+                rope_per_layer: true,
+                dequant_buffer: false,
+                keeps_last_input: false,
+                head_gradient_always: true,
+            }),
+        }
+    }
+
+    /// The choice whose [`key`](Self::key) is `key`.
+    #[must_use]
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.key() == key)
+    }
+}
+
 /// `torch.compile` around the training step (issue contract `--compile off|layers|model`).
 /// What the compiled regions save is AOTAutograd's min-cut partitioner's choice, measured
 /// in `validation/COMPILE.md` (Llama, Qwen3, GPT-2): the norms keep their input and

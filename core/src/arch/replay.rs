@@ -162,7 +162,8 @@ pub struct AllocatorPeaks {
     /// `max_memory_reserved` over the replay.
     pub reserved_bytes: u64,
     /// On a device of a given capacity ([`ReplayDevice`]): a request did not fit even after
-    /// the allocator handed its cached segments back.
+    /// the allocator handed its cached segments back. The replay stops there, as the step
+    /// would (PyTorch raises), so the peaks are those reached before it.
     pub out_of_memory: bool,
 }
 
@@ -342,6 +343,9 @@ fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocati
         scratch.grads.clear();
         for pass in 0..passes {
             forward_backward(a, scratch, s, pass == 0, !states_made);
+            if a.out_of_memory() {
+                return;
+            }
         }
         if !s.trains {
             continue;
@@ -443,6 +447,10 @@ fn forward_backward(
     kept.clear();
     starts.clear();
     for (i, log) in s.layers.iter().enumerate() {
+        // out of memory on the device: the step stops here (see `AllocatorPeaks`)
+        if a.out_of_memory() {
+            return;
+        }
         starts.push(kept.len());
         let recompute = s.checkpointed.get(i).copied().unwrap_or(false);
         if recompute && s.trains {
@@ -479,6 +487,9 @@ fn forward_backward(
     let mut gradient = a.malloc(s.input_gradient);
     free_loss(a, loss);
     for (i, log) in s.layers.iter().enumerate().rev() {
+        if a.out_of_memory() {
+            return;
+        }
         recomputed.clear();
         if s.checkpointed.get(i).copied().unwrap_or(false) {
             let mut inner = Transient { pending: None };
@@ -626,5 +637,25 @@ mod tests {
         allocated_peak_mib(&one_layer(&log, false, false), 80);
         allocated_peak_mib(&one_layer(&log, true, false), 68);
         allocated_peak_mib(&one_layer(&log, true, true), 76);
+    }
+
+    /// On a device too small for it, the step stops where it runs out (as PyTorch raises):
+    /// the optimizer step's moments and temporaries, the plain step's peak of 80 MiB, are
+    /// never allocated.
+    #[test]
+    fn a_replay_stops_where_the_device_runs_out() {
+        let log = [(0, false), (4 * MIB, true)];
+        let step = one_layer(&log, false, false);
+        let peaks = replay(
+            &step,
+            ReplayDevice {
+                mode: AllocatorMode::Default,
+                capacity: Some(30 * MIB),
+            },
+        );
+        assert!(peaks.out_of_memory);
+        assert!(peaks.allocated_bytes < 80 * MIB, "{peaks:?}");
+        // the same step on a device large enough runs to its peak
+        allocated_peak_mib(&step, 80);
     }
 }

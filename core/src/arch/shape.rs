@@ -46,6 +46,10 @@ pub(crate) struct StepShape {
     /// Tokens per row the loss scores (labels not -100), when not all of them: DPO's and
     /// GRPO's completions, their prompts masked out.
     pub scored_per_row: Option<u64>,
+    /// Unsloth's kernels run the model: no rotary tables made per forward (its layers read
+    /// slices of their caches), and its RMSNorm for the final norm, which keeps its input
+    /// and `r`.
+    pub unsloth: bool,
 }
 
 impl StepShape {

@@ -130,6 +130,7 @@ mod tests {
             optimizer_in_backward: false,
             activation_offload: false,
             micro_batches: 1,
+            kernels: crate::Kernels::Torch,
         };
         let images = crate::VisionInputs::new(2, 1344, 896);
         let direct = crate::estimate_vlm(&arch, &step, None, &images).unwrap();
