@@ -1748,12 +1748,13 @@ mod tests {
             .expect("plans on more GPUs");
         assert!(first_more > 0);
         assert!(more[first_more..].iter().all(|p| p.rank.more_gpus));
-        // among those, the best keeps the global batch of 8 (one sample on each of 8 GPUs);
-        // growing it comes later
+        // among those, the best still trains every parameter with AdamW: sharded over 16
+        // GPUs, one sample each (on 8 the ranks' all-gather and reduce-scatter streams
+        // cache more than a 4090 has left); a lighter optimizer comes later
         let best = &more[first_more];
         assert_eq!(best.group_heading(), "On more GPUs");
-        assert_ne!(best.rank.tier, Tier::GlobalBatch);
-        assert!(best.state.parallel.num_gpus.parse::<u64>().unwrap() <= 8);
+        assert!(best.rank.tier <= Tier::GlobalBatch, "{:?}", best.changes);
+        assert!(best.state.parallel.num_gpus.parse::<u64>().unwrap() <= 16);
         for group in [&more[..first_more], &more[first_more..]] {
             assert!(group.windows(2).all(|w| w[0].rank.tier <= w[1].rank.tier));
         }

@@ -854,7 +854,8 @@ impl Evaluation {
 /// caching allocator, when the plan asks for it (no percentage typed, a CUDA device, the
 /// architecture mode), and returns the replay. The reserve is the replay's slack over its
 /// own allocated peak, in parts per million, so that it scales with the peak at other
-/// batches (the largest-batch search, the sweep) without replaying each.
+/// batches (the largest-batch search, the sweep) without replaying each. An FSDP2 rank's
+/// replay is of its shards, with the engine's buffers on their streams.
 pub(crate) fn resolve_reserve(
     plan: &mut PlanInputs,
     model: &Model,
@@ -883,6 +884,7 @@ pub(crate) fn resolve_reserve(
         ..*step
     };
     let mesh = mesh_of(plan);
+    let fsdp2 = fsdp2_streams(plan, &mesh, &step, peft.is_some());
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
     // on a device as large as it likes.
@@ -907,6 +909,7 @@ pub(crate) fn resolve_reserve(
             plan.allocator,
             capacity,
             objective,
+            fsdp2,
         )
             .hash(&mut h);
         h.finish()
@@ -930,6 +933,7 @@ pub(crate) fn resolve_reserve(
                     Some(crate::ReplayDevice {
                         mode: plan.allocator,
                         capacity,
+                        fsdp2,
                     }),
                 )
                 .ok()
@@ -955,6 +959,37 @@ pub(crate) fn resolve_reserve(
         u128::from(replay.slack_bytes()) * 1_000_000 / u128::from(replay.allocated_bytes.max(1));
     plan.overheads.allocator_reserve_ppm = u64::try_from(ppm).unwrap_or(u64::MAX);
     Some(replay)
+}
+
+/// How FSDP2 runs `step` on a rank of `plan`, for the replay to put its buffers on their
+/// streams: full fine-tuning on FSDP2 over more than one GPU, its state on the GPU (FSDP2's
+/// mixed recipes gather in bf16 and reduce in fp32, as [`crate::rank`]'s engine).
+fn fsdp2_streams(
+    plan: &PlanInputs,
+    mesh: &crate::Mesh,
+    step: &TrainingStep,
+    peft: bool,
+) -> Option<crate::Fsdp2Streams> {
+    let group = plan.shard_group().saturating_mul(mesh.context.max(1));
+    let runs = plan.sharding == crate::Sharding::Fsdp2
+        && step.optimizer.trains()
+        && !peft
+        && plan.offload == crate::Offload::None
+        && group > 1;
+    let recipe = step.precision;
+    let (gathered_bytes, reduced_bytes) = if recipe.master_weights() {
+        (2, 4)
+    } else {
+        (recipe.weight_bytes(), recipe.weight_bytes())
+    };
+    runs.then_some(crate::Fsdp2Streams {
+        group,
+        gathered_bytes,
+        reduced_bytes,
+        tape_gradient_bytes: recipe.gradient_bytes().max(1),
+        reshard_after_forward: plan.reshard_after_forward,
+        loss_outside: mesh.loss_parallel,
+    })
 }
 
 /// The planning inputs and the model of `state`, with every field error at once.

@@ -932,6 +932,14 @@ fn estimate_on(
                     checkpointed: (0..spec.layers.len())
                         .map(|i| step.checkpointing.checkpoints_layer(i))
                         .collect(),
+                    policy_saved: if step.checkpointing == Checkpointing::Ops {
+                        spec.layers
+                            .iter()
+                            .map(|l| op_policy_saved(l, &shape, tokens))
+                            .collect::<Res<Vec<_>>>()?
+                    } else {
+                        Vec::new()
+                    },
                     embeddings_saved: acts.outside.saturating_sub(acts.head_saved),
                     head_saved: add(
                         acts.head_saved

@@ -93,6 +93,7 @@ mod recipe;
 mod replay;
 pub(crate) mod served;
 mod shape;
+mod streams;
 mod unsloth;
 #[cfg(feature = "vision")]
 mod vision;
@@ -119,6 +120,7 @@ pub use recipe::{
 };
 pub(crate) use replay::STEADY_PASSES;
 pub use replay::{AllocatorPeaks, ReplayDevice};
+pub use streams::Fsdp2Streams;
 #[cfg(feature = "vision")]
 pub use vision::{ImageLayout, VisionInputs, VlmKind, MAX_IMAGES, MAX_IMAGE_SIDE};
 #[cfg(feature = "vision")]

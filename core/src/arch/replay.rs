@@ -22,9 +22,13 @@
 //!   its state on its first step, its step's temporaries made and freed, then the gradient
 //!   freed; a tied matrix's head share waits for the embedding's, with which it is stepped at
 //!   the end of backward; no optimizer step follows;
-//! - data-parallel engines' buffers and offloading are not replayed: the reserve beyond the
-//!   peak is taken from the plain step of the same tape.
+//! - per-op checkpointing keeps, beside each layer's input, what its policy saves: one block
+//!   made after the layer's forward, freed after its backward;
+//! - FSDP2's buffers (full fine-tuning, its state on the GPU) are replayed on the streams
+//!   PyTorch makes them on, the state sharded ([`super::streams`]); other engines' buffers and
+//!   offloading are not: their reserve is taken from the plain step of the same tape.
 
+use super::streams::{Fsdp2Replay, Fsdp2Streams};
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
 
 /// What the optimizer step allocates beyond its state, per trained tensor.
@@ -63,6 +67,9 @@ pub(crate) struct StepAllocations<'a> {
     pub layers: Vec<&'a [(u64, bool)]>,
     /// Which layers checkpointing recomputes (their forward keeps only the inputs).
     pub checkpointed: Vec<bool>,
+    /// What each recomputed layer's forward keeps beside its input (per-op checkpointing's
+    /// saved matmul and attention outputs, one block per layer; empty: nothing).
+    pub policy_saved: Vec<u64>,
     /// Saved before the layers (embeddings, rotary tables, masks).
     pub embeddings_saved: u64,
     /// Saved by the final norm, the head and the loss, beyond what `loss` makes.
@@ -177,6 +184,9 @@ pub struct ReplayDevice {
     /// the safety margin. Near it the allocator releases its cached segments before it gives
     /// up, so the reserve a step needs there is smaller than on a larger device.
     pub capacity: Option<u64>,
+    /// FSDP2's buffers replayed on their streams, the state sharded (`None`: one GPU's
+    /// step, or an engine whose buffers are not replayed).
+    pub fsdp2: Option<Fsdp2Streams>,
 }
 
 impl From<AllocatorMode> for ReplayDevice {
@@ -184,6 +194,7 @@ impl From<AllocatorMode> for ReplayDevice {
         ReplayDevice {
             mode,
             capacity: None,
+            fsdp2: None,
         }
     }
 }
@@ -319,7 +330,19 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
     if let Some(capacity) = device.capacity {
         a.set_capacity(capacity);
     }
-    replay_with(&mut a, &mut scratch, s);
+    // (the optimizer in backward steps whole gradients: FSDP2 is not replayed under it)
+    let mut fsdp2 = device
+        .fsdp2
+        .filter(|_| s.trains && !s.in_backward)
+        .map(|f| {
+            let layers = s.group_of.iter().map(|&g| {
+                s.group_gradients
+                    .get(g)
+                    .map_or(0, |t| t.iter().map(|t| t.grad).sum())
+            });
+            Fsdp2Replay::new(f, &[&s.head_gradients, &s.embedding_gradients], layers)
+        });
+    replay_with(&mut a, &mut scratch, s, fsdp2.as_mut());
     let peaks = AllocatorPeaks {
         allocated_bytes: a.peak_allocated(),
         reserved_bytes: a.peak_reserved(),
@@ -329,9 +352,19 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
     peaks
 }
 
-fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocations<'_>) {
+fn replay_with(
+    a: &mut CachingAllocator,
+    scratch: &mut Scratch,
+    s: &StepAllocations<'_>,
+    mut fsdp2: Option<&mut Fsdp2Replay>,
+) {
+    // FSDP2 holds each persistent tensor's shard, and shards the optimizer's state
+    let shard = |bytes: u64, f: &Option<&mut Fsdp2Replay>| match f {
+        Some(f) => f.shard(bytes),
+        None => bytes,
+    };
     for &bytes in &s.persistent {
-        a.malloc(bytes);
+        a.malloc(shard(bytes, &fsdp2));
     }
     let mut states_made = false;
     let passes = if s.trains {
@@ -342,7 +375,7 @@ fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocati
     for _ in 0..2 {
         scratch.grads.clear();
         for pass in 0..passes {
-            forward_backward(a, scratch, s, pass == 0, !states_made);
+            forward_backward(a, scratch, s, pass == 0, !states_made, fsdp2.as_deref_mut());
             if a.out_of_memory() {
                 return;
             }
@@ -361,12 +394,21 @@ fn replay_with(a: &mut CachingAllocator, scratch: &mut Scratch, s: &StepAllocati
         // the optimizer step: state made on the first, then the temporaries
         if !states_made {
             for &bytes in &s.states {
-                a.malloc(bytes);
+                a.malloc(shard(bytes, &fsdp2));
             }
             states_made = true;
         }
         let (sizes, kind) = &s.temporaries;
-        step_temporaries(a, transients, sizes, *kind);
+        match fsdp2.as_deref_mut() {
+            Some(f) => {
+                let sharded: Vec<u64> = sizes.iter().map(|&b| f.shard(b)).collect();
+                step_temporaries(a, transients, &sharded, *kind);
+                for g in f.grad_shards.drain(..) {
+                    a.free(g);
+                }
+            }
+            None => step_temporaries(a, transients, sizes, *kind),
+        }
         for &g in grads.iter() {
             a.free(g);
         }
@@ -424,6 +466,7 @@ fn forward_backward(
     s: &StepAllocations<'_>,
     first: bool,
     make_states: bool,
+    mut fsdp2: Option<&mut Fsdp2Replay>,
 ) {
     let Scratch {
         kept,
@@ -437,10 +480,14 @@ fn forward_backward(
     let mut gradients = Gradients {
         grads,
         waiting,
-        first,
+        // (FSDP2 frees each pass's gradients once reduce-scattered, and adds the shards)
+        first: first || fsdp2.is_some(),
         stepped: s.in_backward.then_some((make_states, s.temporaries.1)),
     };
     let input = a.malloc(s.input);
+    if let Some(f) = fsdp2.as_deref_mut() {
+        f.forward_start(a);
+    }
     let embeddings = a.malloc(s.embeddings_saved);
     let mut flow = Transient { pending: None };
     // under checkpointing each layer keeps its input (the previous layer's output)
@@ -452,21 +499,37 @@ fn forward_backward(
             return;
         }
         starts.push(kept.len());
+        if let Some(f) = fsdp2.as_deref_mut() {
+            f.before_forward(a, i);
+        }
         let recompute = s.checkpointed.get(i).copied().unwrap_or(false);
         if recompute && s.trains {
             kept.extend(flow.pending.take());
             let mut inner = Transient { pending: None };
             // (a forward that keeps nothing adds nothing to `kept`)
             layer_forward(a, log, false, &mut inner, kept);
+            if let Some(&bytes) = s.policy_saved.get(i).filter(|&&b| b > 0) {
+                kept.push(a.malloc(bytes));
+            }
             flow.pending = inner.pending;
         } else {
             layer_forward(a, log, s.trains, &mut flow, kept);
         }
+        if let Some(f) = fsdp2.as_deref_mut() {
+            f.after_forward(a, i);
+        }
     }
     let head = a.malloc(s.head_saved);
+    let loss_outside = fsdp2.as_deref().is_some_and(Fsdp2Replay::loss_outside);
+    if let Some(f) = fsdp2.as_deref_mut().filter(|_| loss_outside) {
+        f.forward_end(a);
+    }
     loss.clear();
     loss_ops(a, loss, &s.loss.forward, &mut |_| {});
     flow.flush(a);
+    if let Some(f) = fsdp2.as_deref_mut().filter(|_| !loss_outside) {
+        f.forward_end(a);
+    }
     if !s.trains {
         free_loss(a, loss);
         a.free(head);
@@ -475,6 +538,9 @@ fn forward_backward(
         return;
     }
     // backward
+    if let Some(f) = fsdp2.as_deref_mut().filter(|_| !loss_outside) {
+        f.backward_start(a);
+    }
     let mut head_gradients = false;
     loss_ops(a, loss, &s.loss.backward, &mut |a| {
         gradients.add(a, &s.head_gradients);
@@ -483,12 +549,18 @@ fn forward_backward(
     if !head_gradients {
         gradients.add(a, &s.head_gradients);
     }
+    if let Some(f) = fsdp2.as_deref_mut().filter(|_| loss_outside) {
+        f.backward_start(a);
+    }
     a.free(head);
     let mut gradient = a.malloc(s.input_gradient);
     free_loss(a, loss);
     for (i, log) in s.layers.iter().enumerate().rev() {
         if a.out_of_memory() {
             return;
+        }
+        if let Some(f) = fsdp2.as_deref_mut() {
+            f.before_backward(a, i);
         }
         recomputed.clear();
         if s.checkpointed.get(i).copied().unwrap_or(false) {
@@ -499,6 +571,7 @@ fn forward_backward(
         transients.clear();
         transients.extend(s.layer_backward.iter().map(|&b| a.malloc(b)));
         let layer = s.group_of.get(i).and_then(|&g| s.group_gradients.get(g));
+        let made_from = gradients.grads.len();
         if let Some(layer) = layer {
             gradients.add(a, layer);
         }
@@ -517,8 +590,14 @@ fn forward_backward(
                 a.free(t);
             }
         }
+        if let Some(f) = fsdp2.as_deref_mut() {
+            f.after_backward(a, i, gradients.grads.drain(made_from..), first);
+        }
     }
     gradients.add(a, &s.embedding_gradients);
+    if let Some(f) = fsdp2 {
+        f.backward_end(a, gradients.grads.drain(..), first);
+    }
     for g in gradients.waiting.drain(..) {
         a.free(g);
     }
@@ -595,6 +674,7 @@ mod tests {
             input: 0,
             layers: vec![log],
             checkpointed: vec![false],
+            policy_saved: Vec::new(),
             embeddings_saved: 0,
             head_saved: 0,
             loss: &NO_LOSS,
@@ -641,6 +721,43 @@ mod tests {
 
     /// On a device too small for it, the step stops where it runs out (as PyTorch raises):
     /// the optimizer step's moments and temporaries, the plain step's peak of 80 MiB, are
+    /// FSDP2 over two GPUs: the state is halved, and what its streams cache stays apart from
+    /// the default stream's blocks: the all-gather stream's last output (a layer gathered, 4
+    /// MiB) and the reduce-scatter stream's gradient shards are reserved beyond the peak.
+    #[test]
+    fn fsdp2_s_streams_cache_their_own_blocks() {
+        let log = [(0, false), (4 * MIB, true)];
+        let mut step = one_layer(&log, false, false);
+        step.layers = vec![&log; 4];
+        step.checkpointed = vec![false; 4];
+        step.group_of = vec![0; 4];
+        step.persistent = vec![8 * MIB; 5];
+        step.states = vec![8 * MIB; 10];
+        step.temporaries.0 = vec![8 * MIB; 5];
+        let device = |fsdp2| ReplayDevice {
+            mode: AllocatorMode::Expandable,
+            capacity: None,
+            fsdp2,
+        };
+        let whole = replay(&step, device(None));
+        let streams = Fsdp2Streams {
+            group: 2,
+            gathered_bytes: 2,
+            reduced_bytes: 4,
+            tape_gradient_bytes: 4,
+            reshard_after_forward: crate::Reshard::On,
+            loss_outside: false,
+        };
+        let rank = replay(&step, device(Some(streams)));
+        // (the whole step's 40 MiB of weights, 80 of state and 40 of gradients, halved)
+        assert!(
+            rank.allocated_bytes < whole.allocated_bytes,
+            "{rank:?} {whole:?}"
+        );
+        assert!(whole.slack_bytes() < 4 * MIB, "{whole:?}");
+        assert!(rank.slack_bytes() >= 4 * MIB, "{rank:?}");
+    }
+
     /// never allocated.
     #[test]
     fn a_replay_stops_where_the_device_runs_out() {
@@ -651,6 +768,7 @@ mod tests {
             ReplayDevice {
                 mode: AllocatorMode::Default,
                 capacity: Some(30 * MIB),
+                fsdp2: None,
             },
         );
         assert!(peaks.out_of_memory);
