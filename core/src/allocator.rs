@@ -28,11 +28,17 @@
 //!   mapping past the capacity fails the same way, and `release_cached_blocks` unmaps the
 //!   whole pages of every free block (`release_blocks` -> `unmap_block`) before the retry.
 //!   `empty_cache` never runs.
-//! * No cross-stream uses (`record_stream`), so a freed block is free at once for its own
-//!   stream (`free` calls `free_block` when `stream_uses` is empty); FSDP2 synchronises with
-//!   events instead, FSDP1's `record_stream` hand-offs are not emulated.
+//! * Cross-stream uses (`record_stream`) as their caller orders them: [`free`] caches a block
+//!   at once (`free_block` when `stream_uses` is empty: FSDP2 synchronises with events);
+//!   [`free_in_use`] drops `memory_allocated` but keeps the block out of its pool until
+//!   [`release`], when its events would complete (`insert_events`, `process_events`: FSDP1's
+//!   hand-offs). The OOM path does not complete pending events first
+//!   (`synchronize_and_free_events`).
 //!
 //! [`malloc_on`]: CachingAllocator::malloc_on
+//! [`free`]: CachingAllocator::free
+//! [`free_in_use`]: CachingAllocator::free_in_use
+//! [`release`]: CachingAllocator::release
 //!
 //! What cannot be pinned down from the source: the addresses `cudaMalloc` returns. They only
 //! break ties between free blocks of equal size (`BlockComparatorSize` orders by size, then
@@ -542,6 +548,29 @@ impl CachingAllocator {
         let (size, prev, next) = (block.size, block.prev, block.next);
         self.allocated = self.allocated.saturating_sub(size);
         self.free_block(id.slot, prev, next);
+    }
+
+    /// `free` of a block another stream still uses (`record_stream`): `free` drops the stats
+    /// at once but, the block's `stream_uses` not empty, only inserts events; the block
+    /// returns to its pool when `process_events` finds them complete, here at
+    /// [`release`](Self::release). Until then it is neither reused nor merged.
+    pub fn free_in_use(&mut self, id: BlockId) {
+        if let Some(b) = self.blocks.get(id.slot) {
+            if b.live && b.allocated && b.generation == id.generation {
+                self.allocated = self.allocated.saturating_sub(b.size);
+            }
+        }
+    }
+
+    /// The events of a block given to [`free_in_use`](Self::free_in_use) complete: it is
+    /// cached for its stream (call it once per such block).
+    pub fn release(&mut self, id: BlockId) {
+        if let Some(b) = self.blocks.get(id.slot) {
+            if b.live && b.allocated && b.generation == id.generation {
+                self.allocated = self.allocated.saturating_add(b.size);
+                self.free(id);
+            }
+        }
     }
 
     /// Bytes in live blocks: `memory_allocated()`. Each block counts its rounded size, or in
@@ -1191,6 +1220,27 @@ mod tests {
             a.peak_reserved(),
         );
         assert_eq!(got, expect, "{name} ({})", mode.key());
+    }
+
+    /// A block freed while another stream still uses it (`record_stream`) leaves
+    /// `memory_allocated` at once, but serves no request until its events complete.
+    #[test]
+    fn a_block_in_use_on_another_stream_waits_for_its_release() {
+        let mut a = CachingAllocator::new(AllocatorMode::Default);
+        let x = a.malloc_on(30 << 20, 1);
+        a.free_in_use(x);
+        assert_eq!(a.allocated(), 0);
+        let y = a.malloc_on(30 << 20, 1);
+        assert_eq!(
+            a.reserved(),
+            60 << 20,
+            "the block in use is not handed out again"
+        );
+        a.release(x);
+        a.free(y);
+        let _z = a.malloc_on(30 << 20, 1);
+        assert_eq!((a.allocated(), a.reserved()), (30 << 20, 60 << 20));
+        assert_eq!(a.peak_allocated(), 30 << 20);
     }
 
     #[test]

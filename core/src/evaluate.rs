@@ -884,7 +884,7 @@ pub(crate) fn resolve_reserve(
         ..*step
     };
     let mesh = mesh_of(plan);
-    let fsdp2 = fsdp2_streams(plan, &mesh, &step, peft.is_some());
+    let sharded = sharded_streams(plan, &mesh, &step, peft.is_some());
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
     // on a device as large as it likes.
@@ -909,7 +909,7 @@ pub(crate) fn resolve_reserve(
             plan.allocator,
             capacity,
             objective,
-            fsdp2,
+            sharded,
         )
             .hash(&mut h);
         h.finish()
@@ -933,7 +933,7 @@ pub(crate) fn resolve_reserve(
                     Some(crate::ReplayDevice {
                         mode: plan.allocator,
                         capacity,
-                        fsdp2,
+                        sharded,
                     }),
                 )
                 .ok()
@@ -961,34 +961,53 @@ pub(crate) fn resolve_reserve(
     Some(replay)
 }
 
-/// How FSDP2 runs `step` on a rank of `plan`, for the replay to put its buffers on their
-/// streams: full fine-tuning on FSDP2 over more than one GPU, its state on the GPU (FSDP2's
-/// mixed recipes gather in bf16 and reduce in fp32, as [`crate::rank`]'s engine).
-fn fsdp2_streams(
+/// How a sharded engine runs `step` on a rank of `plan`, for the replay to put its buffers on
+/// their streams: full fine-tuning on FSDP2, or FSDP1 sharding over more than one GPU, the
+/// state on the GPU. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
+/// in bf16 and reduce in fp32, accelerate's FSDP1 reduces in bf16 too; fp32 shards.
+fn sharded_streams(
     plan: &PlanInputs,
     mesh: &crate::Mesh,
     step: &TrainingStep,
     peft: bool,
-) -> Option<crate::Fsdp2Streams> {
+) -> Option<crate::ShardedStreams> {
     let group = plan.shard_group().saturating_mul(mesh.context.max(1));
-    let runs = plan.sharding == crate::Sharding::Fsdp2
-        && step.optimizer.trains()
-        && !peft
-        && plan.offload == crate::Offload::None
-        && group > 1;
-    let recipe = step.precision;
-    let (gathered_bytes, reduced_bytes) = if recipe.master_weights() {
-        (2, 4)
-    } else {
-        (recipe.weight_bytes(), recipe.weight_bytes())
+    let engine = match plan.sharding {
+        crate::Sharding::Fsdp2 => crate::ShardedEngine::Fsdp2,
+        crate::Sharding::Fsdp1 => crate::ShardedEngine::Fsdp1 {
+            whole_model: plan.fsdp1.wrap == crate::Fsdp1Wrap::None,
+        },
+        _ => return None,
     };
-    runs.then_some(crate::Fsdp2Streams {
+    let fsdp1 = engine != crate::ShardedEngine::Fsdp2;
+    if !step.optimizer.trains() || peft || plan.offload != crate::Offload::None || group <= 1 {
+        return None;
+    }
+    let recipe = step.precision;
+    let (gathered_bytes, reduced_bytes, sharded_bytes) = if recipe.master_weights() {
+        (2, if fsdp1 { 2 } else { 4 }, 4)
+    } else {
+        let b = recipe.weight_bytes();
+        (b, b, b)
+    };
+    let reshard_after_forward = if fsdp1 {
+        match plan.fsdp1.sharding {
+            crate::Fsdp1Sharding::GradOp => crate::Reshard::Off,
+            _ => crate::Reshard::On,
+        }
+    } else {
+        plan.reshard_after_forward
+    };
+    Some(crate::ShardedStreams {
+        engine,
         group,
         gathered_bytes,
         reduced_bytes,
+        sharded_bytes,
         tape_gradient_bytes: recipe.gradient_bytes().max(1),
-        reshard_after_forward: plan.reshard_after_forward,
+        reshard_after_forward,
         loss_outside: mesh.loss_parallel,
+        backward_prefetch: !fsdp1 || plan.fsdp1.backward_prefetch == crate::BackwardPrefetch::Pre,
     })
 }
 

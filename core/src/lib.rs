@@ -75,11 +75,11 @@ mod arch;
 pub use arch::{
     estimate_objective, estimate_peak, estimate_peak_with, estimate_rank, estimate_rank_replayed,
     parse_hf_config, AllocatorPeaks, Architecture, AttentionKernel, BackwardMoment, CategoryBytes,
-    Checkpointing, ChunksInFlight, Compile, ConfigError, EstimateError, Fsdp2Streams, Generator,
-    Kernels, LoraTargets, LossKind, Mesh, Method, ModelFamily, Objective, ObjectiveKind,
-    ObjectivePhases, ParameterUnits, PeakEstimate, Peft, Phase, PipelineSchedule, PrecisionRecipe,
-    Preset, Quant4, Reference, ReplayDevice, SavedPart, Stage, StepPhase, TargetsError, TpPlan,
-    TrainingStep, UnslothRelease,
+    Checkpointing, ChunksInFlight, Compile, ConfigError, EstimateError, Generator, Kernels,
+    LoraTargets, LossKind, Mesh, Method, ModelFamily, Objective, ObjectiveKind, ObjectivePhases,
+    ParameterUnits, PeakEstimate, Peft, Phase, PipelineSchedule, PrecisionRecipe, Preset, Quant4,
+    Reference, ReplayDevice, SavedPart, ShardedEngine, ShardedStreams, Stage, StepPhase,
+    TargetsError, TpPlan, TrainingStep, UnslothRelease,
 };
 #[cfg(feature = "vision")]
 pub use arch::{

@@ -120,7 +120,7 @@ pub use recipe::{
 };
 pub(crate) use replay::STEADY_PASSES;
 pub use replay::{AllocatorPeaks, ReplayDevice};
-pub use streams::Fsdp2Streams;
+pub use streams::{ShardedEngine, ShardedStreams};
 #[cfg(feature = "vision")]
 pub use vision::{ImageLayout, VisionInputs, VlmKind, MAX_IMAGES, MAX_IMAGE_SIDE};
 #[cfg(feature = "vision")]

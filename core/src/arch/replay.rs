@@ -24,11 +24,12 @@
 //!   the end of backward; no optimizer step follows;
 //! - per-op checkpointing keeps, beside each layer's input, what its policy saves: one block
 //!   made after the layer's forward, freed after its backward;
-//! - FSDP2's buffers (full fine-tuning, its state on the GPU) are replayed on the streams
-//!   PyTorch makes them on, the state sharded ([`super::streams`]); other engines' buffers and
-//!   offloading are not: their reserve is taken from the plain step of the same tape.
+//! - FSDP2's and FSDP1's buffers (full fine-tuning, the state on the GPU) are replayed on the
+//!   streams PyTorch makes them on, the state sharded ([`super::streams`]); other engines'
+//!   buffers and offloading are not: their reserve is taken from the plain step of the same
+//!   tape.
 
-use super::streams::{Fsdp2Replay, Fsdp2Streams};
+use super::streams::{ShardedReplay, ShardedStreams};
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
 
 /// What the optimizer step allocates beyond its state, per trained tensor.
@@ -184,9 +185,9 @@ pub struct ReplayDevice {
     /// the safety margin. Near it the allocator releases its cached segments before it gives
     /// up, so the reserve a step needs there is smaller than on a larger device.
     pub capacity: Option<u64>,
-    /// FSDP2's buffers replayed on their streams, the state sharded (`None`: one GPU's
-    /// step, or an engine whose buffers are not replayed).
-    pub fsdp2: Option<Fsdp2Streams>,
+    /// A sharded engine's buffers replayed on their streams, the state sharded (`None`: one
+    /// GPU's step, or an engine whose buffers are not replayed).
+    pub sharded: Option<ShardedStreams>,
 }
 
 impl From<AllocatorMode> for ReplayDevice {
@@ -194,7 +195,7 @@ impl From<AllocatorMode> for ReplayDevice {
         ReplayDevice {
             mode,
             capacity: None,
-            fsdp2: None,
+            sharded: None,
         }
     }
 }
@@ -331,8 +332,8 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
         a.set_capacity(capacity);
     }
     // (the optimizer in backward steps whole gradients: FSDP2 is not replayed under it)
-    let mut fsdp2 = device
-        .fsdp2
+    let mut sharded = device
+        .sharded
         .filter(|_| s.trains && !s.in_backward)
         .map(|f| {
             let layers = s.group_of.iter().map(|&g| {
@@ -340,9 +341,9 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
                     .get(g)
                     .map_or(0, |t| t.iter().map(|t| t.grad).sum())
             });
-            Fsdp2Replay::new(f, &[&s.head_gradients, &s.embedding_gradients], layers)
+            ShardedReplay::new(f, &[&s.head_gradients, &s.embedding_gradients], layers)
         });
-    replay_with(&mut a, &mut scratch, s, fsdp2.as_mut());
+    replay_with(&mut a, &mut scratch, s, sharded.as_mut());
     let peaks = AllocatorPeaks {
         allocated_bytes: a.peak_allocated(),
         reserved_bytes: a.peak_reserved(),
@@ -356,15 +357,15 @@ fn replay_with(
     a: &mut CachingAllocator,
     scratch: &mut Scratch,
     s: &StepAllocations<'_>,
-    mut fsdp2: Option<&mut Fsdp2Replay>,
+    mut sharded: Option<&mut ShardedReplay>,
 ) {
     // FSDP2 holds each persistent tensor's shard, and shards the optimizer's state
-    let shard = |bytes: u64, f: &Option<&mut Fsdp2Replay>| match f {
+    let shard = |bytes: u64, f: &Option<&mut ShardedReplay>| match f {
         Some(f) => f.shard(bytes),
         None => bytes,
     };
     for &bytes in &s.persistent {
-        a.malloc(shard(bytes, &fsdp2));
+        a.malloc(shard(bytes, &sharded));
     }
     let mut states_made = false;
     let passes = if s.trains {
@@ -375,7 +376,14 @@ fn replay_with(
     for _ in 0..2 {
         scratch.grads.clear();
         for pass in 0..passes {
-            forward_backward(a, scratch, s, pass == 0, !states_made, fsdp2.as_deref_mut());
+            forward_backward(
+                a,
+                scratch,
+                s,
+                pass == 0,
+                !states_made,
+                sharded.as_deref_mut(),
+            );
             if a.out_of_memory() {
                 return;
             }
@@ -394,15 +402,15 @@ fn replay_with(
         // the optimizer step: state made on the first, then the temporaries
         if !states_made {
             for &bytes in &s.states {
-                a.malloc(shard(bytes, &fsdp2));
+                a.malloc(shard(bytes, &sharded));
             }
             states_made = true;
         }
         let (sizes, kind) = &s.temporaries;
-        match fsdp2.as_deref_mut() {
+        match sharded.as_deref_mut() {
             Some(f) => {
-                let sharded: Vec<u64> = sizes.iter().map(|&b| f.shard(b)).collect();
-                step_temporaries(a, transients, &sharded, *kind);
+                let shards: Vec<u64> = sizes.iter().map(|&b| f.shard(b)).collect();
+                step_temporaries(a, transients, &shards, *kind);
                 for g in f.grad_shards.drain(..) {
                     a.free(g);
                 }
@@ -466,7 +474,7 @@ fn forward_backward(
     s: &StepAllocations<'_>,
     first: bool,
     make_states: bool,
-    mut fsdp2: Option<&mut Fsdp2Replay>,
+    mut sharded: Option<&mut ShardedReplay>,
 ) {
     let Scratch {
         kept,
@@ -481,11 +489,11 @@ fn forward_backward(
         grads,
         waiting,
         // (FSDP2 frees each pass's gradients once reduce-scattered, and adds the shards)
-        first: first || fsdp2.is_some(),
+        first: first || sharded.is_some(),
         stepped: s.in_backward.then_some((make_states, s.temporaries.1)),
     };
     let input = a.malloc(s.input);
-    if let Some(f) = fsdp2.as_deref_mut() {
+    if let Some(f) = sharded.as_deref_mut() {
         f.forward_start(a);
     }
     let embeddings = a.malloc(s.embeddings_saved);
@@ -499,7 +507,7 @@ fn forward_backward(
             return;
         }
         starts.push(kept.len());
-        if let Some(f) = fsdp2.as_deref_mut() {
+        if let Some(f) = sharded.as_deref_mut() {
             f.before_forward(a, i);
         }
         let recompute = s.checkpointed.get(i).copied().unwrap_or(false);
@@ -515,19 +523,19 @@ fn forward_backward(
         } else {
             layer_forward(a, log, s.trains, &mut flow, kept);
         }
-        if let Some(f) = fsdp2.as_deref_mut() {
+        if let Some(f) = sharded.as_deref_mut() {
             f.after_forward(a, i);
         }
     }
     let head = a.malloc(s.head_saved);
-    let loss_outside = fsdp2.as_deref().is_some_and(Fsdp2Replay::loss_outside);
-    if let Some(f) = fsdp2.as_deref_mut().filter(|_| loss_outside) {
+    let loss_outside = sharded.as_deref().is_some_and(ShardedReplay::loss_outside);
+    if let Some(f) = sharded.as_deref_mut().filter(|_| loss_outside) {
         f.forward_end(a);
     }
     loss.clear();
     loss_ops(a, loss, &s.loss.forward, &mut |_| {});
     flow.flush(a);
-    if let Some(f) = fsdp2.as_deref_mut().filter(|_| !loss_outside) {
+    if let Some(f) = sharded.as_deref_mut().filter(|_| !loss_outside) {
         f.forward_end(a);
     }
     if !s.trains {
@@ -538,7 +546,7 @@ fn forward_backward(
         return;
     }
     // backward
-    if let Some(f) = fsdp2.as_deref_mut().filter(|_| !loss_outside) {
+    if let Some(f) = sharded.as_deref_mut().filter(|_| !loss_outside) {
         f.backward_start(a);
     }
     let mut head_gradients = false;
@@ -549,7 +557,7 @@ fn forward_backward(
     if !head_gradients {
         gradients.add(a, &s.head_gradients);
     }
-    if let Some(f) = fsdp2.as_deref_mut().filter(|_| loss_outside) {
+    if let Some(f) = sharded.as_deref_mut().filter(|_| loss_outside) {
         f.backward_start(a);
     }
     a.free(head);
@@ -559,7 +567,7 @@ fn forward_backward(
         if a.out_of_memory() {
             return;
         }
-        if let Some(f) = fsdp2.as_deref_mut() {
+        if let Some(f) = sharded.as_deref_mut() {
             f.before_backward(a, i);
         }
         recomputed.clear();
@@ -590,13 +598,13 @@ fn forward_backward(
                 a.free(t);
             }
         }
-        if let Some(f) = fsdp2.as_deref_mut() {
-            f.after_backward(a, i, gradients.grads.drain(made_from..), first);
+        if let Some(f) = sharded.as_deref_mut() {
+            f.after_backward(a, i, gradients.grads, made_from, first);
         }
     }
     gradients.add(a, &s.embedding_gradients);
-    if let Some(f) = fsdp2 {
-        f.backward_end(a, gradients.grads.drain(..), first);
+    if let Some(f) = sharded {
+        f.backward_end(a, gradients.grads, first);
     }
     for g in gradients.waiting.drain(..) {
         a.free(g);
@@ -649,6 +657,7 @@ impl Gradients<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::streams::ShardedEngine;
 
     const MIB: u64 = 1 << 20;
 
@@ -721,41 +730,87 @@ mod tests {
 
     /// On a device too small for it, the step stops where it runs out (as PyTorch raises):
     /// the optimizer step's moments and temporaries, the plain step's peak of 80 MiB, are
-    /// FSDP2 over two GPUs: the state is halved, and what its streams cache stays apart from
-    /// the default stream's blocks: the all-gather stream's last output (a layer gathered, 4
-    /// MiB) and the reduce-scatter stream's gradient shards are reserved beyond the peak.
-    #[test]
-    fn fsdp2_s_streams_cache_their_own_blocks() {
-        let log = [(0, false), (4 * MIB, true)];
-        let mut step = one_layer(&log, false, false);
-        step.layers = vec![&log; 4];
+    /// A four-layer step of [`one_layer`]'s layers, each layer's weight of 160 MiB (its
+    /// fp32 gradient), on an expandable-segments device (one segment per pool and stream,
+    /// mapped 20 MiB at a time), replayed as `sharded` says.
+    fn four_layers(log: &[(u64, bool)], sharded: Option<ShardedStreams>) -> AllocatorPeaks {
+        let mut step = one_layer(log, false, false);
+        step.group_gradients = vec![vec![Trained {
+            grad: 160 * MIB,
+            states: [160 * MIB, 160 * MIB, 0],
+            temporary: 160 * MIB,
+            waits: false,
+        }]];
+        step.layers = vec![log; 4];
         step.checkpointed = vec![false; 4];
         step.group_of = vec![0; 4];
         step.persistent = vec![8 * MIB; 5];
         step.states = vec![8 * MIB; 10];
         step.temporaries.0 = vec![8 * MIB; 5];
-        let device = |fsdp2| ReplayDevice {
+        let device = ReplayDevice {
             mode: AllocatorMode::Expandable,
             capacity: None,
-            fsdp2,
+            sharded,
         };
-        let whole = replay(&step, device(None));
-        let streams = Fsdp2Streams {
+        replay(&step, device)
+    }
+
+    /// Two GPUs of `engine` in a mixed recipe (fp32 shards and tape gradients, bf16
+    /// gathered: a layer is 80 MiB gathered).
+    fn two_gpus(engine: ShardedEngine) -> ShardedStreams {
+        let fsdp1 = engine != ShardedEngine::Fsdp2;
+        ShardedStreams {
+            engine,
             group: 2,
             gathered_bytes: 2,
-            reduced_bytes: 4,
+            reduced_bytes: if fsdp1 { 2 } else { 4 },
+            sharded_bytes: 4,
             tape_gradient_bytes: 4,
             reshard_after_forward: crate::Reshard::On,
             loss_outside: false,
-        };
-        let rank = replay(&step, device(Some(streams)));
-        // (the whole step's 40 MiB of weights, 80 of state and 40 of gradients, halved)
+            backward_prefetch: !fsdp1,
+        }
+    }
+
+    /// FSDP2 over two GPUs: the state is halved, but what its streams cache stays apart from
+    /// the default stream's blocks (the all-gather outputs, the gradient shards), so the
+    /// rank reserves more than the whole step.
+    #[test]
+    fn fsdp2_s_streams_cache_their_own_blocks() {
+        let log = [(0, false), (4 * MIB, true)];
+        let whole = four_layers(&log, None);
+        assert_eq!(
+            (whole.allocated_bytes, whole.reserved_bytes),
+            (808 * MIB, 940 * MIB)
+        );
+        let rank = four_layers(&log, Some(two_gpus(ShardedEngine::Fsdp2)));
+        assert_eq!(
+            (rank.allocated_bytes, rank.reserved_bytes),
+            (712 * MIB, 1040 * MIB)
+        );
+    }
+
+    /// FSDP1 gathers each layer into a block of its unshard stream, which the default stream
+    /// computes with (`record_stream`): a resharded layer's block comes back only when the
+    /// rate limiter waits on its free event, two all-gathers later: three gathered layers
+    /// stay reserved on that stream.
+    #[test]
+    fn fsdp1_s_resharded_layers_wait_for_the_default_stream() {
+        let log = [(0, false), (4 * MIB, true)];
+        let whole = four_layers(&log, None);
+        let rank = four_layers(
+            &log,
+            Some(two_gpus(ShardedEngine::Fsdp1 { whole_model: false })),
+        );
         assert!(
             rank.allocated_bytes < whole.allocated_bytes,
             "{rank:?} {whole:?}"
         );
-        assert!(whole.slack_bytes() < 4 * MIB, "{whole:?}");
-        assert!(rank.slack_bytes() >= 4 * MIB, "{rank:?}");
+        // (freed at once, the unshard stream would hold two layers: 900 MiB)
+        assert_eq!(
+            (rank.allocated_bytes, rank.reserved_bytes),
+            (548 * MIB, 980 * MIB)
+        );
     }
 
     /// never allocated.
@@ -768,7 +823,7 @@ mod tests {
             ReplayDevice {
                 mode: AllocatorMode::Default,
                 capacity: Some(30 * MIB),
-                fsdp2: None,
+                sharded: None,
             },
         );
         assert!(peaks.out_of_memory);

@@ -1,9 +1,13 @@
-//! FSDP2's own buffers in the allocator's replay, each on the CUDA stream PyTorch allocates
-//! it on, so that the reserve of a rank counts the blocks one stream caches and another
-//! cannot take (`CUDACachingAllocator.cpp` keeps each stream's free blocks apart).
+//! A sharded engine's own buffers in the allocator's replay, each on the CUDA stream PyTorch
+//! allocates it on, so that the reserve of a rank counts the blocks one stream caches and
+//! another cannot take (`CUDACachingAllocator.cpp` keeps each stream's free blocks apart,
+//! and a block another stream still uses returns to its pool only once that stream is past
+//! it).
 //!
-//! Derived from torch 2.15's `_fully_shard/_fsdp_collectives.py` and `_fsdp_param_group.py`
-//! (no GPU ran it):
+//! Derived from torch 2.15's sources (no GPU ran it; `validation/DISTRIBUTED.md`, "The
+//! engines' streams").
+//!
+//! FSDP2 (`_fully_shard/_fsdp_collectives.py`, `_fsdp_param_group.py`):
 //! - an all-gather is made on the all-gather copy-in stream: the shard cast to the gathered
 //!   dtype (`_get_param_all_gather_inputs`' flat copy), then the output of the whole unit
 //!   (`all_gather_comm.allocate`), the copy freed once copied in;
@@ -19,6 +23,19 @@
 //!   and makes the reduce-scatter output on the reduce-scatter stream: the sharded gradient,
 //!   alive until `zero_grad`. The root's post-backward callback frees the last input.
 //!
+//! FSDP1 (`fsdp/_runtime_utils.py`, `_flat_param.py`):
+//! - `_unshard` makes the low-precision shard on the pre-unshard stream (mixed precision), then
+//!   the padded unsharded flat parameter on the unshard stream, where it is gathered; the
+//!   default stream computes with it;
+//! - `_reshard` frees it after `_no_dispatch_record_stream` for the default stream: the block
+//!   waits for that stream. With `limit_all_gathers` (accelerate's default) each reshard
+//!   records a free event and each unshard first waits on the oldest when two are queued,
+//!   so a unit's block comes back two unshards later;
+//! - `_post_backward_hook` runs on the post-backward stream: the gradient cast to
+//!   `reduce_dtype` (when it differs) and the sharded gradient (`empty_like(chunks[0])`) are
+//!   made there, and autograd's gradient, `record_stream`ed for it, waits for it (here: until
+//!   the next unit's reduction).
+//!
 //! The step's other tensors are the tape's, on the default stream; the sharded parameters and
 //! optimizer state are the tape's over the group.
 
@@ -27,84 +44,126 @@ use crate::Reshard;
 
 use super::replay::Trained;
 
-/// The default stream: the tape, the copy-out, the reduce-scatter inputs.
+/// The default stream: the tape; FSDP2's copy-out and reduce-scatter inputs.
 const DEFAULT: u8 = 0;
-/// `all_gather_copy_in_stream`: the all-gather inputs and outputs.
-const ALL_GATHER: u8 = 1;
-/// `reduce_scatter_stream`: the reduce-scatter outputs, the sharded gradients.
-const REDUCE_SCATTER: u8 = 2;
+/// FSDP2's `all_gather_copy_in_stream`; FSDP1's unshard stream.
+const GATHER: u8 = 1;
+/// FSDP2's `reduce_scatter_stream`; FSDP1's post-backward stream: the sharded gradients.
+const REDUCE: u8 = 2;
+/// FSDP1's pre-unshard stream: the low-precision shards.
+const PRE_UNSHARD: u8 = 3;
 
-/// How FSDP2 runs the replayed step: one unit per layer and the root, full fine-tuning
-/// without offload.
+/// Which engine shards the step, and how it wraps the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Fsdp2Streams {
+pub enum ShardedEngine {
+    /// FSDP2 (`fully_shard` on each layer and on the root).
+    Fsdp2,
+    /// FSDP1 (`FullyShardedDataParallel`) with `limit_all_gathers`: each layer its unit
+    /// (`transformer_based_wrap`), or the whole model one unit (accelerate's `NO_WRAP`).
+    Fsdp1 {
+        /// The whole model is one unit, the root.
+        whole_model: bool,
+    },
+}
+
+/// How a sharded engine runs the replayed step: full fine-tuning without offload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShardedStreams {
+    /// The engine.
+    pub engine: ShardedEngine,
     /// GPUs each parameter is split over.
     pub group: u64,
     /// Bytes per element of a gathered parameter (`param_dtype`).
     pub gathered_bytes: u64,
-    /// Bytes per element of a reduce-scatter (`reduce_dtype`).
+    /// Bytes per element of a reduction (`reduce_dtype`).
     pub reduced_bytes: u64,
+    /// Bytes per element of a sharded parameter and of its gradient.
+    pub sharded_bytes: u64,
     /// Bytes per element of the tape's gradients, which give each unit's elements.
     pub tape_gradient_bytes: u64,
-    /// The layers' `reshard_after_forward`.
+    /// The layers' resharding after forward (FSDP1: `FULL_SHARD` reshards,
+    /// `SHARD_GRAD_OP` keeps them).
     pub reshard_after_forward: Reshard,
     /// The loss runs outside the root's forward (its backward before the root's
     /// pre-backward).
     pub loss_outside: bool,
+    /// The next unit is gathered before this one's gradients are computed (FSDP2 always,
+    /// FSDP1 with `BACKWARD_PRE`).
+    pub backward_prefetch: bool,
 }
 
-impl Fsdp2Streams {
+impl ShardedStreams {
     /// `bytes` of the tape's whole state as one rank's shard.
     pub(crate) const fn shard(&self, bytes: u64) -> u64 {
         bytes.div_ceil(if self.group == 0 { 1 } else { self.group })
     }
 
-    /// The elements of `trained` (the tape's gradients of one unit).
-    fn elements(&self, trained: &[Trained]) -> u64 {
-        let bytes: u64 = trained.iter().map(|t| t.grad).sum();
-        bytes / self.tape_gradient_bytes.max(1)
+    /// The bytes in the gathered dtype of the elements whose tape gradients are `bytes`.
+    const fn gathered(&self, bytes: u64) -> u64 {
+        let per = if self.tape_gradient_bytes == 0 {
+            1
+        } else {
+            self.tape_gradient_bytes
+        };
+        (bytes / per).saturating_mul(self.gathered_bytes)
+    }
+
+    const fn fsdp1(&self) -> bool {
+        matches!(self.engine, ShardedEngine::Fsdp1 { .. })
     }
 }
 
-/// One replay's FSDP2 buffers alive, and the sharded gradients.
-pub(crate) struct Fsdp2Replay {
-    streams: Fsdp2Streams,
-    /// Gathered bytes of the root (embeddings, final norm, head), and of each layer.
+/// One replay's engine buffers alive, and the sharded gradients.
+pub(crate) struct ShardedReplay {
+    streams: ShardedStreams,
+    /// Gathered bytes of the root (embeddings, final norm, head; FSDP1's `NO_WRAP`: the
+    /// whole model), and of each layer (0 for a layer in the root).
     root_bytes: u64,
     layer_bytes: Vec<u64>,
     /// The root's unsharded parameters, from its first forward to its post-backward.
     root: Option<BlockId>,
-    /// The last forward all-gather output, freed at the next copy-out.
+    /// FSDP2: the last forward all-gather output, freed at the next copy-out.
     all_gather_state: Option<BlockId>,
-    /// A backward prefetch issued: the layer and its all-gather output.
-    prefetched: Option<(usize, BlockId)>,
+    /// A backward prefetch issued: the layer, and FSDP2's all-gather output (FSDP1 gathers
+    /// into the unsharded parameters themselves).
+    prefetched: Option<(usize, Option<BlockId>)>,
     /// Each layer's unsharded parameters, or the share it keeps after its forward.
     unsharded: Vec<Option<BlockId>>,
     kept: Vec<Option<BlockId>>,
-    /// The last reduce-scatter input.
+    /// FSDP2: the last reduce-scatter input.
     reduce_input: Option<BlockId>,
-    /// The reduce-scatter outputs: the sharded gradients the optimizer steps.
+    /// FSDP1: resharded blocks whose free events are queued (`_free_event_queue`), oldest
+    /// first; and autograd's gradients the post-backward stream still reads.
+    freed: Vec<BlockId>,
+    reading: Vec<BlockId>,
+    /// The reductions' outputs: the sharded gradients the optimizer steps.
     pub grad_shards: Vec<BlockId>,
 }
 
-impl Fsdp2Replay {
+impl ShardedReplay {
     /// The buffers of a step whose root's gradients are `root` (the head's and the
-    /// embeddings', a tied matrix once) and whose layers' are `layers`.
+    /// embeddings') and whose layers' are `layers` (bytes of each layer's).
     pub(crate) fn new(
-        streams: Fsdp2Streams,
+        streams: ShardedStreams,
         root: &[&[Trained]],
         layers: impl Iterator<Item = u64>,
     ) -> Self {
-        let root_elements: u64 = root.iter().map(|t| streams.elements(t)).sum();
-        let layer_bytes: Vec<u64> = layers
-            .map(|bytes| {
-                (bytes / streams.tape_gradient_bytes.max(1)).saturating_mul(streams.gathered_bytes)
-            })
-            .collect();
+        let root_bytes: u64 = root
+            .iter()
+            .map(|t| streams.gathered(t.iter().map(|t| t.grad).sum()))
+            .sum();
+        let mut layer_bytes: Vec<u64> = layers.map(|b| streams.gathered(b)).collect();
+        let root_bytes = if streams.engine == (ShardedEngine::Fsdp1 { whole_model: true }) {
+            let layers: u64 = layer_bytes.iter().sum();
+            layer_bytes.iter_mut().for_each(|b| *b = 0);
+            root_bytes.saturating_add(layers)
+        } else {
+            root_bytes
+        };
         let n = layer_bytes.len();
-        Fsdp2Replay {
-            root_bytes: root_elements.saturating_mul(streams.gathered_bytes),
+        ShardedReplay {
             streams,
+            root_bytes,
             layer_bytes,
             root: None,
             all_gather_state: None,
@@ -112,6 +171,8 @@ impl Fsdp2Replay {
             unsharded: vec![None; n],
             kept: vec![None; n],
             reduce_input: None,
+            freed: Vec::new(),
+            reading: Vec::new(),
             grad_shards: Vec::new(),
         }
     }
@@ -126,16 +187,45 @@ impl Fsdp2Replay {
         self.streams.loss_outside
     }
 
-    /// An all-gather of `bytes` on the copy-in stream: its output.
-    fn all_gather(&self, a: &mut CachingAllocator, bytes: u64) -> BlockId {
-        let copy_in = a.malloc_on(self.streams.shard(bytes), ALL_GATHER);
-        let output = a.malloc_on(bytes, ALL_GATHER);
-        a.free(copy_in);
-        output
+    fn layer(&self, i: usize) -> u64 {
+        self.layer_bytes.get(i).copied().unwrap_or(0)
     }
 
     fn free(a: &mut CachingAllocator, block: Option<BlockId>) {
         if let Some(b) = block {
+            a.free(b);
+        }
+    }
+
+    /// FSDP2's all-gather of `bytes` on the copy-in stream: its output.
+    fn all_gather(&self, a: &mut CachingAllocator, bytes: u64) -> BlockId {
+        let copy_in = a.malloc_on(self.streams.shard(bytes), GATHER);
+        let output = a.malloc_on(bytes, GATHER);
+        a.free(copy_in);
+        output
+    }
+
+    /// FSDP1's `_unshard` of `bytes`: the rate limiter, then the unsharded flat parameter on
+    /// the unshard stream (its low-precision shard made and freed on the pre-unshard stream).
+    fn unshard(&mut self, a: &mut CachingAllocator, bytes: u64) -> BlockId {
+        if self.freed.len() >= 2 {
+            a.release(self.freed.remove(0));
+        }
+        let mixed = self.streams.gathered_bytes < self.streams.sharded_bytes;
+        let shard = mixed.then(|| a.malloc_on(self.streams.shard(bytes), PRE_UNSHARD));
+        let unsharded = a.malloc_on(bytes, GATHER);
+        Self::free(a, shard);
+        unsharded
+    }
+
+    /// Resharding `block`: FSDP1's waits for the default stream and its free event, FSDP2's
+    /// is freed.
+    fn reshard(&mut self, a: &mut CachingAllocator, block: Option<BlockId>) {
+        let Some(b) = block else { return };
+        if self.streams.fsdp1() {
+            a.free_in_use(b);
+            self.freed.push(b);
+        } else {
             a.free(b);
         }
     }
@@ -145,29 +235,37 @@ impl Fsdp2Replay {
         if self.root.is_some() {
             return;
         }
+        if self.streams.fsdp1() {
+            self.root = Some(self.unshard(a, self.root_bytes));
+            return;
+        }
         let output = self.all_gather(a, self.root_bytes);
         self.root = Some(a.malloc_on(self.root_bytes, DEFAULT));
         Self::free(a, self.all_gather_state.replace(output));
     }
 
-    /// Layer `i`'s pre-forward: gathered, the previous all-gather output released.
+    /// Layer `i`'s pre-forward: gathered (FSDP2: the previous all-gather output released).
     pub(crate) fn before_forward(&mut self, a: &mut CachingAllocator, i: usize) {
-        let bytes = self.layer_bytes.get(i).copied().unwrap_or(0);
-        if self.unsharded.get(i).is_some_and(Option::is_some) {
+        let bytes = self.layer(i);
+        if bytes == 0 || self.unsharded.get(i).is_some_and(Option::is_some) {
             return;
         }
-        let output = self.all_gather(a, bytes);
-        Self::free(a, self.all_gather_state.take());
-        let unsharded = a.malloc_on(bytes, DEFAULT);
+        let unsharded = if self.streams.fsdp1() {
+            self.unshard(a, bytes)
+        } else {
+            let output = self.all_gather(a, bytes);
+            Self::free(a, self.all_gather_state.take());
+            self.all_gather_state = Some(output);
+            a.malloc_on(bytes, DEFAULT)
+        };
         if let Some(slot) = self.unsharded.get_mut(i) {
             *slot = Some(unsharded);
         }
-        self.all_gather_state = Some(output);
     }
 
     /// Layer `i`'s post-forward: resharded as `reshard_after_forward` says.
     pub(crate) fn after_forward(&mut self, a: &mut CachingAllocator, i: usize) {
-        let bytes = self.layer_bytes.get(i).copied().unwrap_or(0);
+        let bytes = self.layer(i);
         let kept = match self.streams.reshard_after_forward {
             Reshard::Off => return,
             Reshard::On => None,
@@ -176,101 +274,156 @@ impl Fsdp2Replay {
         if let Some(slot) = self.kept.get_mut(i) {
             *slot = kept;
         }
-        Self::free(a, self.unsharded.get_mut(i).and_then(Option::take));
+        let unsharded = self.unsharded.get_mut(i).and_then(Option::take);
+        self.reshard(a, unsharded);
     }
 
-    /// The root's post-forward: the last forward all-gather output released.
+    /// The root's post-forward: FSDP2's last forward all-gather output released.
     pub(crate) fn forward_end(&mut self, a: &mut CachingAllocator) {
         Self::free(a, self.all_gather_state.take());
     }
 
     /// The root's pre-backward: the last layer prefetched.
     pub(crate) fn backward_start(&mut self, a: &mut CachingAllocator) {
-        self.prefetch(a, self.layer_bytes.len().checked_sub(1));
+        if self.streams.backward_prefetch {
+            self.prefetch(a, self.layer_bytes.len().checked_sub(1));
+        }
     }
 
     fn prefetch(&mut self, a: &mut CachingAllocator, layer: Option<usize>) {
         let Some(i) = layer else { return };
-        if self.unsharded.get(i).is_some_and(Option::is_some) {
+        let bytes = self.layer(i);
+        if bytes == 0 || self.unsharded.get(i).is_some_and(Option::is_some) {
             return;
         }
-        let bytes = self.layer_bytes.get(i).copied().unwrap_or(0);
-        let output = self.all_gather(a, bytes);
-        self.prefetched = Some((i, output));
+        if self.streams.fsdp1() {
+            let unsharded = self.unshard(a, bytes);
+            if let Some(slot) = self.unsharded.get_mut(i) {
+                *slot = Some(unsharded);
+            }
+            self.prefetched = Some((i, None));
+        } else {
+            let output = self.all_gather(a, bytes);
+            self.prefetched = Some((i, Some(output)));
+        }
     }
 
-    /// Layer `i`'s pre-backward: its copy-out (freeing its all-gather output), then the
-    /// layer before it prefetched.
+    /// Layer `i`'s pre-backward: gathered (FSDP2: its copy-out, freeing its all-gather
+    /// output), then the layer before it prefetched.
     pub(crate) fn before_backward(&mut self, a: &mut CachingAllocator, i: usize) {
-        if self.unsharded.get(i).is_some_and(Option::is_none) {
-            let bytes = self.layer_bytes.get(i).copied().unwrap_or(0);
-            let output = match self.prefetched.take() {
-                Some((j, output)) if j == i => output,
-                other => {
-                    self.prefetched = other;
-                    self.all_gather(a, bytes)
-                }
+        let bytes = self.layer(i);
+        if bytes > 0 && self.unsharded.get(i).is_some_and(Option::is_none) {
+            let unsharded = if self.streams.fsdp1() {
+                self.unshard(a, bytes)
+            } else {
+                let output = match self.prefetched.take() {
+                    Some((j, Some(output))) if j == i => output,
+                    other => {
+                        self.prefetched = other;
+                        self.all_gather(a, bytes)
+                    }
+                };
+                let unsharded = a.malloc_on(bytes, DEFAULT);
+                a.free(output);
+                unsharded
             };
-            let unsharded = a.malloc_on(bytes, DEFAULT);
-            a.free(output);
             if let Some(slot) = self.unsharded.get_mut(i) {
                 *slot = Some(unsharded);
             }
             Self::free(a, self.kept.get_mut(i).and_then(Option::take));
         }
-        self.prefetch(a, i.checked_sub(1));
+        if self.streams.backward_prefetch {
+            self.prefetch(a, i.checked_sub(1));
+        }
     }
 
-    /// A unit's post-backward: resharded, then its `gradients` (of `bytes` in the gathered
-    /// dtype) reduce-scattered; `keep` keeps the sharded gradient (else it is added into
-    /// the one kept, as accumulation does).
-    fn reduce(
-        &mut self,
-        a: &mut CachingAllocator,
-        bytes: u64,
-        gradients: impl Iterator<Item = BlockId>,
-        keep: bool,
-    ) {
-        Self::free(a, self.reduce_input.take());
-        let elements = bytes / self.streams.gathered_bytes.max(1);
-        let input_bytes = elements.saturating_mul(self.streams.reduced_bytes);
-        let input = a.malloc_on(input_bytes, DEFAULT);
-        for g in gradients {
-            a.free(g);
-        }
-        let output = a.malloc_on(self.streams.shard(input_bytes), REDUCE_SCATTER);
+    /// A unit's post-backward reduction of its `gradients` (autograd's, of `bytes` in the
+    /// gathered dtype); `keep` keeps the sharded gradient (else it is added into the one
+    /// kept, as accumulation does).
+    fn reduce(&mut self, a: &mut CachingAllocator, bytes: u64, gradients: &[BlockId], keep: bool) {
+        let s = self.streams;
+        let elements = bytes / s.gathered_bytes.max(1);
+        let reduced = elements.saturating_mul(s.reduced_bytes);
+        let output = if s.fsdp1() {
+            for g in self.reading.drain(..) {
+                a.release(g);
+            }
+            // autograd's gradient is in the gathered dtype: cast to `reduce_dtype` when it
+            // differs
+            let cast = (s.gathered_bytes != s.reduced_bytes).then(|| a.malloc_on(reduced, REDUCE));
+            for &g in gradients {
+                a.free_in_use(g);
+                self.reading.push(g);
+            }
+            let output = a.malloc_on(s.shard(reduced), REDUCE);
+            Self::free(a, cast);
+            output
+        } else {
+            Self::free(a, self.reduce_input.take());
+            let input = a.malloc_on(reduced, DEFAULT);
+            for &g in gradients {
+                a.free(g);
+            }
+            self.reduce_input = Some(input);
+            a.malloc_on(s.shard(reduced), REDUCE)
+        };
+        // the sharded gradient in the sharded parameter's dtype (FSDP1's
+        // `_cast_grad_to_param_dtype`, FSDP2's `_to_dtype_if_needed`), on the same stream
+        let output = if s.sharded_bytes == s.reduced_bytes {
+            output
+        } else {
+            let cast = a.malloc_on(s.shard(elements.saturating_mul(s.sharded_bytes)), REDUCE);
+            a.free(output);
+            cast
+        };
         if keep {
             self.grad_shards.push(output);
         } else {
             a.free(output);
         }
-        self.reduce_input = Some(input);
     }
 
-    /// Layer `i`'s post-backward, its `gradients` made by its backward.
+    /// Layer `i`'s post-backward: resharded, and its gradients, `gradients[from..]`,
+    /// reduced (a layer of FSDP1's whole-model unit leaves them to the root's).
     pub(crate) fn after_backward(
         &mut self,
         a: &mut CachingAllocator,
         i: usize,
-        gradients: impl Iterator<Item = BlockId>,
+        gradients: &mut Vec<BlockId>,
+        from: usize,
         keep: bool,
     ) {
-        Self::free(a, self.unsharded.get_mut(i).and_then(Option::take));
-        let bytes = self.layer_bytes.get(i).copied().unwrap_or(0);
-        self.reduce(a, bytes, gradients, keep);
+        let bytes = self.layer(i);
+        if bytes == 0 {
+            return;
+        }
+        let unsharded = self.unsharded.get_mut(i).and_then(Option::take);
+        self.reshard(a, unsharded);
+        let from = from.min(gradients.len());
+        self.reduce(a, bytes, &gradients[from..], keep);
+        gradients.truncate(from);
     }
 
     /// The root's post-backward and the final callback: the root resharded, its
-    /// `gradients` reduce-scattered, the last reduce-scatter input freed.
+    /// `gradients` reduced, and whatever waited on another stream released.
     pub(crate) fn backward_end(
         &mut self,
         a: &mut CachingAllocator,
-        gradients: impl Iterator<Item = BlockId>,
+        gradients: &mut Vec<BlockId>,
         keep: bool,
     ) {
-        Self::free(a, self.root.take());
+        let root = self.root.take();
+        self.reshard(a, root);
         self.reduce(a, self.root_bytes, gradients, keep);
+        gradients.clear();
         Self::free(a, self.reduce_input.take());
-        Self::free(a, self.prefetched.take().map(|(_, b)| b));
+        if let Some((i, output)) = self.prefetched.take() {
+            Self::free(a, output);
+            let unsharded = self.unsharded.get_mut(i).and_then(Option::take);
+            self.reshard(a, unsharded);
+        }
+        for b in self.freed.drain(..).chain(self.reading.drain(..)) {
+            a.release(b);
+        }
     }
 }
