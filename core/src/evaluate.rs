@@ -884,7 +884,7 @@ pub(crate) fn resolve_reserve(
         ..*step
     };
     let mesh = mesh_of(plan);
-    let sharded = sharded_streams(plan, &mesh, &step, peft.is_some());
+    let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref());
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
     // on a device as large as it likes.
@@ -969,7 +969,7 @@ fn sharded_streams(
     plan: &PlanInputs,
     mesh: &crate::Mesh,
     step: &TrainingStep,
-    peft: bool,
+    peft: Option<&crate::Peft>,
 ) -> Option<crate::ShardedStreams> {
     let group = plan.shard_group().saturating_mul(mesh.context.max(1));
     let engine = match plan.sharding {
@@ -980,7 +980,9 @@ fn sharded_streams(
         _ => return None,
     };
     let fsdp1 = engine != crate::ShardedEngine::Fsdp2;
-    if !step.optimizer.trains() || peft || plan.offload != crate::Offload::None || group <= 1 {
+    // (a 4-bit base's units are not laid out per layer in the replay)
+    let quantized = peft.is_some_and(crate::Peft::quantized);
+    if !step.optimizer.trains() || quantized || plan.offload != crate::Offload::None || group <= 1 {
         return None;
     }
     let recipe = step.precision;

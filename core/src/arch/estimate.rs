@@ -932,6 +932,12 @@ fn estimate_on(
                     checkpointed: (0..spec.layers.len())
                         .map(|i| step.checkpointing.checkpoints_layer(i))
                         .collect(),
+                    // (saturating: a sum of element counts, each within the model's count)
+                    root_parameters: spec.outside_parameter_tensors().iter().sum(),
+                    group_parameters: groups
+                        .iter()
+                        .map(|(l, _)| l.params().iter().chain(&adapters(l)).sum())
+                        .collect(),
                     policy_saved: if step.checkpointing == Checkpointing::Ops {
                         spec.layers
                             .iter()

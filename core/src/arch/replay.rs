@@ -68,6 +68,11 @@ pub(crate) struct StepAllocations<'a> {
     pub layers: Vec<&'a [(u64, bool)]>,
     /// Which layers checkpointing recomputes (their forward keeps only the inputs).
     pub checkpointed: Vec<bool>,
+    /// Elements of the parameters outside the layers (embeddings, final norm, head: a tied
+    /// matrix once), and of a layer of each group (adapters included): the units a
+    /// sharded engine gathers.
+    pub root_parameters: u64,
+    pub group_parameters: Vec<u64>,
     /// What each recomputed layer's forward keeps beside its input (per-op checkpointing's
     /// saved matmul and attention outputs, one block per layer; empty: nothing).
     pub policy_saved: Vec<u64>,
@@ -336,12 +341,11 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
         .sharded
         .filter(|_| s.trains && !s.in_backward)
         .map(|f| {
-            let layers = s.group_of.iter().map(|&g| {
-                s.group_gradients
-                    .get(g)
-                    .map_or(0, |t| t.iter().map(|t| t.grad).sum())
-            });
-            ShardedReplay::new(f, &[&s.head_gradients, &s.embedding_gradients], layers)
+            let layers = s
+                .group_of
+                .iter()
+                .map(|&g| s.group_parameters.get(g).copied().unwrap_or(0));
+            ShardedReplay::new(f, s.root_parameters, layers)
         });
     replay_with(&mut a, &mut scratch, s, sharded.as_mut());
     let peaks = AllocatorPeaks {
@@ -599,12 +603,21 @@ fn forward_backward(
             }
         }
         if let Some(f) = sharded.as_deref_mut() {
-            f.after_backward(a, i, gradients.grads, made_from, first);
+            let bytes = layer.map_or(0, |t| t.iter().map(|t| t.grad).sum());
+            f.after_backward(a, i, bytes, gradients.grads, made_from, first);
         }
     }
     gradients.add(a, &s.embedding_gradients);
     if let Some(f) = sharded {
-        f.backward_end(a, gradients.grads, first);
+        // what is left: the root's, and the layers' a whole-model unit did not reduce
+        let bytes = |t: &[Trained]| t.iter().map(|t| t.grad).sum::<u64>();
+        let mut left = bytes(&s.head_gradients).saturating_add(bytes(&s.embedding_gradients));
+        if f.whole_model() {
+            for &g in &s.group_of {
+                left = left.saturating_add(s.group_gradients.get(g).map_or(0, |t| bytes(t)));
+            }
+        }
+        f.backward_end(a, left, gradients.grads, first);
     }
     for g in gradients.waiting.drain(..) {
         a.free(g);
@@ -683,6 +696,8 @@ mod tests {
             input: 0,
             layers: vec![log],
             checkpointed: vec![false],
+            root_parameters: 2 * MIB,
+            group_parameters: vec![2 * MIB],
             policy_saved: Vec::new(),
             embeddings_saved: 0,
             head_saved: 0,
@@ -735,6 +750,7 @@ mod tests {
     /// mapped 20 MiB at a time), replayed as `sharded` says.
     fn four_layers(log: &[(u64, bool)], sharded: Option<ShardedStreams>) -> AllocatorPeaks {
         let mut step = one_layer(log, false, false);
+        step.group_parameters = vec![40 * MIB];
         step.group_gradients = vec![vec![Trained {
             grad: 160 * MIB,
             states: [160 * MIB, 160 * MIB, 0],

@@ -42,8 +42,6 @@
 use crate::allocator::{BlockId, CachingAllocator};
 use crate::Reshard;
 
-use super::replay::Trained;
-
 /// The default stream: the tape; FSDP2's copy-out and reduce-scatter inputs.
 const DEFAULT: u8 = 0;
 /// FSDP2's `all_gather_copy_in_stream`; FSDP1's unshard stream.
@@ -79,7 +77,7 @@ pub struct ShardedStreams {
     pub reduced_bytes: u64,
     /// Bytes per element of a sharded parameter and of its gradient.
     pub sharded_bytes: u64,
-    /// Bytes per element of the tape's gradients, which give each unit's elements.
+    /// Bytes per element of the tape's gradients, which give the elements reduced.
     pub tape_gradient_bytes: u64,
     /// The layers' resharding after forward (FSDP1: `FULL_SHARD` reshards,
     /// `SHARD_GRAD_OP` keeps them).
@@ -98,14 +96,14 @@ impl ShardedStreams {
         bytes.div_ceil(if self.group == 0 { 1 } else { self.group })
     }
 
-    /// The bytes in the gathered dtype of the elements whose tape gradients are `bytes`.
-    const fn gathered(&self, bytes: u64) -> u64 {
-        let per = if self.tape_gradient_bytes == 0 {
-            1
-        } else {
-            self.tape_gradient_bytes
-        };
-        (bytes / per).saturating_mul(self.gathered_bytes)
+    /// The elements whose tape gradients are `bytes`.
+    const fn gradient_elements(&self, bytes: u64) -> u64 {
+        bytes
+            / if self.tape_gradient_bytes == 0 {
+                1
+            } else {
+                self.tape_gradient_bytes
+            }
     }
 
     const fn fsdp1(&self) -> bool {
@@ -141,18 +139,17 @@ pub(crate) struct ShardedReplay {
 }
 
 impl ShardedReplay {
-    /// The buffers of a step whose root's gradients are `root` (the head's and the
-    /// embeddings') and whose layers' are `layers` (bytes of each layer's).
+    /// The buffers of a step whose root (embeddings, final norm, head) has `root`
+    /// parameters and whose layers have `layers` (elements each).
     pub(crate) fn new(
         streams: ShardedStreams,
-        root: &[&[Trained]],
+        root: u64,
         layers: impl Iterator<Item = u64>,
     ) -> Self {
-        let root_bytes: u64 = root
-            .iter()
-            .map(|t| streams.gathered(t.iter().map(|t| t.grad).sum()))
-            .sum();
-        let mut layer_bytes: Vec<u64> = layers.map(|b| streams.gathered(b)).collect();
+        let root_bytes = root.saturating_mul(streams.gathered_bytes);
+        let mut layer_bytes: Vec<u64> = layers
+            .map(|e| e.saturating_mul(streams.gathered_bytes))
+            .collect();
         let root_bytes = if streams.engine == (ShardedEngine::Fsdp1 { whole_model: true }) {
             let layers: u64 = layer_bytes.iter().sum();
             layer_bytes.iter_mut().for_each(|b| *b = 0);
@@ -180,6 +177,12 @@ impl ShardedReplay {
     /// `bytes` of the tape's whole state as one rank's shard.
     pub(crate) const fn shard(&self, bytes: u64) -> u64 {
         self.streams.shard(bytes)
+    }
+
+    /// The whole model is one unit (FSDP1's `NO_WRAP`): the layers reduce nothing of their
+    /// own.
+    pub(crate) fn whole_model(&self) -> bool {
+        self.streams.engine == (ShardedEngine::Fsdp1 { whole_model: true })
     }
 
     /// The loss runs outside the root's forward.
@@ -337,12 +340,15 @@ impl ShardedReplay {
         }
     }
 
-    /// A unit's post-backward reduction of its `gradients` (autograd's, of `bytes` in the
-    /// gathered dtype); `keep` keeps the sharded gradient (else it is added into the one
-    /// kept, as accumulation does).
+    /// A unit's post-backward reduction of its `gradients` (autograd's, `bytes` of the
+    /// tape's: its trained parameters' only); `keep` keeps the sharded gradient (else it is
+    /// added into the one kept, as accumulation does).
     fn reduce(&mut self, a: &mut CachingAllocator, bytes: u64, gradients: &[BlockId], keep: bool) {
         let s = self.streams;
-        let elements = bytes / s.gathered_bytes.max(1);
+        if gradients.is_empty() {
+            return;
+        }
+        let elements = s.gradient_elements(bytes);
         let reduced = elements.saturating_mul(s.reduced_bytes);
         let output = if s.fsdp1() {
             for g in self.reading.drain(..) {
@@ -383,18 +389,19 @@ impl ShardedReplay {
         }
     }
 
-    /// Layer `i`'s post-backward: resharded, and its gradients, `gradients[from..]`,
-    /// reduced (a layer of FSDP1's whole-model unit leaves them to the root's).
+    /// Layer `i`'s post-backward: resharded, and its gradients, `gradients[from..]` (`bytes`
+    /// of the tape's), reduced (a layer of FSDP1's whole-model unit leaves them to the
+    /// root's).
     pub(crate) fn after_backward(
         &mut self,
         a: &mut CachingAllocator,
         i: usize,
+        bytes: u64,
         gradients: &mut Vec<BlockId>,
         from: usize,
         keep: bool,
     ) {
-        let bytes = self.layer(i);
-        if bytes == 0 {
+        if self.layer(i) == 0 {
             return;
         }
         let unsharded = self.unsharded.get_mut(i).and_then(Option::take);
@@ -404,17 +411,19 @@ impl ShardedReplay {
         gradients.truncate(from);
     }
 
-    /// The root's post-backward and the final callback: the root resharded, its
-    /// `gradients` reduced, and whatever waited on another stream released.
+    /// The root's post-backward and the final callback: the root resharded, the gradients
+    /// left, `gradients` (`bytes` of the tape's: FSDP1's whole-model unit's are all of
+    /// them), reduced, and whatever waited on another stream released.
     pub(crate) fn backward_end(
         &mut self,
         a: &mut CachingAllocator,
+        bytes: u64,
         gradients: &mut Vec<BlockId>,
         keep: bool,
     ) {
         let root = self.root.take();
         self.reshard(a, root);
-        self.reduce(a, self.root_bytes, gradients, keep);
+        self.reduce(a, bytes, gradients, keep);
         gradients.clear();
         Self::free(a, self.reduce_input.take());
         if let Some((i, output)) = self.prefetched.take() {
