@@ -3,7 +3,7 @@
 #
 #   bash validation/gpu/run.sh              on the GPU machine, from the repo root; results under $OUT
 #                                           (default validation/gpu/out): rows.jsonl, failures.jsonl,
-#                                           summary.txt, env.json, log.txt, children.log
+#                                           summary.txt, env.json, log.txt, children.log, streams.jsonl
 #   bash validation/gpu/run.sh --dry-run    the CPU self-test (tiny models, no CUDA needed)
 #
 # Uses the machine's own python3 with torch (no network there: nothing is installed). Without torch in
@@ -36,6 +36,11 @@ if [ "${1:-}" = "--dry-run" ] || [ "${1:-}" = "--self-test" ]; then
     shift
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
     echo "run.sh --dry-run: $($PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)') ($PY)"
+    for engine in "--engine fsdp2" "--engine fsdp1 --wrap layers"; do
+        # shellcheck disable=SC2086
+        "$PY" validation/gpu/streams.py --device cpu $engine --gc >/dev/null || { echo "run.sh --dry-run: streams.py $engine failed" >&2; exit 1; }
+    done
+    echo "run.sh --dry-run: streams.py (FSDP2, FSDP1) ran on the CPU"
     exec "$PY" validation/gpu/measure_gpu.py --self-test "$@"
 fi
 
@@ -83,6 +88,16 @@ if not info["cuda_available"]:
     print("run.sh: torch.cuda.is_available() is False", file=sys.stderr)
     sys.exit(1)
 EOF
+
+# The engines' streams first (issue 34, validation/gpu/streams.py): one rank of FSDP2 / FSDP1 of a world
+# of 8 over the fake process group, each in its own process (a fresh allocator), within STREAMS_S seconds
+STREAMS_S="${STREAMS_S:-100}"
+for engine in "--engine fsdp2 --allocator expandable" "--engine fsdp2" "--engine fsdp1 --wrap layers"; do
+    [ $(( $(date +%s) - T0 )) -lt "$STREAMS_S" ] || break
+    # shellcheck disable=SC2086
+    timeout 60 "$PY" validation/gpu/streams.py $engine --gc --out "$OUT/streams.jsonl" >> "$OUT/log.txt" 2>&1 \
+        || echo "run.sh: streams.py $engine failed (see log.txt)" | tee -a "$OUT/log.txt"
+done
 
 SPENT=$(( $(date +%s) - T0 ))
 BUDGET_S="${BUDGET_S:-480}"
