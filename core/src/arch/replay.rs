@@ -743,8 +743,6 @@ mod tests {
         allocated_peak_mib(&one_layer(&log, true, true), 76);
     }
 
-    /// On a device too small for it, the step stops where it runs out (as PyTorch raises):
-    /// the optimizer step's moments and temporaries, the plain step's peak of 80 MiB, are
     /// A four-layer step of [`one_layer`]'s layers, each layer's weight of 160 MiB (its
     /// fp32 gradient), on an expandable-segments device (one segment per pool and stream,
     /// mapped 20 MiB at a time), replayed as `sharded` says.
@@ -806,6 +804,44 @@ mod tests {
         );
     }
 
+    /// Per-op checkpointing keeps what its policy saves beside each layer's input, from the
+    /// layer's forward to its backward. Without an optimizer state, a checkpointed step's
+    /// peak is the end of its backward: the weights' 16 MiB and both gradients' 16; with a
+    /// policy of 6 MiB it is the layer's backward: the weights, the policy's 6, the
+    /// recomputed 4 and the layer's gradient 8.
+    #[test]
+    fn per_op_checkpointing_keeps_the_policy_s_tensors_to_the_backward() {
+        let log = [(0, false), (4 * MIB, true)];
+        let mut step = one_layer(&log, false, false);
+        step.checkpointed = vec![true];
+        step.states = Vec::new();
+        step.temporaries.0 = Vec::new();
+        allocated_peak_mib(&step, 32);
+        step.policy_saved = vec![6 * MIB];
+        allocated_peak_mib(&step, 34);
+    }
+
+    /// FSDP1's `NO_WRAP` gathers the whole model as one unit on its unshard stream, from
+    /// the first forward to the end of backward: the rank holds more than its layer-wise
+    /// wrapping does.
+    #[test]
+    fn fsdp1_without_wrapping_gathers_the_whole_model() {
+        let log = [(0, false), (4 * MIB, true)];
+        let layers = four_layers(
+            &log,
+            Some(two_gpus(ShardedEngine::Fsdp1 { whole_model: false })),
+        );
+        let whole = four_layers(
+            &log,
+            Some(two_gpus(ShardedEngine::Fsdp1 { whole_model: true })),
+        );
+        // (four layers of 80 MiB and the root's 4 gathered at once)
+        assert!(
+            whole.allocated_bytes >= layers.allocated_bytes + 3 * 80 * MIB,
+            "{whole:?} {layers:?}"
+        );
+    }
+
     /// FSDP1 gathers each layer into a block of its unshard stream, which the default stream
     /// computes with (`record_stream`): a resharded layer's block comes back only when the
     /// rate limiter waits on its free event, two all-gathers later: three gathered layers
@@ -829,6 +865,8 @@ mod tests {
         );
     }
 
+    /// On a device too small for it, the step stops where it runs out (as PyTorch raises):
+    /// the optimizer step's moments and temporaries, the plain step's peak of 80 MiB, are
     /// never allocated.
     #[test]
     fn a_replay_stops_where_the_device_runs_out() {
