@@ -69,9 +69,10 @@ pub(crate) struct StepAllocations<'a> {
     /// Which layers checkpointing recomputes (their forward keeps only the inputs).
     pub checkpointed: Vec<bool>,
     /// Elements of the parameters outside the layers (embeddings, final norm, head: a tied
-    /// matrix once), and of a layer of each group (adapters included): the units a
-    /// sharded engine gathers.
+    /// matrix once): the root unit a sharded engine gathers.
     pub root_parameters: u64,
+    /// Elements of the parameters of a layer of each group (adapters included): the unit a
+    /// sharded engine gathers per layer.
     pub group_parameters: Vec<u64>,
     /// What each recomputed layer's forward keeps beside its input (per-op checkpointing's
     /// saved matmul and attention outputs, one block per layer; empty: nothing).
@@ -336,7 +337,8 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
     if let Some(capacity) = device.capacity {
         a.set_capacity(capacity);
     }
-    // (the optimizer in backward steps whole gradients: FSDP2 is not replayed under it)
+    // (the optimizer in backward steps whole gradients: no sharded engine is replayed
+    // under it)
     let mut sharded = device
         .sharded
         .filter(|_| s.trains && !s.in_backward)
@@ -363,7 +365,7 @@ fn replay_with(
     s: &StepAllocations<'_>,
     mut sharded: Option<&mut ShardedReplay>,
 ) {
-    // FSDP2 holds each persistent tensor's shard, and shards the optimizer's state
+    // a sharded engine holds each persistent tensor's shard, and shards the optimizer's state
     let shard = |bytes: u64, f: &Option<&mut ShardedReplay>| match f {
         Some(f) => f.shard(bytes),
         None => bytes,
@@ -492,7 +494,7 @@ fn forward_backward(
     let mut gradients = Gradients {
         grads,
         waiting,
-        // (FSDP2 frees each pass's gradients once reduce-scattered, and adds the shards)
+        // (a sharded engine frees each pass's gradients once reduced, and adds the shards)
         first: first || sharded.is_some(),
         stepped: s.in_backward.then_some((make_states, s.temporaries.1)),
     };
