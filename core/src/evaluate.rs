@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::formats::WeightShape;
-use crate::rank::{mesh_of, shard_step};
+use crate::rank::{mesh_of, reshard_after_forward, shard_step};
 use crate::state::{Field, Mode, PageState, PlanInputs};
 use crate::{
     fit_verdict, max_batch_that_fits, plan_accumulation, simple_breakdown_at_batch, sweep,
@@ -854,8 +854,8 @@ impl Evaluation {
 /// caching allocator, when the plan asks for it (no percentage typed, a CUDA device, the
 /// architecture mode), and returns the replay. The reserve is the replay's slack over its
 /// own allocated peak, in parts per million, so that it scales with the peak at other
-/// batches (the largest-batch search, the sweep) without replaying each. An FSDP2 rank's
-/// replay is of its shards, with the engine's buffers on their streams.
+/// batches (the largest-batch search, the sweep) without replaying each. An FSDP2 or FSDP1
+/// rank's replay is of its shards, with the engine's buffers on their streams.
 pub(crate) fn resolve_reserve(
     plan: &mut PlanInputs,
     model: &Model,
@@ -962,8 +962,8 @@ pub(crate) fn resolve_reserve(
 }
 
 /// How a sharded engine runs `step` on a rank of `plan`, for the replay to put its buffers on
-/// their streams: full fine-tuning on FSDP2, or FSDP1 sharding over more than one GPU, the
-/// state on the GPU. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
+/// their streams: FSDP2 or FSDP1 sharding over more than one GPU, training every parameter
+/// or LoRA adapters on an unquantized base, the state on the GPU. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
 /// in bf16 and reduce in fp32, accelerate's FSDP1 reduces in bf16 too; fp32 shards.
 fn sharded_streams(
     plan: &PlanInputs,
@@ -992,14 +992,6 @@ fn sharded_streams(
         let b = recipe.weight_bytes();
         (b, b, b)
     };
-    let reshard_after_forward = if fsdp1 {
-        match plan.fsdp1.sharding {
-            crate::Fsdp1Sharding::GradOp => crate::Reshard::Off,
-            _ => crate::Reshard::On,
-        }
-    } else {
-        plan.reshard_after_forward
-    };
     Some(crate::ShardedStreams {
         engine,
         group,
@@ -1007,7 +999,7 @@ fn sharded_streams(
         reduced_bytes,
         sharded_bytes,
         tape_gradient_bytes: recipe.gradient_bytes().max(1),
-        reshard_after_forward,
+        reshard_after_forward: reshard_after_forward(plan),
         loss_outside: mesh.loss_parallel,
         backward_prefetch: !fsdp1 || plan.fsdp1.backward_prefetch == crate::BackwardPrefetch::Pre,
     })

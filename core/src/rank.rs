@@ -27,6 +27,7 @@ mod zero;
 
 use ddp::WholeState;
 use expert::DataParallel;
+pub(crate) use fsdp1::reshard_after_forward;
 use fsdp2::{Fsdp2Rank, Fsdp2Settings};
 use zero::{ZeroRank, ZeroSettings};
 

@@ -64,7 +64,8 @@ pub enum ShardedEngine {
     },
 }
 
-/// How a sharded engine runs the replayed step: full fine-tuning without offload.
+/// How a sharded engine runs the replayed step: full fine-tuning or LoRA on an unquantized
+/// base, without offload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShardedStreams {
     /// The engine.
@@ -109,6 +110,10 @@ impl ShardedStreams {
     const fn fsdp1(&self) -> bool {
         matches!(self.engine, ShardedEngine::Fsdp1 { .. })
     }
+
+    const fn whole_model(&self) -> bool {
+        matches!(self.engine, ShardedEngine::Fsdp1 { whole_model: true })
+    }
 }
 
 /// One replay's engine buffers alive, and the sharded gradients.
@@ -150,7 +155,7 @@ impl ShardedReplay {
         let mut layer_bytes: Vec<u64> = layers
             .map(|e| e.saturating_mul(streams.gathered_bytes))
             .collect();
-        let root_bytes = if streams.engine == (ShardedEngine::Fsdp1 { whole_model: true }) {
+        let root_bytes = if streams.whole_model() {
             let layers: u64 = layer_bytes.iter().sum();
             layer_bytes.iter_mut().for_each(|b| *b = 0);
             root_bytes.saturating_add(layers)
@@ -181,8 +186,8 @@ impl ShardedReplay {
 
     /// The whole model is one unit (FSDP1's `NO_WRAP`): the layers reduce nothing of their
     /// own.
-    pub(crate) fn whole_model(&self) -> bool {
-        self.streams.engine == (ShardedEngine::Fsdp1 { whole_model: true })
+    pub(crate) const fn whole_model(&self) -> bool {
+        self.streams.whole_model()
     }
 
     /// The loss runs outside the root's forward.

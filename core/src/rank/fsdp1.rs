@@ -73,7 +73,7 @@ pub(super) fn rank(
 /// FSDP2's `reshard_after_forward` that `plan`'s engine amounts to: FSDP1's follows its
 /// strategy (a `sharding_strategy` always filled wins over accelerate's
 /// `reshard_after_forward`).
-pub(super) fn reshard_after_forward(plan: &PlanInputs) -> Reshard {
+pub(crate) fn reshard_after_forward(plan: &PlanInputs) -> Reshard {
     match (plan.sharding, plan.fsdp1.sharding) {
         (Sharding::Fsdp1, Fsdp1Sharding::GradOp) => Reshard::Off,
         (Sharding::Fsdp1, _) => Reshard::On,
