@@ -885,6 +885,8 @@ pub(crate) fn resolve_reserve(
     };
     let mesh = mesh_of(plan);
     let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref());
+    // (DDP over one GPU is not wrapped: no reducer)
+    let ddp = plan.sharding == crate::Sharding::Ddp && plan.shard_group() > 1;
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
     // on a device as large as it likes.
@@ -910,6 +912,7 @@ pub(crate) fn resolve_reserve(
             capacity,
             objective,
             sharded,
+            ddp,
         )
             .hash(&mut h);
         h.finish()
@@ -934,6 +937,7 @@ pub(crate) fn resolve_reserve(
                         mode: plan.allocator,
                         capacity,
                         sharded,
+                        ddp,
                     }),
                 )
                 .ok()

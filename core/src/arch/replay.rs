@@ -25,8 +25,9 @@
 //! - per-op checkpointing keeps, beside each layer's input, what its policy saves: one block
 //!   made after the layer's forward, freed after its backward;
 //! - FSDP2's and FSDP1's buffers (full fine-tuning, the state on the GPU) are replayed on the
-//!   streams PyTorch makes them on, the state sharded ([`super::streams`]); other engines'
-//!   buffers and offloading are not: their reserve is taken from the plain step of the same
+//!   streams PyTorch makes them on, the state sharded ([`super::streams`]); DDP's reducer
+//!   buckets are made before the first step and kept ([`ddp_buckets`]); DeepSpeed's buffers
+//!   and offloading are not replayed: their reserve is taken from the plain step of the same
 //!   tape.
 
 use super::streams::{ShardedReplay, ShardedStreams};
@@ -194,6 +195,8 @@ pub struct ReplayDevice {
     /// A sharded engine's buffers replayed on their streams, the state sharded (`None`: one
     /// GPU's step, or an engine whose buffers are not replayed).
     pub sharded: Option<ShardedStreams>,
+    /// The step runs under DDP, whose reducer holds its gradient buckets for good.
+    pub ddp: bool,
 }
 
 impl From<AllocatorMode> for ReplayDevice {
@@ -202,8 +205,48 @@ impl From<AllocatorMode> for ReplayDevice {
             mode,
             capacity: None,
             sharded: None,
+            ddp: false,
         }
     }
+}
+
+/// DDP's first bucket and every later one (`dist._DEFAULT_FIRST_BUCKET_BYTES`, and
+/// `bucket_cap_mb=25` as torch, accelerate and the HF Trainer leave it).
+const DDP_BUCKET_CAPS: [u64; 2] = [1 << 20, 25 << 20];
+
+/// The flat buckets DDP's reducer allocates when the model is wrapped
+/// (`_compute_bucket_assignment_by_size` over the trained parameters in reverse order: a
+/// bucket closes once it holds at least its cap; `Reducer::initialize_buckets` makes each
+/// one tensor). They are rebuilt in the order the gradients arrived after the first step,
+/// which for a model run layer by layer is the same order, and stay allocated beside the
+/// gradients (`gradient_as_bucket_view=False`, the default).
+pub(crate) fn ddp_buckets(s: &StepAllocations<'_>) -> Vec<u64> {
+    let layers = s.group_of.iter().rev().flat_map(|&g| {
+        s.group_gradients
+            .get(g)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .rev()
+    });
+    let reversed = s
+        .head_gradients
+        .iter()
+        .rev()
+        .chain(layers)
+        .chain(s.embedding_gradients.iter().rev());
+    let mut buckets = Vec::new();
+    let mut filling = 0u64;
+    for t in reversed {
+        filling = filling.saturating_add(t.grad);
+        if filling >= DDP_BUCKET_CAPS[usize::from(!buckets.is_empty())] {
+            buckets.push(filling);
+            filling = 0;
+        }
+    }
+    if filling > 0 {
+        buckets.push(filling);
+    }
+    buckets
 }
 
 impl AllocatorPeaks {
@@ -349,6 +392,11 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
                 .map(|&g| s.group_parameters.get(g).copied().unwrap_or(0));
             ShardedReplay::new(f, s.root_parameters, layers)
         });
+    if device.ddp && s.trains {
+        for bytes in ddp_buckets(s) {
+            a.malloc(bytes);
+        }
+    }
     replay_with(&mut a, &mut scratch, s, sharded.as_mut());
     let peaks = AllocatorPeaks {
         allocated_bytes: a.peak_allocated(),
@@ -767,6 +815,7 @@ mod tests {
             mode: AllocatorMode::Expandable,
             capacity: None,
             sharded,
+            ddp: false,
         };
         replay(&step, device)
     }
@@ -880,11 +929,48 @@ mod tests {
                 mode: AllocatorMode::Default,
                 capacity: Some(30 * MIB),
                 sharded: None,
+                ddp: false,
             },
         );
         assert!(peaks.out_of_memory);
         assert!(peaks.allocated_bytes < 80 * MIB, "{peaks:?}");
         // the same step on a device large enough runs to its peak
         allocated_peak_mib(&step, 80);
+    }
+
+    /// DDP's buckets close once they hold their cap, taken over the trained tensors from
+    /// the last to the first: 1 MiB for the first (the head's half MiB and the last
+    /// layer's 20 MiB weight), 25 MiB for the others. The replay holds them beside the step:
+    /// its allocated peak grows by all of them.
+    #[test]
+    fn ddp_buckets_fill_from_the_last_parameter_to_their_caps() {
+        let trained = |mib: u64, div: u64| Trained {
+            grad: mib * MIB / div,
+            states: [0; 3],
+            temporary: 0,
+            waits: false,
+        };
+        let log = [(0, false), (4 * MIB, true)];
+        let mut step = one_layer(&log, false, false);
+        step.head_gradients = vec![trained(1, 2)];
+        step.group_gradients = vec![vec![trained(10, 1), trained(20, 1)]];
+        step.layers = vec![&log; 2];
+        step.checkpointed = vec![false; 2];
+        step.group_of = vec![0; 2];
+        step.embedding_gradients = vec![trained(30, 1)];
+        let buckets = ddp_buckets(&step);
+        assert_eq!(buckets, [41 * MIB / 2, 30 * MIB, 40 * MIB]);
+        let plain = replay(&step, AllocatorMode::Default.into());
+        let with_buckets = replay(
+            &step,
+            ReplayDevice {
+                ddp: true,
+                ..AllocatorMode::Default.into()
+            },
+        );
+        assert_eq!(
+            with_buckets.allocated_bytes,
+            plain.allocated_bytes + buckets.iter().sum::<u64>()
+        );
     }
 }
