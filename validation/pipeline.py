@@ -19,8 +19,26 @@ False)`, as torchtitan calls it, so the last stage does not keep every micro-bat
 The harness's measured step with the schedule in place of forward and backward (one phase, `pipe`),
 then AdamW(foreach) step on the stage's parameters and zero_grad(set_to_none=True) (`opt`).
 
+Data parallelism inside every stage (--dp N), as torchtitan composes PP with FSDP2: a 2-D mesh
+(pp, dp) of a fake world of pp*dp ranks (global rank = stage * dp + dp rank; this process is dp rank
+0 of its stage; the schedule's sends/receives go over the "pp" group), then on each stage module
+fully_shard(layer, mesh=dp_mesh, reshard_after_forward=--raf, mp_policy=...) for every decoder layer
+and fully_shard(stage_module, ...) for the stage root. --precision mixed-bf16: fp32 parameters with
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (as distributed.py); bf16: bf16 parameters,
+no policy. The stages' input/output metadata is bf16 (the compute dtype) either way. torch's
+pipelining then runs every micro-batch's backward with set_requires_gradient_sync(False) and
+set_reshard_after_backward(False) and reduces once after the last (PipelineStage.perform_reduce_grad).
+The tracker is distributed.py's FSDPTracker (FSDPMemTracker categories: sharded / unsharded params
+and grads, all-gather and reduce-scatter buffers), with the stage root allowed to run once per
+micro-batch and the unsharded gradients re-tagged after each post-backward (under no-sync FSDP2
+replaces them by their reduce_dtype copy there, which FSDPMemTracker would leave as Temp).
+
   validation/.venv/bin/python validation/pipeline.py --config validation/configs/llama-1b.json \
       --model-name llama3.2-1b --pp 4 --mb 8 --schedule 1f1b [--gc] [--stage K] [--out rows.jsonl]
+  validation/.venv/bin/python validation/pipeline.py --pp 2 --dp 2 --mb 4 --schedule 1f1b --gc \
+      --raf 0 --precision mixed-bf16
+  validation/.venv/bin/python validation/pipeline.py --grid validation/grid-pipeline-fsdp2.json \
+      --out core/tests/fixtures/pipeline-fsdp2-measured.jsonl
   validation/.venv/bin/python validation/pipeline.py --grid validation/grid-pipeline.json \
       --out core/tests/fixtures/pipeline-measured.jsonl
   validation/.venv/bin/python validation/pipeline.py --from-row "$(sed -n 1p core/tests/fixtures/pipeline-measured.jsonl)"
@@ -140,8 +158,87 @@ def apply_stage_tp(stage, tp_mesh, sp):
     D.replicate_the_rest(stage, tp_mesh)
 
 
+def apply_stage_fsdp(stage, dp_mesh, raf, mixed):
+    """torchtitan's FSDP2 on one stage's module: every decoder layer, then the stage root (the
+    embedding, final norm and lm_head are the root's), all with the same reshard_after_forward."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    kw = {"mesh": dp_mesh, "reshard_after_forward": bool(raf)}
+    if mixed:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in stage.layers:
+        fully_shard(layer, **kw)
+    fully_shard(stage, **kw)
+
+
+def pipe_fsdp_tracker(roots, opt):
+    """distributed.py's FSDPTracker for a pipeline stage: (1) the stage root runs once per
+    micro-batch (FSDPMemTracker takes a root's second forward for the next iteration: mark an outer
+    parent while its pre-forward runs, as PipeTracker does); (2) the unsharded gradients are tagged
+    Unsharded Grad after every AccumulateGrad and again after each FSDP post-backward:
+    FSDPMemTracker tags them only before a group's post-backward, but under no-sync
+    (requires_gradient_sync False) FSDP2's post-backward keeps them unsharded and may replace each
+    by its reduce_dtype copy (_set_unsharded_grad_dtypes), and the first stage's root group
+    (the embedding: its input, the token ids, needs no gradient) has its post-backward only at the
+    final reduction; either would leave a kept gradient under Temp."""
+    import distributed as D
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+    class PipeFSDPTracker(D.FSDPTracker):
+        def _fsdp_state_pre_forward(self, fsdp_mod, orig):
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+            if not any(fsdp_mod is r for r in roots):
+                return inner
+
+            def wrapped(*a, **k):
+                mark = fsdp_mod in self.memory_tracking and not self._mod_tracker.is_bw
+                if mark:
+                    self._mod_tracker.parents.add("_pp_step")
+                try:
+                    return inner(*a, **k)
+                finally:
+                    if mark:
+                        self._mod_tracker.parents.discard("_pp_step")
+            return wrapped
+
+        def _register_module_and_optimizer_hooks(self):
+            super()._register_module_and_optimizer_hooks()
+            # the stage root's group (embedding on stage 0) has its post-backward only at the
+            # final reduction when its inputs need no gradient (token ids): tag every unsharded
+            # gradient as soon as AccumulateGrad has written it
+            self._acc_hooks = []
+
+            def tag(q):
+                self._update_and_maybe_create_winfos(q.grad, _FSDPRefType.UNSHARDED_GRAD, update_existing=True)
+            for m in roots[0].modules():
+                group = m._get_fsdp_state()._fsdp_param_group if hasattr(m, "_get_fsdp_state") else None
+                for fp in (group.fsdp_params if group else ()):
+                    u = getattr(fp, "_unsharded_param", None)
+                    if u is not None and u.requires_grad:
+                        self._acc_hooks.append(u.register_post_accumulate_grad_hook(tag))
+
+        def _deregister_module_and_optimizer_hooks(self):
+            super()._deregister_module_and_optimizer_hooks()
+            for h in self._acc_hooks:
+                h.remove()
+
+        def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
+            inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+            def wrapped(*a, **k):
+                inner(*a, **k)
+                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                for fp in (group.fsdp_params if group else ()):
+                    u = getattr(fp, "_unsharded_param", None)
+                    if u is not None and u.grad is not None:
+                        self._update_and_maybe_create_winfos(u.grad, _FSDPRefType.UNSHARDED_GRAD,
+                                                             update_existing=True)
+            return wrapped
+
+    return PipeFSDPTracker(roots[0], opt)
+
+
 def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq=2048, micro_batch=1,
-                  virtual=1, preset=None, tp=1, sp=1):
+                  virtual=1, preset=None, tp=1, sp=1, dp=1, raf=0, precision="bf16"):
     import torch.distributed.pipelining as pl
     from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -150,21 +247,36 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
     torch.manual_seed(0)
     cfg, arch = H.load_config(config_path, "sdpa")
     n_stages = pp * virtual
+    if dp > 1 and (tp > 1 or virtual > 1):
+        raise SystemExit("--dp is measured with one stage per rank and no --tp")
+    if precision == "mixed-bf16" and dp < 2:
+        raise SystemExit("mixed-bf16 needs --dp (FSDP2's MixedPrecisionPolicy)")
+    mixed = precision == "mixed-bf16"
     my_stages = [stage_rank + k * pp for k in range(virtual)]  # interleaved: rank r holds r, r+pp, ...
     if tp > 1:
         # a (pp, tp) mesh: global rank = stage * tp + tp_rank; this process is tp rank 0 of its stage
         # (TP shards are even here). The schedule's sends/receives go over the "pp" group.
         H.isolate_sharding_propagation()  # DTensor's global-shape propagation is not counted
         world = H.fake_world(pp * tp, rank=stage_rank * tp)
+    elif dp > 1:
+        # a (pp, dp) mesh: global rank = stage * dp + dp_rank; this process is dp rank 0 of its stage
+        import distributed as D
+        H.isolate_sharding_propagation()
+        D._install_fsdp_alloc_tags()
+        H.mesh_outside_fake()
+        world = H.fake_world(pp * dp, rank=stage_rank * dp)
     else:
         world = H.fake_world(pp, rank=stage_rank)
     with world:
-        pp_group = tp_mesh = None
+        pp_group = tp_mesh = dp_mesh = None
         if tp > 1:
             mesh = H.device_mesh({"pp": pp, "tp": tp})
             pp_group, tp_mesh = mesh["pp"].get_group(), mesh["tp"]
+        elif dp > 1:
+            mesh = H.device_mesh({"pp": pp, "dp": dp})
+            pp_group, dp_mesh = mesh["pp"].get_group(), mesh["dp"]
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model = H.build_model(cfg, arch, "sdpa", torch.bfloat16)
+            model = H.build_model(cfg, arch, "sdpa", torch.float32 if mixed else torch.bfloat16)
             if gc:
                 model.gradient_checkpointing_enable()
             model.train(True)
@@ -175,6 +287,9 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
             if tp_mesh is not None:
                 for m in mods:
                     apply_stage_tp(m, tp_mesh, sp)
+            if dp_mesh is not None:
+                for m in mods:
+                    apply_stage_fsdp(m, dp_mesh, raf, mixed)
             batch = mb * micro_batch
             ids = torch.randint(0, cfg.vocab_size, (batch, seq), dtype=torch.long)
             labels = ids.clone()
@@ -216,19 +331,44 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
 
             H.warm_up(None, opt, True, schedule=run_pipe)  # untracked
 
-            param_cdata = {getattr(p, "_local_tensor", p).untyped_storage()._cdata for p in params}
-            mt = PipeTracker(param_cdata)
-            for m in mods:
-                mt.track_external(m)
-            mt.track_external(ids, labels)
-            mt.track_external(opt)
-            with mt:
-                step = H.measured_step(mt, None, opt, schedule=run_pipe)
+            if dp_mesh is not None:
+                mt = pipe_fsdp_tracker(mods, opt)
+                mt.track_inputs((ids, labels))
 
-    n_params = sum(p.numel() for p in params)  # global (unsharded) count with TP
-    query = (f"m=arch&model={preset or model_name}&b={micro_batch}&s={seq}&r=bf16&o=adamw&gc={'full' if gc else 'none'}"
-             f"&attn=sdpa&n={pp * tp}&shard=ddp" + (f"&tp={tp}&sp={int(bool(sp))}&lp=0" if tp > 1 else "")
+                def local_grads(name, meter, step):
+                    if name == "pipe":
+                        step.extra["grad_bytes"] = H.local_bytes(p.grad for p in params)
+                with mt:
+                    step = H.measured_step(mt, None, opt, schedule=run_pipe, on_phase=local_grads)
+            else:
+                param_cdata = {getattr(p, "_local_tensor", p).untyped_storage()._cdata for p in params}
+                mt = PipeTracker(param_cdata)
+                for m in mods:
+                    mt.track_external(m)
+                mt.track_external(ids, labels)
+                mt.track_external(opt)
+                with mt:
+                    step = H.measured_step(mt, None, opt, schedule=run_pipe)
+
+    n_params = sum(p.numel() for p in params)  # global (unsharded) count with TP / FSDP
+    query = (f"m=arch&model={preset or model_name}&b={micro_batch}&s={seq}&r={precision}&o=adamw"
+             f"&gc={'full' if gc else 'none'}&attn=sdpa&n={pp * tp * dp}"
+             + (f"&shard=fsdp2&raf={int(bool(raf))}" if dp > 1 else "&shard=ddp")
+             + (f"&tp={tp}&sp={int(bool(sp))}&lp=0" if tp > 1 else "")
              + f"&pp={pp}&pps={schedule}&mb={mb}" + (f"&ppv={virtual}" if virtual > 1 else ""))
+    if dp > 1:
+        config = H.base_config(
+            model_name, micro_batch, seq, precision, "adamw", "sdpa", gc, tracker="fsdp2memtracker",
+            loss="hf", pp=pp, pp_schedule=schedule, microbatches=mb, virtual_stages=virtual,
+            stage_layers=[list(bounds[i]) for i in my_stages], pg="fake", return_outputs=False,
+            lm_head="own weight on the last stage" if cfg.tie_word_embeddings else "untied",
+            dp=dp, raf=bool(raf), mp_policy="param_dtype=bf16,reduce_dtype=fp32" if mixed else None,
+            fsdp_units="decoder layers + stage root", rank=stage_rank * dp, world_size=pp * dp)
+        state = {"param_bytes": H.local_bytes(params), "grad_bytes": step.extra["grad_bytes"],
+                 "opt_state_bytes": H.local_bytes(v for s in opt.state.values() for v in s.values())}
+        place = {"query": query, "stage": stage_rank, "rank": stage_rank * dp, "world_size": pp * dp,
+                 "mesh": {"pp": pp, "dp": dp}}
+        return fsdp_stage_row(config, place, n_params, step, t0, mt.CATS, state)
     config = H.base_config(
         model_name, micro_batch, seq, "bf16", "adamw", "sdpa", gc,
         loss="hf", pp=pp, pp_schedule=schedule, microbatches=mb, virtual_stages=virtual,
@@ -238,6 +378,34 @@ def measure_stage(config_path, model_name, pp, mb, schedule, gc, stage_rank, seq
             "rank": stage_rank * tp, "world_size": pp * tp} if tp > 1 else {}))
     return H.step_row(config, H.versions(), n_params, step, t0, phases=("pipe", "opt"),
                       after={"versions": {"query": query, "stage": stage_rank}})
+
+
+def fsdp_stage_row(config, place, n_params, step, t0, cats, state):
+    """A stage's row with FSDP2: the pipeline's row (phases pipe and opt; the query, stage and the
+    rank's place after `versions`) with the peak split by FSDPMemTracker's categories (as
+    harness.rank_row: the optimizer step's temporaries last, everything but the model state and
+    the inputs as act_temp_at_peak), the model state read from the local shards, and the readings
+    at the start and after the schedule whole."""
+    row = H.step_row(config, H.versions(), n_params, step, t0, phases=("pipe", "opt"),
+                     after={"versions": place})
+    row.update(state)
+    row["model_state_bytes"] = sum(row[k] for k in ("param_bytes", "buffer_bytes", "grad_bytes",
+                                                    "opt_state_bytes"))
+    pk = step.phase_peaks[row["peak_phase"]]
+    temp = row["at_peak"]["opt_step_temp"]
+    row["at_peak"] = {**pk, "optstate": pk["optstate"] - temp, "opt_step_temp": temp}
+    row["act_temp_at_peak"] = pk["total"] - sum(row["at_peak"][k] for k in (
+        "parameter", "buffer", "gradient", "optstate", "other"))
+    out = {}
+    for k, v in row.items():
+        if k == "time_s":
+            out["categories"] = [name for name, _ in cats]
+        out[k] = v
+        if k == "start_bytes":
+            out["start"] = step.start
+        elif k == "after_bwd_bytes":
+            out["after_bwd"] = step.after_bwd
+    return out
 
 
 def measure_all_stages(a):
@@ -255,24 +423,26 @@ def measure_all_stages(a):
 # a grid entry's keys (a row's config's) -> the command line's flags
 FLAGS = {"model": "--model-name", "preset": "--preset", "pp": "--pp", "microbatches": "--mb",
          "pp_schedule": "--schedule", "virtual_stages": "--virtual", "batch": "--batch", "seq": "--seq",
-         "gc": "--gc", "tp": "--tp", "sp": "--sp", "emit_stage": "--emit-stage"}
+         "gc": "--gc", "tp": "--tp", "sp": "--sp", "dp": "--dp", "raf": "--raf", "precision": "--precision",
+         "emit_stage": "--emit-stage"}
 
 
 def argv_of(entry):
     """The command line (without --config) of a grid entry, a row's config or entry_of(row)."""
-    e = {k: int(v) if k == "sp" and isinstance(v, bool) else v for k, v in entry.items()}
+    e = {k: int(v) if k in ("sp", "raf") and isinstance(v, bool) else v for k, v in entry.items()}
     return H.flags(e, FLAGS)
 
 
 def entry_of_args(a):
     """The options of a command line as an entry (what every stage's process is given)."""
     return {"model": a.model_name, "preset": a.preset, "pp": a.pp, "microbatches": a.mb, "pp_schedule": a.schedule,
-            "virtual_stages": a.virtual, "batch": a.batch, "seq": a.seq, "gc": a.gc, "tp": a.tp, "sp": a.sp}
+            "virtual_stages": a.virtual, "batch": a.batch, "seq": a.seq, "gc": a.gc, "tp": a.tp, "sp": a.sp,
+            "dp": a.dp, "raf": a.raf, "precision": a.precision}
 
 
 def entry_of(row):
     """A stage's row (or its config) as an entry: the pipeline's options are its config's; the stage
-    to write is the row's `stage` (for a config alone: its `rank` // tp with TP, else the stage
+    to write is the row's `stage` (for a config alone: its `rank` // (tp x dp) with TP or FSDP2, else the stage
     whose layers are its first `stage_layers`). Rows named DEFAULT_MODEL were measured on
     DEFAULT_CONFIG (there is no config.json of that name)."""
     c = row.get("config", row)
@@ -282,7 +452,7 @@ def entry_of(row):
     if "stage" in row:
         e["emit_stage"] = row["stage"]
     elif "rank" in c:
-        e["emit_stage"] = c["rank"] // c["tp"]
+        e["emit_stage"] = c["rank"] // (c.get("tp", 1) * c.get("dp", 1))
     else:
         with open(e.get("config") or H.config_path(c["model"])) as f:
             n_layers = json.load(f)["num_hidden_layers"]
@@ -305,6 +475,12 @@ def main(argv=None):
     ap.add_argument("--gc", action="store_true")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of every stage (torchtitan plan)")
     ap.add_argument("--sp", type=int, default=1, help="sequence parallelism with --tp (1/0)")
+    ap.add_argument("--dp", type=int, default=1,
+                    help="data-parallel degree of every stage: FSDP2 on a (pp, dp) mesh (torchtitan)")
+    ap.add_argument("--raf", type=int, default=0,
+                    help="with --dp: FSDP2 reshard_after_forward (1/0; torchtitan turns it off under PP)")
+    ap.add_argument("--precision", choices=["bf16", "mixed-bf16"], default="bf16",
+                    help="bf16 parameters, or with --dp fp32 parameters under MixedPrecisionPolicy(bf16, fp32)")
     ap.add_argument("--stage", type=int, default=None, help="measure this stage alone (no stage_peaks)")
     ap.add_argument("--emit-stage", type=int, default=None,
                     help="measure every stage, write only this stage's row (with stage_peaks)")
@@ -317,12 +493,13 @@ def main(argv=None):
         a.virtual = 2
     if a.stage is not None:
         return H.emit(measure_stage(a.config, a.model_name, a.pp, a.mb, a.schedule, a.gc, a.stage, seq=a.seq,
-                                    micro_batch=a.batch, virtual=a.virtual, preset=a.preset, tp=a.tp, sp=a.sp))
+                                    micro_batch=a.batch, virtual=a.virtual, preset=a.preset, tp=a.tp, sp=a.sp,
+                                    dp=a.dp, raf=a.raf, precision=a.precision))
     rows = measure_all_stages(a)
     for r in rows:
         if a.emit_stage is None or r["stage"] == a.emit_stage:
             H.emit(r, a.out)
-    sys.stderr.write(f"pp={a.pp} tp={a.tp} mb={a.mb} {a.schedule} gc={a.gc}: stage peaks GiB "
+    sys.stderr.write(f"pp={a.pp} tp={a.tp} dp={a.dp} raf={a.raf} {a.precision} mb={a.mb} {a.schedule} gc={a.gc}: stage peaks GiB "
                      f"{[round(r['peak_bytes'] / 2**30, 2) for r in rows]}\n")
     return 0
 
