@@ -118,6 +118,7 @@ pub(crate) fn shard_step(
             // whole-state split of [`WholeState`]
             let trains_all = step.optimizer.trains() && peft.is_none();
             let group = n.saturating_mul(mesh.context.max(1));
+            let pipelined = mesh.stage.is_some_and(|s| s.stages > 1);
             let engine = match plan.sharding {
                 Sharding::Fsdp2 if trains_all => Some(RankEngine::Fsdp2(Fsdp2Rank::new(
                     estimate,
@@ -126,12 +127,14 @@ pub(crate) fn shard_step(
                     group,
                     &Fsdp2Settings {
                         reshard_after_forward: plan.reshard_after_forward,
-                        loss_outside: mesh.loss_parallel,
+                        // (a pipeline's loss is its schedule's, outside the stage)
+                        loss_outside: mesh.loss_parallel || pipelined,
                         offloaded: plan.offload != Offload::None,
                         root_gathered,
                         own_units,
                         backward_prefetch: true,
                         float8_all_gather: plan.float8_all_gather,
+                        pipelined,
                     },
                 ))),
                 // NO_SHARD in the parameters' own dtype holds the whole state as one GPU

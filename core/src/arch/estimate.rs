@@ -1334,6 +1334,9 @@ fn estimate_on(
     // on the others), which the schedule keeps until that micro-batch's backward; it
     // allocates a receive buffer per micro-batch for the activations coming in and for
     // the gradients coming back (measured: validation/pipeline.py)
+    // (GPipe: the saved tensors of one micro-batch, which its backward frees before the
+    // next one's runs)
+    let mut one_microbatch = 0;
     let saved = match mesh.stage {
         Some(stage) => {
             // (sequence parallelism sends each rank its slice of the tokens: measured with
@@ -1367,11 +1370,15 @@ fn estimate_on(
                 mul(output, c.last)?,
                 mul(hidden_states, c.chunks.saturating_sub(c.last))?,
             )?;
+            let in_flight = add(
+                add(layers, outputs)?,
+                add(mul(head, c.last)?, mul(embeddings, c.first)?)?,
+            )?;
+            if stage.schedule == PipelineSchedule::Gpipe {
+                one_microbatch = in_flight / c.chunks.max(1);
+            }
             add(
-                add(
-                    add(layers, outputs)?,
-                    add(mul(head, c.last)?, mul(embeddings, c.first)?)?,
-                )?,
+                in_flight,
                 mul(mul(hidden_states, receives)?, stage.microbatches)?,
             )?
         }
@@ -1681,6 +1688,31 @@ fn estimate_on(
             .flatten()
             .map(|c| (BackwardMoment::Layers, c)),
     );
+    // GPipe's second micro-batch's backward: the first one's saved tensors freed, every
+    // gradient made (measured: validation/pipeline.py --dp, where FSDP2's fp32 unsharded
+    // gradients put a pipeline's peak there)
+    if trains && one_microbatch > 0 {
+        let second = CategoryBytes {
+            activations: saved.saturating_sub(one_microbatch),
+            gradients: grads,
+            ..bwd_start
+        };
+        for (moment, temporaries) in [
+            (BackwardMoment::Loss, acts.loss_buffers),
+            (BackwardMoment::Layers, bwd_inner),
+        ] {
+            moments.push((
+                moment,
+                CategoryBytes {
+                    temporaries,
+                    ..second
+                },
+            ));
+        }
+        if second.total() > bwd.total() {
+            bwd = second;
+        }
+    }
     let opt = CategoryBytes {
         gradients: grads,
         temporaries: opt_temp,

@@ -66,6 +66,8 @@ pub(super) fn rank(
             // (NO_PREFETCH and BACKWARD_POST measured alike: one layer gathered)
             backward_prefetch: plan.fsdp1.backward_prefetch == BackwardPrefetch::Pre,
             float8_all_gather: false,
+            // (torch's pipelining runs FSDP1 as a plain module: a reduction per micro-batch)
+            pipelined: false,
         },
     )
 }

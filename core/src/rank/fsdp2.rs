@@ -31,6 +31,8 @@ pub(crate) struct Fsdp2Rank {
     reduce: u64,
     /// The root's gradients on their way to its reduce-scatter, at the end of backward.
     root_reduce: u64,
+    /// The largest layer's reduce-scatter input (in `reduce_dtype`).
+    reduce_input: u64,
     /// Bytes per element of a gathered parameter and of the tape's gradients: the root's
     /// unsharded gradients are the tape's, in the gathered dtype.
     gathered: u64,
@@ -52,6 +54,9 @@ pub(crate) struct Fsdp2Rank {
     own_units: bool,
     /// Layers gathered in backward: the running one, and the next one when prefetched.
     backward_layers: u64,
+    /// [`Fsdp2Settings::pipelined`]: the stage's unsharded gradients in `reduce_dtype`
+    /// (held until the step's one reduction), 0 without a pipeline.
+    pipeline_gradients: u64,
 }
 
 /// How FSDP2 wraps and runs the model, beside the tape and its units.
@@ -75,6 +80,16 @@ pub(crate) struct Fsdp2Settings {
     /// rank and gathered so, a byte per element (the scales travel as metadata; measured:
     /// `validation/FLOAT8.md`).
     pub float8_all_gather: bool,
+    /// The rank runs a stage of torch's pipelining, which calls
+    /// `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)` before
+    /// every micro-batch's backward and reduces once, after the last
+    /// (`torch/distributed/pipelining/stage.py`: `backward_maybe_with_nosync`,
+    /// `perform_reduce_grad`; torch 2.15, as in torchtitan's December 2024 runs): the
+    /// stage's gradients stay unsharded, cast to `reduce_dtype` as each unit's backward
+    /// ends (`FSDPParamGroup._set_unsharded_grad_dtypes`) and accumulated in it, and a
+    /// layer stays gathered after its backward (with `reshard_after_forward` until the next
+    /// micro-batch's forward reshards it). Measured: `validation/pipeline.py --dp`.
+    pub pipelined: bool,
 }
 
 impl Fsdp2Rank {
@@ -97,6 +112,7 @@ impl Fsdp2Rank {
             own_units,
             backward_prefetch,
             float8_all_gather,
+            pipelined,
         } = settings;
         let group = group.max(1);
         // bytes per element: sharded (the optimizer's parameter), gathered (compute),
@@ -148,10 +164,15 @@ impl Fsdp2Rank {
             layer: gathered_bytes(units.largest_layer, units.largest_layer_linears),
             layers,
             kept: reshard_after_forward.kept(layers),
-            reduce: units
-                .largest_layer
-                .saturating_mul(gathered.saturating_add(reduced)),
+            // a layer's gradients made (and, without a pipeline, copied into the
+            // reduce-scatter input)
+            reduce: units.largest_layer.saturating_mul(if pipelined {
+                gathered
+            } else {
+                gathered.saturating_add(reduced)
+            }),
             root_reduce: root_gathered.saturating_mul(gathered.saturating_add(reduced)),
+            reduce_input: units.largest_layer.saturating_mul(reduced),
             gathered,
             tape_gradient: recipe.gradient_bytes().max(1),
             tape_gradients: persistent(|c| c.gradients),
@@ -163,16 +184,47 @@ impl Fsdp2Rank {
             group,
             own_units,
             backward_layers: if backward_prefetch { 2 } else { 1 },
+            pipeline_gradients: if pipelined {
+                elems.saturating_mul(reduced)
+            } else {
+                0
+            },
         }
     }
 
     /// The sharded gradients alive before any layer's backward: all of them from the second
     /// micro-batch of an accumulated step on.
+    /// Under a pipeline, the stage's unsharded gradients instead.
     fn accumulated(&self) -> u64 {
-        if self.accumulating {
-            self.state.gradient_bytes
+        match (self.accumulating, self.pipelined()) {
+            (false, _) => 0,
+            (true, true) => self.pipeline_gradients,
+            (true, false) => self.state.gradient_bytes,
+        }
+    }
+
+    fn pipelined(&self) -> bool {
+        self.pipeline_gradients > 0
+    }
+
+    /// The gradients at a moment of the backward when the tape holds `tape` bytes of them:
+    /// their share of the sharded gradients, or under a pipeline of the unsharded ones.
+    fn backward_gradients(&self, tape: u64) -> u64 {
+        let all = if self.pipelined() {
+            self.pipeline_gradients
         } else {
-            0
+            self.state.gradient_bytes
+        };
+        scale(all, tape, self.tape_gradients).min(all)
+    }
+
+    /// The gradients at the loss: a pipeline's unsharded ones made by the micro-batches
+    /// before (GPipe's too), else the accumulated shards.
+    fn loss_gradients(&self, c: &CategoryBytes) -> u64 {
+        if self.pipelined() {
+            self.backward_gradients(c.gradients)
+        } else {
+            self.accumulated()
         }
     }
 
@@ -210,17 +262,35 @@ impl Fsdp2Rank {
             },
             Phase::Backward => self.at_backward(BackwardMoment::Layers, c),
             // the optimizer steps the shards: its parameter-sized temporaries are shard-sized
-            Phase::OptimizerStep => CategoryBytes {
-                parameters: s.parameter_bytes,
-                gradients: s.gradient_bytes,
-                optimizer_states: s.optimizer_state_bytes,
-                temporaries: if self.offloaded {
-                    0
+            Phase::OptimizerStep => {
+                let step = CategoryBytes {
+                    parameters: s.parameter_bytes,
+                    gradients: s.gradient_bytes,
+                    optimizer_states: s.optimizer_state_bytes,
+                    temporaries: if self.offloaded {
+                        0
+                    } else {
+                        c.temporaries.div_ceil(self.group)
+                    },
+                    ..*c
+                };
+                // a pipeline's one reduction, before it: every layer gathered, every
+                // unsharded gradient, the first unit's reduce-scatter input
+                let reducing = CategoryBytes {
+                    parameters: s
+                        .parameter_bytes
+                        .saturating_add(self.root)
+                        .saturating_add(self.layers),
+                    gradients: self.pipeline_gradients,
+                    temporaries: self.reduce_input,
+                    ..step
+                };
+                if self.pipelined() && total(&reducing) > total(&step) {
+                    reducing
                 } else {
-                    c.temporaries.div_ceil(self.group)
-                },
-                ..*c
-            },
+                    step
+                }
+            }
         }
     }
 
@@ -233,14 +303,19 @@ impl Fsdp2Rank {
             // runs its backward after the root's pre-backward gathered the root (and the
             // last layer's all-gather output is still held); a loss outside it
             // (torchtitan's, which loss parallel implies) runs before
+            // (under GPipe a later micro-batch's loss finds every layer gathered by the
+            // backwards before it)
             BackwardMoment::Loss if self.loss_outside => CategoryBytes {
                 parameters: s
                     .parameter_bytes
                     .saturating_add(match self.reshard_after_forward {
                         Reshard::Off => self.root.saturating_add(self.layers),
+                        _ if self.pipelined() && !self.accumulating && c.gradients > 0 => {
+                            self.root.saturating_add(self.layers)
+                        }
                         _ => self.kept,
                     }),
-                gradients: self.accumulated(),
+                gradients: self.loss_gradients(c),
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
@@ -250,7 +325,7 @@ impl Fsdp2Rank {
                 parameters: shards.saturating_add(
                     self.layers_gathered(self.layer.saturating_mul(self.backward_layers - 1)),
                 ),
-                gradients: self.accumulated(),
+                gradients: self.loss_gradients(c),
                 optimizer_states: s.optimizer_state_bytes,
                 ..*c
             },
@@ -261,7 +336,8 @@ impl Fsdp2Rank {
                 // with their own units the head has resharded and its gradient (the
                 // tape's, unsharded) is reduced before the layers' backward (measured:
                 // validation/distributed.py --shard-embeddings)
-                let (root, head_gradient) = if self.own_units {
+                // (a pipeline's head neither reshards nor reduces there)
+                let (root, head_gradient) = if self.own_units && !self.pipelined() {
                     (
                         self.root,
                         scale(self.root, self.tape_gradient, self.gathered),
@@ -269,12 +345,16 @@ impl Fsdp2Rank {
                 } else {
                     (0, 0)
                 };
+                // (a pipeline's layers stay gathered behind the running one: all of them
+                // by the backward's end)
+                let layers = if self.pipelined() {
+                    self.layers
+                } else {
+                    self.layers_gathered(self.layer.saturating_mul(self.backward_layers))
+                };
                 CategoryBytes {
-                    parameters: shards.saturating_sub(root).saturating_add(
-                        self.layers_gathered(self.layer.saturating_mul(self.backward_layers)),
-                    ),
-                    gradients: scale(s.gradient_bytes, c.gradients, self.tape_gradients)
-                        .min(s.gradient_bytes),
+                    parameters: shards.saturating_sub(root).saturating_add(layers),
+                    gradients: self.backward_gradients(c.gradients),
                     optimizer_states: s.optimizer_state_bytes,
                     temporaries: c
                         .temporaries
@@ -287,6 +367,13 @@ impl Fsdp2Rank {
             // gathered; then the root reshards before its reduce-scatter input is filled
             // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`
             // before `foreach_reduce`)
+            BackwardMoment::Embedding if self.pipelined() => CategoryBytes {
+                parameters: shards.saturating_add(self.layers),
+                gradients: self.pipeline_gradients,
+                optimizer_states: s.optimizer_state_bytes,
+                temporaries: self.unsharded_gradients(c.temporaries),
+                ..*c
+            },
             BackwardMoment::Embedding => {
                 let making = CategoryBytes {
                     parameters: shards,
@@ -300,7 +387,6 @@ impl Fsdp2Rank {
                     temporaries: self.root_reduce,
                     ..making
                 };
-                let total = |m: &CategoryBytes| m.total().unwrap_or(u64::MAX);
                 if total(&reducing) > total(&making) {
                     reducing
                 } else {
@@ -309,6 +395,11 @@ impl Fsdp2Rank {
             }
         }
     }
+}
+
+/// A moment's bytes, for comparing two moments.
+fn total(c: &CategoryBytes) -> u64 {
+    c.total().unwrap_or(u64::MAX)
 }
 
 /// The elements FSDP2 holds gathered as its root (the embeddings, the final norm and the
