@@ -4,7 +4,7 @@ use crate::effect::memo;
 use estimator_core::{format_bytes, format_in_unit, ByteUnit, SweepRow};
 use leptos::prelude::*;
 
-use crate::markup::{children, Markup};
+use crate::markup::{children, text_markup, Markup};
 
 const WIDTH: u64 = 640;
 const HEIGHT: u64 = 300;
@@ -301,11 +301,16 @@ pub fn MemoryChart(
 /// The chart card around its markup ([`chart_markup`]); `seq`: the bars are the sweep over
 /// sequence lengths.
 pub fn memory_chart(chart: Memo<Vec<String>>, seq: Memo<bool>) -> impl IntoView {
+    let title = memo(move |_| {
+        text_markup(if seq.get() {
+            "Sequence Length vs. Memory, as a chart"
+        } else {
+            "Batch Size vs. Memory, as a chart"
+        })
+    });
     view! {
         <section class="card chart" aria-labelledby="chart-title">
-            <h2 id="chart-title">
-                {move || if seq.get() { "Sequence Length vs. Memory, as a chart" } else { "Batch Size vs. Memory, as a chart" }}
-            </h2>
+            <h2 id="chart-title" inner_html=title></h2>
             <svg
                 data-testid="memory-chart"
                 viewBox="0 0 640 300"

@@ -4,6 +4,8 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 
 use crate::browser::copy_to_clipboard;
+use crate::effect::memo;
+use crate::markup::text_markup;
 
 /// How long "Copied!" stays before the button reads its label again.
 const CONFIRMATION_MS: u64 = 2000;
@@ -33,21 +35,23 @@ pub fn CopyButton(
             }
         });
     };
+    let button_text = memo(move |_| {
+        status.with(|s| text_markup(if s == &Some(Ok(())) { "Copied!" } else { label }))
+    });
+    let status_text = memo(move |_| {
+        status.with(|s| {
+            text_markup(match s {
+                Some(Err(why)) => why,
+                Some(Ok(())) => "Copied to the clipboard.",
+                None => "",
+            })
+        })
+    });
     view! {
         <span class="copy">
-            <button type="button" data-testid=testid on:click=on_click>
-                {move || match status.get() {
-                    Some(Ok(())) => "Copied!",
-                    _ => label,
-                }}
-            </button>
-            <span class="copy-status" role="status" data-testid=format!("{testid}-status")>
-                {move || match status.get() {
-                    Some(Err(why)) => why,
-                    Some(Ok(())) => "Copied to the clipboard.".to_owned(),
-                    None => String::new(),
-                }}
-            </span>
+            <button type="button" data-testid=testid on:click=on_click inner_html=button_text></button>
+            <span class="copy-status" role="status" data-testid=format!("{testid}-status")
+                inner_html=status_text></span>
         </span>
     }
 }

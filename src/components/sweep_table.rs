@@ -5,7 +5,7 @@ use estimator_core::{sweep_cells, sweep_header, sweep_markdown, sweep_tsv, ByteU
 use leptos::prelude::*;
 
 use super::CopyButton;
-use crate::markup::{children, when, Markup};
+use crate::markup::{children, text_markup, when, Markup};
 
 /// The header cells of the sweep table.
 pub fn head_markup(rows: &[SweepRow], unit: ByteUnit) -> String {
@@ -70,12 +70,24 @@ pub fn sweep_table(
     seq: Memo<bool>,
     axis: impl IntoView + 'static,
 ) -> impl IntoView {
+    let title = memo(move |_| {
+        text_markup(if seq.get() {
+            "Sequence Length vs. Memory"
+        } else {
+            "Batch Size vs. Memory"
+        })
+    });
+    let caption = memo(move |_| {
+        text_markup(if seq.get() {
+            "Memory of one training step at sequence lengths around the chosen one, the batch held, every column at the peak"
+        } else {
+            "Memory of one training step at batch sizes around the chosen one, every column at the peak"
+        })
+    });
     view! {
         <section class="card sweep" aria-labelledby="sweep-title">
             <div class="card-header">
-                <h2 id="sweep-title" data-testid="sweep-title">
-                    {move || if seq.get() { "Sequence Length vs. Memory" } else { "Batch Size vs. Memory" }}
-                </h2>
+                <h2 id="sweep-title" data-testid="sweep-title" inner_html=title></h2>
                 {axis}
                 <div class="copy-buttons">
                     <CopyButton label="Copy as Markdown" testid="copy-sweep" text=markdown />
@@ -84,13 +96,7 @@ pub fn sweep_table(
             </div>
             <div class="table-scroll" tabindex="0" role="region" aria-labelledby="sweep-title">
                 <table data-testid="sweep-table">
-                    <caption class="visually-hidden">
-                        {move || if seq.get() {
-                            "Memory of one training step at sequence lengths around the chosen one, the batch held, every column at the peak"
-                        } else {
-                            "Memory of one training step at batch sizes around the chosen one, every column at the peak"
-                        }}
-                    </caption>
+                    <caption class="visually-hidden" inner_html=caption></caption>
                     <thead>
                         <tr inner_html=head></tr>
                     </thead>
