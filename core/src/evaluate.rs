@@ -967,7 +967,8 @@ pub(crate) fn resolve_reserve(
 
 /// How a sharded engine runs `step` on a rank of `plan`, for the replay to put its buffers on
 /// their streams: FSDP2 or FSDP1 sharding over more than one GPU, training every parameter
-/// or LoRA adapters on an unquantized base, the state on the GPU. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
+/// or LoRA adapters (on a 4-bit base too, when the base is stored in the recipe's dtype), the
+/// state on the GPU. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
 /// in bf16 and reduce in fp32, accelerate's FSDP1 reduces in bf16 too; fp32 shards.
 fn sharded_streams(
     plan: &PlanInputs,
@@ -984,9 +985,16 @@ fn sharded_streams(
         _ => return None,
     };
     let fsdp1 = engine != crate::ShardedEngine::Fsdp2;
-    // (a 4-bit base's units are not laid out per layer in the replay)
-    let quantized = peft.is_some_and(crate::Peft::quantized);
-    if !step.optimizer.trains() || quantized || plan.offload != crate::Offload::None || group <= 1 {
+    // (a 4-bit base's units are laid out in its packed storage, which is the load dtype:
+    // one dtype per unit only when that is the recipe's and nothing was cast to fp32)
+    let mixed_dtypes = peft.is_some_and(|p| {
+        p.quantized() && (p.kbit_prepare || p.base_fp32 || step.precision.master_weights())
+    });
+    if !step.optimizer.trains()
+        || mixed_dtypes
+        || plan.offload != crate::Offload::None
+        || group <= 1
+    {
         return None;
     }
     let recipe = step.precision;

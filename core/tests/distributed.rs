@@ -473,3 +473,47 @@ fn fsdp2_reserved_memory_against_torchtitan_s_published_runs() {
     }
     assert!(failures.is_empty(), "over 5%: {failures:#?}");
 }
+
+/// Answer.AI's FSDP1 + QLoRA runs on two RTX 3090s (`fsdp_qlora` train.py: bitsandbytes nf4
+/// with `quant_storage` bf16, every decoder layer a unit, `BACKWARD_PRE`), their logged
+/// `max_memory_reserved` (published: `validation/published/multi-gpu.tsv`), against the reserve
+/// with FSDP1's flat parameters replayed on their streams, the 4-bit layers gathered in their
+/// packed storage. Without the streams these rows read 9.5-12% low. (The short-sequence
+/// and batch-4 rows still read 12-25% low: what loading and quantizing the model left
+/// reserved is not modelled.)
+#[test]
+fn fsdp1_qlora_reserved_memory_against_answer_ai_s_published_runs() {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let common = "m=arch&r=bf16&o=adamw&gc=full&attn=sdpa&loss=hf&method=qlora\
+        &lr=64&la=16&ld=0.1&lt=q_proj%2Ck_proj%2Cv_proj%2Cup_proj%2Cdown_proj%2Cgate_proj\
+        &ldt=model&q=nf4&dq=on&kbit=off&gpu=rtx3090&gpus=2&shard=fsdp1&f1w=layers&bp=pre&s=2048";
+    let rows = [
+        ("AA-3090-Q7-2048", "llama2-7b.json", 1, 5.21),
+        ("AA-3090-Q7-B10", "llama2-7b.json", 10, 20.97),
+        ("AA-3090-QYI34-B2", "yi-34b.json", 2, 23.05),
+    ];
+    let mut failures = Vec::new();
+    for (id, config, batch, published_gib) in rows {
+        let query = format!("{common}&b={batch}");
+        let decoded = decode_query(&query);
+        assert!(decoded.notices.is_empty(), "{query}: {:?}", decoded.notices);
+        let mut state = decoded.state;
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../validation/published/configs/"
+        );
+        let text = std::fs::read_to_string(format!("{path}{config}")).expect("config");
+        state.set(Field::Model, "custom").expect("model field");
+        state.set(Field::Config, &text).expect("config field");
+        let e = evaluate(&state).unwrap_or_else(|e| panic!("{id}: {e:?}"));
+        let reserved = e.reserved_bytes() as f64 / GIB;
+        let error = (reserved - published_gib) / published_gib * 100.0;
+        println!("{id}: published {published_gib:.2} GiB, ours {reserved:.2} GiB ({error:+.1}%)");
+        if error.abs() > 7.0 {
+            failures.push(format!(
+                "{id}: {reserved:.2} GiB against {published_gib:.2} ({error:+.1}%)"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "over 7%: {failures:#?}");
+}

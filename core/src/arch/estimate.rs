@@ -934,10 +934,22 @@ fn estimate_on(
                         .collect(),
                     // (saturating: a sum of element counts, each within the model's count)
                     root_parameters: spec.outside_parameter_tensors().iter().sum(),
+                    // (a 4-bit base's linears count as the elements of their packed storage,
+                    // bitsandbytes' `quant_storage` in the load dtype)
                     group_parameters: groups
                         .iter()
-                        .map(|(l, _)| l.params().iter().chain(&adapters(l)).sum())
-                        .collect(),
+                        .map(|(l, _)| {
+                            let elements: u64 = l.params().iter().chain(&adapters(l)).sum();
+                            if !quantized {
+                                return Ok(elements);
+                            }
+                            let linears: u64 = linear_weights(l).iter().sum();
+                            let packed = four_bit(l, |(packed, _)| packed)?;
+                            Ok(elements
+                                .saturating_sub(linears)
+                                .saturating_add(packed.div_ceil(p.weight_bytes().max(1))))
+                        })
+                        .collect::<Res<Vec<u64>>>()?,
                     policy_saved: if step.checkpointing == Checkpointing::Ops {
                         spec.layers
                             .iter()

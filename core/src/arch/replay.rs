@@ -24,8 +24,9 @@
 //!   the end of backward; no optimizer step follows;
 //! - per-op checkpointing keeps, beside each layer's input, what its policy saves: one block
 //!   made after the layer's forward, freed after its backward;
-//! - FSDP2's and FSDP1's buffers (full fine-tuning, the state on the GPU) are replayed on the
-//!   streams PyTorch makes them on, the state sharded ([`super::streams`]); DDP's reducer
+//! - FSDP2's and FSDP1's buffers (full fine-tuning, LoRA and QLoRA, the state on the GPU)
+//!   are replayed on the streams PyTorch makes them on, the state sharded
+//!   ([`super::streams`]); DDP's reducer
 //!   buckets are made before the first step and kept ([`ddp_buckets`]); DeepSpeed's buffers
 //!   and offloading are not replayed: their reserve is taken from the plain step of the same
 //!   tape.

@@ -64,8 +64,8 @@ pub enum ShardedEngine {
     },
 }
 
-/// How a sharded engine runs the replayed step: full fine-tuning or LoRA on an unquantized
-/// base, without offload.
+/// How a sharded engine runs the replayed step: full fine-tuning or LoRA (on a 4-bit base,
+/// its layers gathered in their packed storage), without offload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShardedStreams {
     /// The engine.
