@@ -298,6 +298,19 @@ pub fn parse_page(state: &PageState) -> Page {
                 if state.step.kernels != crate::Kernels::Torch {
                     notes.push(UNSLOTH_DERIVED);
                 }
+                // (the text as typed: a stage count that does not parse has its own message)
+                let pipelined = state
+                    .parallel
+                    .pipeline_parallel
+                    .trim()
+                    .parse::<u64>()
+                    .is_ok_and(|p| p > 1);
+                if pipelined
+                    && state.parallel.sharding == crate::Sharding::Fsdp2
+                    && state.step.optimizer.trains()
+                {
+                    notes.push(FSDP2_UNDER_A_PIPELINE);
+                }
                 notes
             })
             .unwrap_or_default(),
@@ -312,6 +325,9 @@ pub fn parse_page(state: &PageState) -> Page {
             .map(crate::Architecture::active_parameter_count),
     }
 }
+
+/// Said when FSDP2 shards the stages of a pipeline.
+const FSDP2_UNDER_A_PIPELINE: &str = "Under a pipeline, torch's stages turn FSDP2's gradient sync off until the last micro-batch: each stage keeps its gradients unsharded (in fp32 under the mixed recipes) through the whole step, and its layers gathered after their backward (measured on a fake process group: validation/DISTRIBUTED.md).";
 
 /// Said when a trainer's loss is chosen for a model that does not predict the next token.
 const NOT_A_CAUSAL_LM_LOSS: &str = "The trainers' losses are for next-token prediction: this model keeps its own loss (masked-LM or classification), whatever the Loss field says.";
@@ -362,6 +378,18 @@ mod tests {
             .contains(&OFFLOAD_WITH_ADAPTERS));
         assert!(!notes(&format!("{base}&off=optimizer%2Bparams")).contains(&OFFLOAD_WITH_ADAPTERS));
         assert!(!notes(&format!("{base}&method=lora")).contains(&OFFLOAD_WITH_ADAPTERS));
+    }
+
+    #[test]
+    fn fsdp2_under_a_pipeline_says_its_gradients_stay_unsharded() {
+        let notes = |q: &str| parse_page(&decode_query(q).state).notes;
+        let base = "m=arch&model=llama3.2-1b&gpus=4&mb=4";
+        assert!(notes(&format!("{base}&shard=fsdp2&pp=2")).contains(&FSDP2_UNDER_A_PIPELINE));
+        assert!(!notes(&format!("{base}&shard=fsdp2")).contains(&FSDP2_UNDER_A_PIPELINE));
+        assert!(!notes(&format!("{base}&shard=ddp&pp=2")).contains(&FSDP2_UNDER_A_PIPELINE));
+        assert!(
+            !notes(&format!("{base}&shard=fsdp2&pp=2&o=none")).contains(&FSDP2_UNDER_A_PIPELINE)
+        );
     }
 
     #[test]
