@@ -517,3 +517,25 @@ fn fsdp1_qlora_reserved_memory_against_answer_ai_s_published_runs() {
     }
     assert!(failures.is_empty(), "over 7%: {failures:#?}");
 }
+
+/// FSDP2 shards a 4-bit base's quantization state with its data (torchao's `NF4Tensor`
+/// chunks its scalers with it: `nf4_split`), where FSDP1's flat parameters leave
+/// bitsandbytes' `quant_state`, a module attribute, whole on every rank: on 8 GPUs an FSDP2
+/// rank holds an eighth of what an FSDP1 rank holds of it (the state is what QLoRA's buffers
+/// hold beyond LoRA's).
+#[test]
+fn fsdp2_shards_the_4_bit_quantization_state() {
+    let base = "m=arch&model=llama3-8b&b=1&s=2048&r=bf16&o=adamw&gc=full&gpus=8";
+    let buffers = |query: &str| {
+        let e = step(query).step;
+        e.parts
+            .iter()
+            .find(|(k, _)| *k == estimator_core::PartKind::Buffers)
+            .map_or(0, |(_, b)| *b)
+    };
+    let lora = buffers(&format!("{base}&method=lora&shard=fsdp1"));
+    let whole = buffers(&format!("{base}&method=qlora&shard=fsdp1")) - lora;
+    let sharded = buffers(&format!("{base}&method=qlora&shard=fsdp2")) - lora;
+    assert!(whole > 100 << 20, "{whole}");
+    assert_eq!(sharded, whole.div_ceil(8));
+}

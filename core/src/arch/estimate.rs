@@ -218,6 +218,9 @@ pub struct PeakEstimate {
     /// Host memory the step's activations wait in: the checkpointed layer inputs offloaded
     /// to pinned CPU memory (0 without offloaded checkpointing).
     pub host_activation_bytes: u64,
+    /// A 4-bit base's quantization state (its blocks' scales and their constants), among
+    /// the buffers (0 without one).
+    pub quant_state_bytes: u64,
     /// The step's allocations replayed through the caching allocator, when asked for
     /// ([`estimate_rank_replayed`]).
     pub allocator: Option<AllocatorPeaks>,
@@ -1081,6 +1084,7 @@ fn estimate_on(
             trainable_params: 0,
             paged_bytes: 0,
             host_activation_bytes: 0,
+            quant_state_bytes: quant_state,
             allocator,
             objective: None,
         });
@@ -1827,6 +1831,7 @@ fn estimate_on(
         trainable_params: if trains { trainable_params } else { 0 },
         paged_bytes: optimizer.paged,
         host_activation_bytes,
+        quant_state_bytes: quant_state,
         allocator,
         objective: None,
     })

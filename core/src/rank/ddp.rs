@@ -75,6 +75,11 @@ pub(super) struct WholeState<'a> {
     flat_gradients: u64,
     /// The tape's gradients, all of them (how far the backward has come).
     tape_gradients: u64,
+    /// The share of a 4-bit base's quantization state another rank holds: FSDP2 shards
+    /// torchao's `NF4Tensor` with its scalers (`nf4_split` chunks `quantized_scalers` and
+    /// `quantization_factor` with the data), where FSDP1's flat parameters leave
+    /// bitsandbytes' `quant_state`, a module attribute, whole on every rank.
+    quant_state_elsewhere: u64,
     /// What FSDP or DeepSpeed keeps in host RAM for a LoRA or QLoRA rank (derived from
     /// their sources, not measured: FSDP2's `CPUOffloadPolicy` and FSDP1's `CPUOffload`
     /// keep the shards on the host and copy each unit's in to gather it; DeepSpeed's
@@ -124,6 +129,13 @@ impl<'a> WholeState<'a> {
             }
             _ => 0,
         };
+        let quant_state_elsewhere = match peft {
+            Some(p) if p.quantized() && plan.sharding == Sharding::Fsdp2 && n > 1 => {
+                let q = estimate.quant_state_bytes;
+                q - q.div_ceil(n)
+            }
+            _ => 0,
+        };
         let peft = match peft {
             Some(p) if matches!(plan.sharding, Sharding::Fsdp2 | Sharding::Fsdp1) && n > 1 => {
                 PeftAdditions::new(
@@ -149,6 +161,7 @@ impl<'a> WholeState<'a> {
         WholeState {
             dp,
             gathered,
+            quant_state_elsewhere,
             flat_gradients,
             tape_gradients: estimate.persistent(|c| c.gradients),
             temporaries_split: (plan.sharding.shards_optimizer_states() && n > 1) || dp.ep > 1,
@@ -205,7 +218,7 @@ impl<'a> WholeState<'a> {
             optimizer_states: state.optimizer_state_bytes,
             activations: c.activations,
             temporaries,
-            buffers: c.buffers,
+            buffers: c.buffers.saturating_sub(self.quant_state_elsewhere),
         }
     }
 
