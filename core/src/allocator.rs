@@ -32,8 +32,9 @@
 //!   at once (`free_block` when `stream_uses` is empty: FSDP2 synchronises with events);
 //!   [`free_in_use`] drops `memory_allocated` but keeps the block out of its pool until
 //!   [`release`], when its events would complete (`insert_events`, `process_events`: FSDP1's
-//!   hand-offs). The OOM path does not complete pending events first
-//!   (`synchronize_and_free_events`).
+//!   hand-offs). Before the OOM path releases the cached segments it completes every
+//!   pending event (`release_cached_blocks` -> `synchronize_and_free_events`): those blocks
+//!   are cached first, and a later [`release`] of one is a no-op.
 //!
 //! [`malloc_on`]: CachingAllocator::malloc_on
 //! [`free`]: CachingAllocator::free
@@ -431,6 +432,8 @@ pub struct CachingAllocator {
     /// memory); the allocator goes on as if the device were larger (a step's replay stops
     /// there: see `AllocatorPeaks::out_of_memory`).
     out_of_memory: bool,
+    /// Blocks [freed in use](Self::free_in_use) whose events have not completed.
+    pending: Vec<BlockId>,
 }
 
 impl CachingAllocator {
@@ -451,6 +454,7 @@ impl CachingAllocator {
             peak_reserved: 0,
             capacity: u64::MAX,
             out_of_memory: false,
+            pending: Vec::new(),
         }
     }
 
@@ -492,6 +496,7 @@ impl CachingAllocator {
         self.peak_reserved = 0;
         self.capacity = u64::MAX;
         self.out_of_memory = false;
+        self.pending.clear();
     }
 
     /// The mode this allocator emulates.
@@ -558,6 +563,7 @@ impl CachingAllocator {
         if let Some(b) = self.blocks.get(id.slot) {
             if b.live && b.allocated && b.generation == id.generation {
                 self.allocated = self.allocated.saturating_sub(b.size);
+                self.pending.push(id);
             }
         }
     }
@@ -565,11 +571,23 @@ impl CachingAllocator {
     /// The events of a block given to [`free_in_use`](Self::free_in_use) complete: it is
     /// cached for its stream (call it once per such block).
     pub fn release(&mut self, id: BlockId) {
+        let Some(at) = self.pending.iter().position(|&p| p == id) else {
+            return;
+        };
+        self.pending.swap_remove(at);
         if let Some(b) = self.blocks.get(id.slot) {
             if b.live && b.allocated && b.generation == id.generation {
                 self.allocated = self.allocated.saturating_add(b.size);
                 self.free(id);
             }
+        }
+    }
+
+    /// `synchronize_and_free_events`: every pending event completes, each block freed in
+    /// use cached for its stream.
+    fn synchronize_and_free_events(&mut self) {
+        while let Some(&id) = self.pending.last() {
+            self.release(id);
         }
     }
 
@@ -729,9 +747,11 @@ impl CachingAllocator {
             if self.capacity == u64::MAX {
                 return None;
             }
-            // `malloc`'s retry: `release_cached_blocks` unmaps the free pages of the
-            // expandable segments (`release_blocks` -> `unmap_block`), so a hole a freed
-            // tensor left in the middle of a segment can be mapped again where it is needed
+            // `malloc`'s retry: `release_cached_blocks` completes the pending events, then
+            // unmaps the free pages of the expandable segments (`release_blocks` ->
+            // `unmap_block`), so a hole a freed tensor left in the middle of a segment can be
+            // mapped again where it is needed
+            self.synchronize_and_free_events();
             self.unmap_free_blocks();
             if let Some(block) = self.try_allocate_expandable_block(pool, size) {
                 return Some(block);
@@ -744,8 +764,10 @@ impl CachingAllocator {
             return block;
         }
         let alloc_size = get_allocation_size(size);
-        // `malloc`'s retry: release the whole cached segments, then try again
+        // `malloc`'s retry: complete the pending events, release the whole cached
+        // segments, then try again
         if self.reserved.saturating_add(alloc_size) > self.capacity {
+            self.synchronize_and_free_events();
             self.release_cached_blocks();
             if self.reserved.saturating_add(alloc_size) > self.capacity {
                 self.out_of_memory = true;
@@ -1241,6 +1263,26 @@ mod tests {
         let _z = a.malloc_on(30 << 20, 1);
         assert_eq!((a.allocated(), a.reserved()), (30 << 20, 60 << 20));
         assert_eq!(a.peak_allocated(), 30 << 20);
+    }
+
+    /// Near the capacity, the OOM path completes the pending events before it releases the
+    /// cached segments (`release_cached_blocks` -> `synchronize_and_free_events`): a block
+    /// freed in use is handed back to the driver too, and its later release does nothing.
+    #[test]
+    fn running_out_completes_the_pending_events_first() {
+        for mode in [AllocatorMode::Default, AllocatorMode::Expandable] {
+            let mut a = CachingAllocator::new(mode);
+            a.set_capacity(100 << 20);
+            let x = a.malloc_on(60 << 20, 1);
+            a.free_in_use(x);
+            let y = a.malloc(70 << 20);
+            assert!(!a.out_of_memory(), "{mode:?}");
+            assert_eq!(a.allocated(), 70 << 20, "{mode:?}");
+            a.release(x);
+            assert_eq!(a.allocated(), 70 << 20, "{mode:?}: a second release");
+            a.free(y);
+            assert_eq!(a.allocated(), 0, "{mode:?}");
+        }
     }
 
     #[test]
