@@ -192,9 +192,8 @@ impl Fsdp2Rank {
         }
     }
 
-    /// The sharded gradients alive before any layer's backward: all of them from the second
-    /// micro-batch of an accumulated step on.
-    /// Under a pipeline, the stage's unsharded gradients instead.
+    /// The gradients alive before any layer's backward: from the second micro-batch of an
+    /// accumulated step on, all the sharded ones (under a pipeline, the unsharded ones).
     fn accumulated(&self) -> u64 {
         match (self.accumulating, self.pipelined()) {
             (false, _) => 0,
@@ -203,6 +202,7 @@ impl Fsdp2Rank {
         }
     }
 
+    /// The rank runs a pipeline stage ([`Fsdp2Settings::pipelined`]).
     fn pipelined(&self) -> bool {
         self.pipeline_gradients > 0
     }
@@ -367,6 +367,7 @@ impl Fsdp2Rank {
             // gathered; then the root reshards before its reduce-scatter input is filled
             // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`
             // before `foreach_reduce`)
+            // (under a pipeline nothing is resharded or reduced before the step's end)
             BackwardMoment::Embedding if self.pipelined() => CategoryBytes {
                 parameters: shards.saturating_add(self.layers),
                 gradients: self.pipeline_gradients,
