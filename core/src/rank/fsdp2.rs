@@ -363,10 +363,6 @@ impl Fsdp2Rank {
                     ..*c
                 }
             }
-            // the embeddings' gradients (the tape's, gathered dtype) made with the root
-            // gathered; then the root reshards before its reduce-scatter input is filled
-            // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`
-            // before `foreach_reduce`)
             // (under a pipeline nothing is resharded or reduced before the step's end)
             BackwardMoment::Embedding if self.pipelined() => CategoryBytes {
                 parameters: shards.saturating_add(self.layers),
@@ -375,6 +371,10 @@ impl Fsdp2Rank {
                 temporaries: self.unsharded_gradients(c.temporaries),
                 ..*c
             },
+            // the embeddings' gradients (the tape's, gathered dtype) made with the root
+            // gathered; then the root reshards before its reduce-scatter input is filled
+            // from the unsharded gradients (`FSDPParamGroup.post_backward`: `reshard()`
+            // before `foreach_reduce`)
             BackwardMoment::Embedding => {
                 let making = CategoryBytes {
                     parameters: shards,
