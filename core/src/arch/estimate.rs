@@ -1390,7 +1390,7 @@ fn estimate_on(
                 add(layers, outputs)?,
                 add(mul(head, c.last)?, mul(embeddings, c.first)?)?,
             )?;
-            if stage.schedule == PipelineSchedule::Gpipe {
+            if stage.schedule == PipelineSchedule::Gpipe && stage.microbatches > 1 {
                 one_microbatch = in_flight / c.chunks.max(1);
             }
             add(
