@@ -539,3 +539,32 @@ fn fsdp2_shards_the_4_bit_quantization_state() {
     assert!(whole > 100 << 20, "{whole}");
     assert_eq!(sharded, whole.div_ceil(8));
 }
+
+/// A model that a mesh cannot split is refused with the group it does not split over.
+#[test]
+fn an_unsplittable_model_names_the_group_it_does_not_split_over() {
+    let base = "m=arch&model=llama3-8b&b=1&s=2048";
+    for (mesh, expected) in [
+        (
+            "gpus=64&pp=64&shard=ddp",
+            "32 layers do not split evenly over 64 pipeline stages",
+        ),
+        (
+            "gpus=3&tp=3&shard=fsdp2",
+            "32 attention heads do not split evenly over 3 tensor-parallel GPUs",
+        ),
+        (
+            "gpus=3&cp=3&shard=fsdp2",
+            "2048 sequence positions do not split evenly over 3 context-parallel GPUs",
+        ),
+    ] {
+        let query = format!("{base}&{mesh}");
+        let decoded = decode_query(&query);
+        assert!(decoded.notices.is_empty(), "{query}: {:?}", decoded.notices);
+        let error = evaluate(&decoded.state).err().map(|e| e.to_string());
+        assert!(
+            error.as_deref().is_some_and(|e| e.contains(expected)),
+            "{query}: {error:?}"
+        );
+    }
+}

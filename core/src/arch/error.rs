@@ -64,7 +64,8 @@ pub enum EstimateError {
     Flash2Unsupported,
     /// A byte count does not fit in 64 bits.
     TooLarge,
-    /// Tensor parallelism splits heads evenly or not at all.
+    /// Tensor, context and pipeline parallelism split heads, positions and layers evenly
+    /// (a pipeline: at least one layer per stage) or not at all.
     Unsplittable {
         /// What is split ("attention heads").
         what: &'static str,
@@ -72,6 +73,8 @@ pub enum EstimateError {
         count: u64,
         /// The group it is split over.
         group: u64,
+        /// What the group's members are ("tensor-parallel GPUs", "pipeline stages").
+        over: &'static str,
     },
     /// A way of splitting the step that is not modelled for this model or setting.
     MeshUnsupported(&'static str),
@@ -106,9 +109,14 @@ impl fmt::Display for EstimateError {
                 "flash_attention_2 runs in fp16/bf16 only (pick an AMP or 16-bit recipe) and for head sizes up to 256"
             ),
             EstimateError::TooLarge => write!(f, "the memory figure does not fit in 64 bits"),
-            EstimateError::Unsplittable { what, count, group } => write!(
+            EstimateError::Unsplittable {
+                what,
+                count,
+                group,
+                over,
+            } => write!(
                 f,
-                "the model's {count} {what} do not split evenly over {group} tensor-parallel GPUs"
+                "the model's {count} {what} do not split evenly over {group} {over}"
             ),
             EstimateError::MeshUnsupported(why)
             | EstimateError::ObjectiveUnsupported(why)

@@ -381,6 +381,7 @@ pub(crate) fn rank_step(
                 what: "sequence positions",
                 count: step.seq_len,
                 group: cp,
+                over: "context-parallel GPUs",
             });
         }
     }
@@ -396,6 +397,7 @@ pub(crate) fn rank_step(
                 what: "layers",
                 count: arch.num_layers(),
                 group: stage.stages,
+                over: "pipeline stages",
             });
         }
         spec = spec.stage(stage);

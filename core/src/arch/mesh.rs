@@ -242,7 +242,12 @@ fn split(what: &'static str, count: u64, group: u64) -> Result<u64, EstimateErro
     if count.is_multiple_of(group) {
         Ok(count / group)
     } else {
-        Err(EstimateError::Unsplittable { what, count, group })
+        Err(EstimateError::Unsplittable {
+            what,
+            count,
+            group,
+            over: "tensor-parallel GPUs",
+        })
     }
 }
 
