@@ -388,24 +388,7 @@ def fsdp_stage_row(config, place, n_params, step, t0, cats, state):
     at the start and after the schedule whole."""
     row = H.step_row(config, H.versions(), n_params, step, t0, phases=("pipe", "opt"),
                      after={"versions": place})
-    row.update(state)
-    row["model_state_bytes"] = sum(row[k] for k in ("param_bytes", "buffer_bytes", "grad_bytes",
-                                                    "opt_state_bytes"))
-    pk = step.phase_peaks[row["peak_phase"]]
-    temp = row["at_peak"]["opt_step_temp"]
-    row["at_peak"] = {**pk, "optstate": pk["optstate"] - temp, "opt_step_temp": temp}
-    row["act_temp_at_peak"] = pk["total"] - sum(row["at_peak"][k] for k in (
-        "parameter", "buffer", "gradient", "optstate", "other"))
-    out = {}
-    for k, v in row.items():
-        if k == "time_s":
-            out["categories"] = [name for name, _ in cats]
-        out[k] = v
-        if k == "start_bytes":
-            out["start"] = step.start
-        elif k == "after_bwd_bytes":
-            out["after_bwd"] = step.after_bwd
-    return out
+    return H.split_by_tracker(row, step, cats, state)
 
 
 def measure_all_stages(a):

@@ -28,7 +28,7 @@ from .tracker import (CATS, CPU_SIDE_OUTPUTS, PhaseTracker, PhaseTrackerMixin, f
 from .model import build_plain_model
 from .rows import CUDA_TRACKER, cuda_row
 from .ranks import (device_mesh, fake_world, isolate_sharding_propagation, local_bytes, mesh_outside_fake,
-                    rank_row, run_ranks)
+                    rank_row, run_ranks, split_by_tracker)
 
 __all__ = [
     "ROUND_BYTES", "SDPA_LOG", "install_cuda_emulation", "install_frozen_param_hook_guard", "nullctx",
@@ -44,5 +44,5 @@ __all__ = [
     "tensors_in",
     "CUDA_TRACKER", "cuda_row", "build_plain_model",
     "device_mesh", "fake_world", "isolate_sharding_propagation", "local_bytes", "mesh_outside_fake",
-    "rank_row", "run_ranks",
+    "rank_row", "run_ranks", "split_by_tracker",
 ]

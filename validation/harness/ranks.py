@@ -91,6 +91,14 @@ def rank_row(config, place, versions, n_params, step, t0, cats, state):
     buffers) with the optimizer step's temporaries last, everything but the model state and the
     inputs as `act_temp_at_peak`, and the readings at the start and after backward whole."""
     row = step_row(config, versions, n_params, step, t0, after={"config": place})
+    return split_by_tracker(row, step, cats, state)
+
+
+def split_by_tracker(row, step, cats, state):
+    """A step `row` of one rank with its model state read from the local shards (`state`), the
+    peak split by the tracker's own categories `cats` with the optimizer step's temporaries last,
+    everything but the model state and the inputs as `act_temp_at_peak`, and the readings at the
+    start and after backward whole (`rank_row`'s and pipeline.py's FSDP2 stage rows)."""
     row.update(state)
     row["model_state_bytes"] = sum(row[k] for k in ("param_bytes", "buffer_bytes", "grad_bytes",
                                                     "opt_state_bytes"))
@@ -100,7 +108,7 @@ def rank_row(config, place, versions, n_params, step, t0, cats, state):
     row["at_peak"] = at_peak
     row["act_temp_at_peak"] = pk["total"] - sum(at_peak[k] for k in ("parameter", "buffer", "gradient",
                                                                       "optstate", "other"))
-    del row["amp_weight_copy_bytes"]
+    row.pop("amp_weight_copy_bytes", None)
     out = {}
     for k, v in row.items():
         if k == "time_s":
