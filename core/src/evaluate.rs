@@ -990,11 +990,9 @@ fn sharded_streams(
     let mixed_dtypes = peft.is_some_and(|p| {
         p.quantized() && (p.kbit_prepare || p.base_fp32 || step.precision.master_weights())
     });
-    if !step.optimizer.trains()
-        || mixed_dtypes
-        || plan.offload != crate::Offload::None
-        || group <= 1
-    {
+    // (FSDP1's `CPUOffload` is replayed; FSDP2's `CPUOffloadPolicy` and DeepSpeed's are not)
+    let offloaded = plan.offload != crate::Offload::None;
+    if !step.optimizer.trains() || mixed_dtypes || (offloaded && !fsdp1) || group <= 1 {
         return None;
     }
     let recipe = step.precision;
@@ -1014,6 +1012,7 @@ fn sharded_streams(
         reshard_after_forward: reshard_after_forward(plan),
         loss_outside: mesh.loss_parallel,
         backward_prefetch: !fsdp1 || plan.fsdp1.backward_prefetch == crate::BackwardPrefetch::Pre,
+        offloaded,
     })
 }
 

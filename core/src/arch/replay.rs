@@ -26,10 +26,9 @@
 //!   made after the layer's forward, freed after its backward;
 //! - FSDP2's and FSDP1's buffers (full fine-tuning, LoRA and QLoRA, the state on the GPU)
 //!   are replayed on the streams PyTorch makes them on, the state sharded
-//!   ([`super::streams`]); DDP's reducer
-//!   buckets are made before the first step and kept ([`ddp_buckets`]); DeepSpeed's buffers
-//!   and offloading are not replayed: their reserve is taken from the plain step of the same
-//!   tape.
+//!   ([`super::streams`]), FSDP1's `CPUOffload` too; DDP's reducer buckets are made before
+//!   the first step and kept ([`ddp_buckets`]); DeepSpeed's buffers and FSDP2's offloading
+//!   are not replayed: their reserve is taken from the plain step of the same tape.
 
 use super::streams::{ShardedReplay, ShardedStreams};
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
@@ -415,8 +414,9 @@ fn replay_with(
     mut sharded: Option<&mut ShardedReplay>,
 ) {
     // a sharded engine holds each persistent tensor's shard, and shards the optimizer's state
+    // (offloaded, both are the host's)
     let shard = |bytes: u64, f: &Option<&mut ShardedReplay>| match f {
-        Some(f) => f.shard(bytes),
+        Some(f) => f.resident_shard(bytes),
         None => bytes,
     };
     for &bytes in &s.persistent {
@@ -464,7 +464,7 @@ fn replay_with(
         let (sizes, kind) = &s.temporaries;
         match sharded.as_deref_mut() {
             Some(f) => {
-                let shards: Vec<u64> = sizes.iter().map(|&b| f.shard(b)).collect();
+                let shards: Vec<u64> = sizes.iter().map(|&b| f.resident_shard(b)).collect();
                 step_temporaries(a, transients, &shards, *kind);
                 for g in f.grad_shards.drain(..) {
                     a.free(g);
@@ -835,6 +835,7 @@ mod tests {
             reshard_after_forward: crate::Reshard::On,
             loss_outside: false,
             backward_prefetch: !fsdp1,
+            offloaded: false,
         }
     }
 
@@ -914,6 +915,33 @@ mod tests {
         assert_eq!(
             (rank.allocated_bytes, rank.reserved_bytes),
             (548 * MIB, 980 * MIB)
+        );
+    }
+
+    /// FSDP1's `CPUOffload`: the shards, the optimizer state and the step's temporaries
+    /// are the host's (the rank's 20 + 40 + 20 MiB of them not allocated), and each unshard
+    /// stages the unit's shard on the pre-unshard stream.
+    #[test]
+    fn fsdp1_offloaded_keeps_its_state_on_the_host_and_stages_each_shard() {
+        let log = [(0, false), (4 * MIB, true)];
+        let engine = ShardedEngine::Fsdp1 { whole_model: false };
+        let on_gpu = four_layers(&log, Some(two_gpus(engine)));
+        let offloaded = four_layers(
+            &log,
+            Some(ShardedStreams {
+                offloaded: true,
+                ..two_gpus(engine)
+            }),
+        );
+        assert_eq!(
+            (on_gpu.allocated_bytes, on_gpu.reserved_bytes),
+            (548 * MIB, 980 * MIB)
+        );
+        // 60 MiB fewer at the peak (the shards and the state); the staged shards cached on
+        // the pre-unshard stream keep the reserve's slack as it was
+        assert_eq!(
+            (offloaded.allocated_bytes, offloaded.reserved_bytes),
+            (488 * MIB, 920 * MIB)
         );
     }
 

@@ -65,7 +65,7 @@ pub enum ShardedEngine {
 }
 
 /// How a sharded engine runs the replayed step: full fine-tuning or LoRA (on a 4-bit base,
-/// its layers gathered in their packed storage), without offload.
+/// its layers gathered in their packed storage), FSDP1 with or without `CPUOffload`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShardedStreams {
     /// The engine.
@@ -89,6 +89,12 @@ pub struct ShardedStreams {
     /// The next unit is gathered before this one's gradients are computed (FSDP2 always,
     /// FSDP1 with `BACKWARD_PRE`).
     pub backward_prefetch: bool,
+    /// FSDP1's `CPUOffload(offload_params=True)`: the shards and the optimizer state live
+    /// in host RAM; each unshard copies the unit's shard in on the pre-unshard stream
+    /// (`FlatParamHandle.pre_unshard`: `flat_param_to(device)`), which the all-gather reads
+    /// (`_all_gather_flat_param` records it for the unshard stream and drops it), and the
+    /// CPU steps the optimizer.
+    pub offloaded: bool,
 }
 
 impl ShardedStreams {
@@ -179,9 +185,14 @@ impl ShardedReplay {
         }
     }
 
-    /// `bytes` of the tape's whole state as one rank's shard.
-    pub(crate) const fn shard(&self, bytes: u64) -> u64 {
-        self.streams.shard(bytes)
+    /// The shard of `bytes` of the tape's persistent state (parameters, optimizer state,
+    /// the step's temporaries) the GPU holds: none offloaded.
+    pub(crate) const fn resident_shard(&self, bytes: u64) -> u64 {
+        if self.streams.offloaded {
+            0
+        } else {
+            self.streams.shard(bytes)
+        }
     }
 
     /// The whole model is one unit (FSDP1's `NO_WRAP`): the layers reduce nothing of their
@@ -219,8 +230,10 @@ impl ShardedReplay {
         if self.freed.len() >= 2 {
             a.release(self.freed.remove(0));
         }
+        // (a mixed recipe's low-precision shard, or offloaded, the shard copied in)
         let mixed = self.streams.gathered_bytes < self.streams.sharded_bytes;
-        let shard = mixed.then(|| a.malloc_on(self.streams.shard(bytes), PRE_UNSHARD));
+        let staged = mixed || self.streams.offloaded;
+        let shard = staged.then(|| a.malloc_on(self.streams.shard(bytes), PRE_UNSHARD));
         let unsharded = a.malloc_on(bytes, GATHER);
         Self::free(a, shard);
         unsharded
