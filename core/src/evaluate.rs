@@ -968,7 +968,7 @@ pub(crate) fn resolve_reserve(
 /// How a sharded engine runs `step` on a rank of `plan`, for the replay to put its buffers on
 /// their streams: FSDP2 or FSDP1 sharding over more than one GPU, training every parameter
 /// or LoRA adapters (on a 4-bit base too, when the base is stored in the recipe's dtype), the
-/// state on the GPU or, under FSDP1's `CPUOffload`, the host. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
+/// state on the GPU or offloaded to the host. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
 /// in bf16 and reduce in fp32, accelerate's FSDP1 reduces in bf16 too; fp32 shards.
 fn sharded_streams(
     plan: &PlanInputs,
@@ -990,9 +990,8 @@ fn sharded_streams(
     let mixed_dtypes = peft.is_some_and(|p| {
         p.quantized() && (p.kbit_prepare || p.base_fp32 || step.precision.master_weights())
     });
-    // (FSDP1's `CPUOffload` is replayed; FSDP2's `CPUOffloadPolicy` and DeepSpeed's are not)
     let offloaded = plan.offload != crate::Offload::None;
-    if !step.optimizer.trains() || mixed_dtypes || (offloaded && !fsdp1) || group <= 1 {
+    if !step.optimizer.trains() || mixed_dtypes || group <= 1 {
         return None;
     }
     let recipe = step.precision;

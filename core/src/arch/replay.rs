@@ -26,9 +26,9 @@
 //!   made after the layer's forward, freed after its backward;
 //! - FSDP2's and FSDP1's buffers (full fine-tuning, LoRA and QLoRA, the state on the GPU)
 //!   are replayed on the streams PyTorch makes them on, the state sharded
-//!   ([`super::streams`]), FSDP1's `CPUOffload` too; DDP's reducer buckets are made before
-//!   the first step and kept ([`ddp_buckets`]); DeepSpeed's buffers and FSDP2's offloading
-//!   are not replayed: their reserve is taken from the plain step of the same tape.
+//!   ([`super::streams`]), offloaded or not; DDP's reducer buckets are made before the
+//!   first step and kept ([`ddp_buckets`]); DeepSpeed's buffers are not replayed: their
+//!   reserve is taken from the plain step of the same tape.
 
 use super::streams::{ShardedReplay, ShardedStreams};
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
@@ -942,6 +942,30 @@ mod tests {
         assert_eq!(
             (offloaded.allocated_bytes, offloaded.reserved_bytes),
             (488 * MIB, 920 * MIB)
+        );
+    }
+
+    /// FSDP2's `CPUOffloadPolicy`: the state is the host's, each all-gather first copies the
+    /// unit's fp32 shard in on the copy-in stream, and each sharded gradient leaves for the
+    /// host as soon as it is reduced.
+    #[test]
+    fn fsdp2_offloaded_stages_each_shard_and_keeps_no_gradient() {
+        let log = [(0, false), (4 * MIB, true)];
+        let on_gpu = four_layers(&log, Some(two_gpus(ShardedEngine::Fsdp2)));
+        let offloaded = four_layers(
+            &log,
+            Some(ShardedStreams {
+                offloaded: true,
+                ..two_gpus(ShardedEngine::Fsdp2)
+            }),
+        );
+        assert_eq!(
+            (on_gpu.allocated_bytes, on_gpu.reserved_bytes),
+            (712 * MIB, 1040 * MIB)
+        );
+        assert_eq!(
+            (offloaded.allocated_bytes, offloaded.reserved_bytes),
+            (496 * MIB, 800 * MIB)
         );
     }
 

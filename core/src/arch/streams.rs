@@ -65,7 +65,7 @@ pub enum ShardedEngine {
 }
 
 /// How a sharded engine runs the replayed step: full fine-tuning or LoRA (on a 4-bit base,
-/// its layers gathered in their packed storage), FSDP1 with or without `CPUOffload`.
+/// its layers gathered in their packed storage), with or without CPU offload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShardedStreams {
     /// The engine.
@@ -89,11 +89,12 @@ pub struct ShardedStreams {
     /// The next unit is gathered before this one's gradients are computed (FSDP2 always,
     /// FSDP1 with `BACKWARD_PRE`).
     pub backward_prefetch: bool,
-    /// FSDP1's `CPUOffload(offload_params=True)`: the shards and the optimizer state live
-    /// in host RAM; each unshard copies the unit's shard in on the pre-unshard stream
-    /// (`FlatParamHandle.pre_unshard`: `flat_param_to(device)`), which the all-gather reads
-    /// (`_all_gather_flat_param` records it for the unshard stream and drops it), and the
-    /// CPU steps the optimizer.
+    /// The shards and the optimizer state live in host RAM and the CPU steps them. FSDP1's
+    /// `CPUOffload(offload_params=True)`: each unshard copies the unit's shard in on the
+    /// pre-unshard stream (`FlatParamHandle.pre_unshard`: `flat_param_to(device)`), which
+    /// the all-gather reads (`_all_gather_flat_param` records it for the unshard stream and
+    /// drops it). FSDP2's `CPUOffloadPolicy`: the shards are copied in on the all-gather
+    /// copy-in stream, and each sharded gradient copied out and dropped.
     pub offloaded: bool,
 }
 
@@ -216,10 +217,18 @@ impl ShardedReplay {
         }
     }
 
-    /// FSDP2's all-gather of `bytes` on the copy-in stream: its output.
+    /// FSDP2's all-gather of `bytes` on the copy-in stream: its output. Offloaded, each
+    /// shard is first copied in from the host in its own dtype (`FSDPParam.all_gather_inputs`:
+    /// `.to(device)`), on the same stream.
     fn all_gather(&self, a: &mut CachingAllocator, bytes: u64) -> BlockId {
-        let copy_in = a.malloc_on(self.streams.shard(bytes), GATHER);
+        let s = &self.streams;
+        let staged = s.offloaded.then(|| {
+            let shard = s.shard(bytes) / s.gathered_bytes.max(1) * s.sharded_bytes;
+            a.malloc_on(shard, GATHER)
+        });
+        let copy_in = a.malloc_on(s.shard(bytes), GATHER);
         let output = a.malloc_on(bytes, GATHER);
+        Self::free(a, staged);
         a.free(copy_in);
         output
     }
@@ -400,7 +409,9 @@ impl ShardedReplay {
             a.free(output);
             cast
         };
-        if keep {
+        // (FSDP2 offloaded copies it to the host and drops it: `foreach_reduce`)
+        let kept_on_gpu = s.fsdp1() || !s.offloaded;
+        if keep && kept_on_gpu {
             self.grad_shards.push(output);
         } else {
             a.free(output);
