@@ -263,6 +263,9 @@ pub fn parse_page(state: &PageState) -> Page {
         (Some(parsed), None) => parsed.as_ref().err().map(ToString::to_string),
     };
     let scenario = scenario_of(state, parse_all(state, arch.as_ref()));
+    let fsdp2_pipeline = scenario.as_ref().is_ok_and(|s| {
+        s.plan.pipeline_parallel > 1 && s.plan.sharding == crate::Sharding::Fsdp2
+    });
     Page {
         scenario,
         field_errors,
@@ -298,17 +301,7 @@ pub fn parse_page(state: &PageState) -> Page {
                 if state.step.kernels != crate::Kernels::Torch {
                     notes.push(UNSLOTH_DERIVED);
                 }
-                // (the text as typed: a stage count that does not parse has its own message)
-                let pipelined = state
-                    .parallel
-                    .pipeline_parallel
-                    .trim()
-                    .parse::<u64>()
-                    .is_ok_and(|p| p > 1);
-                if pipelined
-                    && state.parallel.sharding == crate::Sharding::Fsdp2
-                    && state.step.optimizer.trains()
-                {
+                if fsdp2_pipeline && state.step.optimizer.trains() {
                     notes.push(FSDP2_UNDER_A_PIPELINE);
                 }
                 notes
