@@ -885,8 +885,7 @@ pub(crate) fn resolve_reserve(
     };
     let mesh = mesh_of(plan);
     let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref());
-    // (DDP over one GPU is not wrapped: no reducer)
-    let ddp = plan.sharding == crate::Sharding::Ddp && plan.shard_group() > 1;
+    let ddp = plan.ddp_reducer();
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
     // on a device as large as it likes.

@@ -773,6 +773,13 @@ impl PlanInputs {
         }
     }
 
+    /// DDP wraps the model (over more than one GPU): its reducer holds a bucket per ~25 MB
+    /// of gradients.
+    #[must_use]
+    pub(crate) fn ddp_reducer(&self) -> bool {
+        self.sharding == Sharding::Ddp && self.shard_group() > 1
+    }
+
     /// GPUs of one data-parallel replica: tensor x context x pipeline parallel.
     #[must_use]
     pub fn model_parallel_gpus(&self) -> u64 {

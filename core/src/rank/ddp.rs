@@ -110,7 +110,7 @@ impl<'a> WholeState<'a> {
         // a second copy of every gradient, unless `gradient_as_bucket_view=True` (off by
         // default in torch, Accelerate and the HF Trainer; torch's DDP docstring: it
         // "saves memory equal to the total gradients size")
-        let ddp_buckets = if plan.sharding == Sharding::Ddp && n > 1 && step.optimizer.trains() {
+        let ddp_buckets = if plan.ddp_reducer() && step.optimizer.trains() {
             // the rank's gradients: an expert-parallel rank holds its experts' only
             dp.shard(
                 ShardedState {
