@@ -263,9 +263,9 @@ pub fn parse_page(state: &PageState) -> Page {
         (Some(parsed), None) => parsed.as_ref().err().map(ToString::to_string),
     };
     let scenario = scenario_of(state, parse_all(state, arch.as_ref()));
-    let fsdp2_pipeline = scenario.as_ref().is_ok_and(|s| {
-        s.plan.pipeline_parallel > 1 && s.plan.sharding == crate::Sharding::Fsdp2
-    });
+    let fsdp2_pipeline = scenario
+        .as_ref()
+        .is_ok_and(|s| s.plan.pipeline_parallel > 1 && s.plan.sharding == crate::Sharding::Fsdp2);
     Page {
         scenario,
         field_errors,

@@ -415,6 +415,26 @@ fn ddp_buckets_copy_the_gradients() {
     assert!(eight.peak_bytes >= one.peak_bytes + gradients - (1 << 20));
 }
 
+/// Prints `id`'s reserved figure in `e` against the `published_gib` its run logged; a miss
+/// beyond `percent` joins `failures`.
+fn check_reserved(
+    id: &str,
+    e: &estimator_core::Evaluation,
+    published_gib: f64,
+    percent: f64,
+    failures: &mut Vec<String>,
+) {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let reserved = e.reserved_bytes() as f64 / GIB;
+    let error = (reserved - published_gib) / published_gib * 100.0;
+    println!("{id}: published {published_gib:.2} GiB, ours {reserved:.2} GiB ({error:+.1}%)");
+    if error.abs() > percent {
+        failures.push(format!(
+            "{id}: {reserved:.2} GiB against {published_gib:.2} ({error:+.1}%)"
+        ));
+    }
+}
+
 /// torchtitan's logged `max_memory_reserved` for Llama 3 / 3.1 8B under FSDP2 on H100s and
 /// H200s (published: `validation/published/multi-gpu.tsv`, where each row's source, quote and
 /// reading are), against the reserved figure with FSDP2's all-gather and reduce-scatter
@@ -422,7 +442,6 @@ fn ddp_buckets_copy_the_gradients() {
 /// (`--allocator expandable`, which torchtitan's launcher sets, left the replay no slack).
 #[test]
 fn fsdp2_reserved_memory_against_torchtitan_s_published_runs() {
-    const GIB: f64 = (1u64 << 30) as f64;
     let common = "m=arch&r=mixed-bf16&o=adamw&oi=foreach&attn=sdpa&alloc=expandable&shard=fsdp2";
     let rows = [
         // torchao's README (pytorch/torchtitan#778): bf16 eager, no checkpointing, every
@@ -462,14 +481,8 @@ fn fsdp2_reserved_memory_against_torchtitan_s_published_runs() {
     ];
     let mut failures = Vec::new();
     for (id, query, published_gib) in rows {
-        let reserved = step(&format!("{common}&{query}")).reserved_bytes() as f64 / GIB;
-        let error = (reserved - published_gib) / published_gib * 100.0;
-        println!("{id}: published {published_gib:.2} GiB, ours {reserved:.2} GiB ({error:+.1}%)");
-        if error.abs() > 5.0 {
-            failures.push(format!(
-                "{id}: {reserved:.2} GiB against {published_gib:.2} ({error:+.1}%)"
-            ));
-        }
+        let e = step(&format!("{common}&{query}"));
+        check_reserved(id, &e, published_gib, 5.0, &mut failures);
     }
     assert!(failures.is_empty(), "over 5%: {failures:#?}");
 }
@@ -483,7 +496,6 @@ fn fsdp2_reserved_memory_against_torchtitan_s_published_runs() {
 /// reserved is not modelled.)
 #[test]
 fn fsdp1_qlora_reserved_memory_against_answer_ai_s_published_runs() {
-    const GIB: f64 = (1u64 << 30) as f64;
     let common = "m=arch&r=bf16&o=adamw&gc=full&attn=sdpa&loss=hf&method=qlora\
         &lr=64&la=16&ld=0.1&lt=q_proj%2Ck_proj%2Cv_proj%2Cup_proj%2Cdown_proj%2Cgate_proj\
         &ldt=model&q=nf4&dq=on&kbit=off&gpu=rtx3090&gpus=2&shard=fsdp1&f1w=layers&bp=pre&s=2048";
@@ -506,14 +518,7 @@ fn fsdp1_qlora_reserved_memory_against_answer_ai_s_published_runs() {
         state.set(Field::Model, "custom").expect("model field");
         state.set(Field::Config, &text).expect("config field");
         let e = evaluate(&state).unwrap_or_else(|e| panic!("{id}: {e:?}"));
-        let reserved = e.reserved_bytes() as f64 / GIB;
-        let error = (reserved - published_gib) / published_gib * 100.0;
-        println!("{id}: published {published_gib:.2} GiB, ours {reserved:.2} GiB ({error:+.1}%)");
-        if error.abs() > 7.0 {
-            failures.push(format!(
-                "{id}: {reserved:.2} GiB against {published_gib:.2} ({error:+.1}%)"
-            ));
-        }
+        check_reserved(id, &e, published_gib, 7.0, &mut failures);
     }
     assert!(failures.is_empty(), "over 7%: {failures:#?}");
 }

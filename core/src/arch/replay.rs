@@ -918,21 +918,30 @@ mod tests {
         );
     }
 
+    /// [`four_layers`] over two GPUs of `engine`, the state on the GPU and offloaded.
+    fn on_the_gpu_and_offloaded(
+        log: &[(u64, bool)],
+        engine: ShardedEngine,
+    ) -> (AllocatorPeaks, AllocatorPeaks) {
+        let streams = two_gpus(engine);
+        let offloaded = ShardedStreams {
+            offloaded: true,
+            ..streams
+        };
+        (
+            four_layers(log, Some(streams)),
+            four_layers(log, Some(offloaded)),
+        )
+    }
+
     /// FSDP1's `CPUOffload`: the shards, the optimizer state and the step's temporaries
     /// are the host's (the rank's 20 + 40 + 20 MiB of them not allocated), and each unshard
     /// stages the unit's shard on the pre-unshard stream.
     #[test]
     fn fsdp1_offloaded_keeps_its_state_on_the_host_and_stages_each_shard() {
         let log = [(0, false), (4 * MIB, true)];
-        let engine = ShardedEngine::Fsdp1 { whole_model: false };
-        let on_gpu = four_layers(&log, Some(two_gpus(engine)));
-        let offloaded = four_layers(
-            &log,
-            Some(ShardedStreams {
-                offloaded: true,
-                ..two_gpus(engine)
-            }),
-        );
+        let (on_gpu, offloaded) =
+            on_the_gpu_and_offloaded(&log, ShardedEngine::Fsdp1 { whole_model: false });
         assert_eq!(
             (on_gpu.allocated_bytes, on_gpu.reserved_bytes),
             (548 * MIB, 980 * MIB)
@@ -951,14 +960,7 @@ mod tests {
     #[test]
     fn fsdp2_offloaded_stages_each_shard_and_keeps_no_gradient() {
         let log = [(0, false), (4 * MIB, true)];
-        let on_gpu = four_layers(&log, Some(two_gpus(ShardedEngine::Fsdp2)));
-        let offloaded = four_layers(
-            &log,
-            Some(ShardedStreams {
-                offloaded: true,
-                ..two_gpus(ShardedEngine::Fsdp2)
-            }),
-        );
+        let (on_gpu, offloaded) = on_the_gpu_and_offloaded(&log, ShardedEngine::Fsdp2);
         assert_eq!(
             (on_gpu.allocated_bytes, on_gpu.reserved_bytes),
             (712 * MIB, 1040 * MIB)
