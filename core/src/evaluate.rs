@@ -965,9 +965,9 @@ pub(crate) fn resolve_reserve(
 }
 
 /// How a sharded engine runs `step` on a rank of `plan`, for the replay to put its buffers on
-/// their streams: FSDP2 or FSDP1 sharding over more than one GPU, training every parameter
-/// or LoRA adapters (on a 4-bit base too, when the base is stored in the recipe's dtype), the
-/// state on the GPU or offloaded to the host. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
+/// their streams: FSDP2, FSDP1 or DeepSpeed ZeRO sharding over more than one GPU, training
+/// every parameter or LoRA adapters (on a 4-bit base too, when the base is stored in the
+/// recipe's dtype), the state on the GPU or (FSDP) offloaded to the host. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
 /// in bf16 and reduce in fp32, accelerate's FSDP1 reduces in bf16 too; fp32 shards.
 fn sharded_streams(
     plan: &PlanInputs,
@@ -981,16 +981,24 @@ fn sharded_streams(
         crate::Sharding::Fsdp1 => crate::ShardedEngine::Fsdp1 {
             whole_model: plan.fsdp1.wrap == crate::Fsdp1Wrap::None,
         },
+        crate::Sharding::Zero1 | crate::Sharding::Zero2 | crate::Sharding::Zero3 => {
+            crate::ShardedEngine::Zero {
+                stage: crate::rank::ZeroSettings::of(plan).stage,
+                bucket_elements: plan.reduce_bucket_elements,
+            }
+        }
         _ => return None,
     };
-    let fsdp1 = engine != crate::ShardedEngine::Fsdp2;
+    let fsdp1 = matches!(engine, crate::ShardedEngine::Fsdp1 { .. });
+    let zero = matches!(engine, crate::ShardedEngine::Zero { .. });
     // (a 4-bit base's units are laid out in its packed storage, which is the load dtype:
     // one dtype per unit only when that is the recipe's and nothing was cast to fp32)
     let mixed_dtypes = peft.is_some_and(|p| {
         p.quantized() && (p.kbit_prepare || p.base_fp32 || step.precision.master_weights())
     });
     let offloaded = plan.offload != crate::Offload::None;
-    if !step.optimizer.trains() || mixed_dtypes || group <= 1 {
+    // (ZeRO-Offload's buffers are not replayed)
+    if !step.optimizer.trains() || mixed_dtypes || group <= 1 || (zero && offloaded) {
         return None;
     }
     let recipe = step.precision;
@@ -1009,7 +1017,9 @@ fn sharded_streams(
         tape_gradient_bytes: recipe.gradient_bytes().max(1),
         reshard_after_forward: reshard_after_forward(plan),
         loss_outside: mesh.loss_parallel,
-        backward_prefetch: !fsdp1 || plan.fsdp1.backward_prefetch == crate::BackwardPrefetch::Pre,
+        // (ZeRO-3's prefetch of 5e7 elements is left out)
+        backward_prefetch: !fsdp1 && !zero
+            || plan.fsdp1.backward_prefetch == crate::BackwardPrefetch::Pre && fsdp1,
         offloaded,
     })
 }

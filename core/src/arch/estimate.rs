@@ -863,6 +863,7 @@ fn estimate_on(
                 }
                 all
             };
+            let parameter_tensors = persistent.len();
             if master > 0 {
                 for &(e, c) in &trained {
                     for _ in 0..c {
@@ -932,6 +933,7 @@ fn estimate_on(
                 device,
                 StepAllocations {
                     persistent,
+                    parameter_tensors,
                     input,
                     layers,
                     checkpointed: (0..spec.layers.len())

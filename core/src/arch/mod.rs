@@ -121,6 +121,7 @@ pub use recipe::{
 pub(crate) use replay::STEADY_PASSES;
 pub use replay::{AllocatorPeaks, ReplayDevice};
 pub use streams::{ShardedEngine, ShardedStreams};
+pub(crate) use streams::{DEEPSPEED_MAX_REUSE_ELEMENTS, DEEPSPEED_SUB_GROUP_ELEMENTS};
 #[cfg(feature = "vision")]
 pub use vision::{ImageLayout, VisionInputs, VlmKind, MAX_IMAGES, MAX_IMAGE_SIDE};
 #[cfg(feature = "vision")]

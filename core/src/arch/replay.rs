@@ -27,8 +27,9 @@
 //! - FSDP2's and FSDP1's buffers (full fine-tuning, LoRA and QLoRA, the state on the GPU)
 //!   are replayed on the streams PyTorch makes them on, the state sharded
 //!   ([`super::streams`]), offloaded or not; DDP's reducer buckets are made before the
-//!   first step and kept ([`ddp_buckets`]); DeepSpeed's buffers are not replayed: their
-//!   reserve is taken from the plain step of the same tape.
+//!   first step and kept ([`ddp_buckets`]); DeepSpeed ZeRO's bucket, gradient partition,
+//!   gathers and step buffers are replayed too, the optimizer state on the GPU (offloaded,
+//!   its reserve is taken from the plain step of the same tape).
 
 use super::streams::{ShardedReplay, ShardedStreams};
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
@@ -62,6 +63,9 @@ pub(crate) struct Trained {
 pub(crate) struct StepAllocations<'a> {
     /// Weights, buffers and everything else alive from before the first step.
     pub persistent: Vec<u64>,
+    /// How many of `persistent`'s first tensors are the model's parameters (the rest: fp32
+    /// master weights and buffers).
+    pub parameter_tensors: usize,
     /// The input batch.
     pub input: u64,
     /// Each layer's tensors in the order it makes them (its input first), with whether
@@ -390,7 +394,14 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
                 .group_of
                 .iter()
                 .map(|&g| s.group_parameters.get(g).copied().unwrap_or(0));
-            ShardedReplay::new(f, s.root_parameters, layers)
+            let grads = |t: &[Trained]| t.iter().map(|t| t.grad).sum::<u64>();
+            let mut gradient_bytes =
+                grads(&s.head_gradients).saturating_add(grads(&s.embedding_gradients));
+            for &g in &s.group_of {
+                let layer = s.group_gradients.get(g).map_or(0, |t| grads(t));
+                gradient_bytes = gradient_bytes.saturating_add(layer);
+            }
+            ShardedReplay::new(f, s.root_parameters, layers, gradient_bytes)
         });
     if device.ddp && s.trains {
         for bytes in ddp_buckets(s) {
@@ -415,12 +426,15 @@ fn replay_with(
 ) {
     // a sharded engine holds each persistent tensor's shard, and shards the optimizer's state
     // (offloaded, both are the host's)
-    let shard = |bytes: u64, f: &Option<&mut ShardedReplay>| match f {
-        Some(f) => f.resident_shard(bytes),
+    let shard = |bytes: u64, parameter: bool, f: &Option<&mut ShardedReplay>| match f {
+        Some(f) => f.resident_shard(bytes, parameter),
         None => bytes,
     };
-    for &bytes in &s.persistent {
-        a.malloc(shard(bytes, &sharded));
+    for (i, &bytes) in s.persistent.iter().enumerate() {
+        a.malloc(shard(bytes, i < s.parameter_tensors, &sharded));
+    }
+    if let Some(f) = sharded.as_deref_mut() {
+        f.start(a);
     }
     let mut states_made = false;
     let passes = if s.trains {
@@ -457,18 +471,17 @@ fn replay_with(
         // the optimizer step: state made on the first, then the temporaries
         if !states_made {
             for &bytes in &s.states {
-                a.malloc(shard(bytes, &sharded));
+                a.malloc(shard(bytes, false, &sharded));
             }
             states_made = true;
         }
         let (sizes, kind) = &s.temporaries;
         match sharded.as_deref_mut() {
             Some(f) => {
-                let shards: Vec<u64> = sizes.iter().map(|&b| f.resident_shard(b)).collect();
+                f.step_start(a);
+                let shards: Vec<u64> = sizes.iter().map(|&b| f.resident_shard(b, false)).collect();
                 step_temporaries(a, transients, &shards, *kind);
-                for g in f.grad_shards.drain(..) {
-                    a.free(g);
-                }
+                f.step_end(a);
             }
             None => step_temporaries(a, transients, sizes, *kind),
         }
@@ -605,12 +618,17 @@ fn forward_backward(
         f.backward_start(a);
     }
     let mut head_gradients = false;
+    let head_from = gradients.grads.len();
     loss_ops(a, loss, &s.loss.backward, &mut |a| {
         gradients.add(a, &s.head_gradients);
         head_gradients = true;
     });
     if !head_gradients {
         gradients.add(a, &s.head_gradients);
+    }
+    let bytes = |t: &[Trained]| t.iter().map(|t| t.grad).sum::<u64>();
+    if let Some(f) = sharded.as_deref_mut() {
+        f.gradient_hooks(a, bytes(&s.head_gradients), gradients.grads, head_from);
     }
     if let Some(f) = sharded.as_deref_mut().filter(|_| loss_outside) {
         f.backward_start(a);
@@ -654,14 +672,16 @@ fn forward_backward(
             }
         }
         if let Some(f) = sharded.as_deref_mut() {
-            let bytes = layer.map_or(0, |t| t.iter().map(|t| t.grad).sum());
+            let bytes = layer.map_or(0, |t| bytes(t));
             f.after_backward(a, i, bytes, gradients.grads, made_from, first);
         }
     }
+    let embeddings_from = gradients.grads.len();
     gradients.add(a, &s.embedding_gradients);
     if let Some(f) = sharded {
+        let embedding_bytes = bytes(&s.embedding_gradients);
+        f.gradient_hooks(a, embedding_bytes, gradients.grads, embeddings_from);
         // what is left: the root's, and the layers' a whole-model unit did not reduce
-        let bytes = |t: &[Trained]| t.iter().map(|t| t.grad).sum::<u64>();
         let mut left = bytes(&s.head_gradients).saturating_add(bytes(&s.embedding_gradients));
         if f.whole_model() {
             for &g in &s.group_of {
@@ -744,6 +764,7 @@ mod tests {
         };
         StepAllocations {
             persistent: vec![8 * MIB, 8 * MIB],
+            parameter_tensors: 2,
             input: 0,
             layers: vec![log],
             checkpointed: vec![false],
@@ -969,6 +990,35 @@ mod tests {
             (offloaded.allocated_bytes, offloaded.reserved_bytes),
             (496 * MIB, 800 * MIB)
         );
+    }
+
+    /// DeepSpeed ZeRO over two GPUs, its bucket of 100 MiB of gradients.
+    fn zero(stage: u8) -> AllocatorPeaks {
+        let log = [(0, false), (4 * MIB, true)];
+        let engine = ShardedEngine::Zero {
+            stage,
+            bucket_elements: 25 * MIB,
+        };
+        four_layers(&log, Some(two_gpus(engine)))
+    }
+
+    /// ZeRO's step holds the rank's gradient partition (half of the 648 MiB of gradients),
+    /// its flattened copy and its fp32 cast (324 MiB each: the tape's gradients are fp32
+    /// here) beside the state. Stages 1 and 2 keep the two parameters whole (16 MiB), halve
+    /// the other persistent tensors (12) and the moments (40): 1,040 MiB. Stage 3 halves
+    /// every persistent tensor (20) and keeps its 100 MiB bucket and its gradient partition
+    /// from start-up: 1,132 MiB; its layers gathered on the all-gather stream and its
+    /// buckets concatenated on the reduce stream reserve 520 MiB more than stage 2's.
+    #[test]
+    fn zero_s_step_holds_the_partition_its_copy_and_its_fp32_cast() {
+        for (stage, allocated, reserved) in [(1, 1040, 1160), (2, 1040, 1160), (3, 1132, 1680)] {
+            let peaks = zero(stage);
+            assert_eq!(
+                (peaks.allocated_bytes, peaks.reserved_bytes),
+                (allocated * MIB, reserved * MIB),
+                "stage {stage}"
+            );
+        }
     }
 
     /// On a device too small for it, the step stops where it runs out (as PyTorch raises):

@@ -36,6 +36,26 @@
 //!   made there, and autograd's gradient, `record_stream`ed for it, waits for it (here: until
 //!   the next unit's reduction).
 //!
+//! DeepSpeed ZeRO (0.19.8's `zero/stage_1_and_2.py`, `zero/stage3.py`,
+//! `zero/partition_parameters.py`; `validation/DEEPSPEED.md`):
+//! - stages 1 and 2 keep the 16-bit parameters whole and run on the default stream
+//!   (`overlap_comm` is off for them by default). The reduction bucket of
+//!   `reduce_bucket_size` elements is made at the first gradient hook (`setup_buckets`) and
+//!   freed at the backward's epilogue (`_release_ipg_buffers`). Each gradient is copied into
+//!   it and freed, and each full bucket is flattened (`allreduce_bucket`: a copy) to be
+//!   reduced. At the first reduction the rank's gradient partition is made
+//!   (`copy_grads_in_partition`), alive until the step. Stage 2 reduces as the gradients
+//!   come; stage 1 keeps them whole until the backward ends and then reduces them all;
+//! - the step flattens the partition's gradients (a 16-bit copy), casts them to fp32,
+//!   frees the copy and the partition, steps, and frees the fp32 gradients (per sub-group of
+//!   at most `sub_group_size` elements in stage 3);
+//! - stage 3 makes its bucket and its 16-bit gradient partition at start-up, for good. Each
+//!   module is gathered on the all-gather stream and freed with `record_stream` for the
+//!   default stream (`free_param`), except what the backward reuses within
+//!   `max_reuse_distance` of the forward's end. A full bucket is reduced on the reduce
+//!   stream (`overlap_comm` is on): `reduce_scatter_coalesced` concatenates it (a copy)
+//!   and its output is this rank's share.
+//!
 //! The step's other tensors are the tape's, on the default stream; the sharded parameters and
 //! optimizer state are the tape's over the group.
 
@@ -62,7 +82,21 @@ pub enum ShardedEngine {
         /// The whole model is one unit, the root.
         whole_model: bool,
     },
+    /// DeepSpeed ZeRO, its optimizer state on the GPU.
+    Zero {
+        /// The stage: 1 and 2 keep the parameters whole, 3 gathers each module.
+        stage: u8,
+        /// `reduce_bucket_size` (elements).
+        bucket_elements: u64,
+    },
 }
+
+/// DeepSpeed's `max_reuse_distance` default (elements): at the turn from forward to
+/// backward, ZeRO-3 keeps the parameters gathered that the backward reuses within it.
+pub(crate) const DEEPSPEED_MAX_REUSE_ELEMENTS: u64 = 1_000_000_000;
+/// DeepSpeed's `sub_group_size` default (elements): ZeRO-3's optimizer steps its partition
+/// in sub-groups of at most this, each with its fp32 gradient.
+pub(crate) const DEEPSPEED_SUB_GROUP_ELEMENTS: u64 = 1_000_000_000;
 
 /// How a sharded engine runs the replayed step: full fine-tuning or LoRA (on a 4-bit base,
 /// its layers gathered in their packed storage), with or without CPU offload.
@@ -114,8 +148,24 @@ impl ShardedStreams {
             }
     }
 
-    const fn fsdp1(&self) -> bool {
-        matches!(self.engine, ShardedEngine::Fsdp1 { .. })
+    /// Gathered blocks are handed to the default stream with `record_stream` (FSDP1's
+    /// `_reshard`, ZeRO-3's `free_param`), not freed on it.
+    const fn recorded(&self) -> bool {
+        !matches!(self.engine, ShardedEngine::Fsdp2)
+    }
+
+    /// DeepSpeed's stage and bucket (bytes), or `None` for FSDP.
+    const fn zero(&self) -> Option<(u8, u64)> {
+        match self.engine {
+            ShardedEngine::Zero {
+                stage,
+                bucket_elements,
+            } => Some((
+                stage,
+                bucket_elements.saturating_mul(self.tape_gradient_bytes),
+            )),
+            _ => None,
+        }
     }
 
     const fn whole_model(&self) -> bool {
@@ -147,21 +197,34 @@ pub(crate) struct ShardedReplay {
     freed: Vec<BlockId>,
     reading: Vec<BlockId>,
     /// The reductions' outputs: the sharded gradients the optimizer steps.
-    pub grad_shards: Vec<BlockId>,
+    grad_shards: Vec<BlockId>,
+    /// ZeRO: the tape's gradients of one pass (bytes), the bucket and how full it is, the
+    /// gradient partition of stages 1 and 2, and the step's fp32 gradients.
+    gradient_bytes: u64,
+    bucket: Option<BlockId>,
+    filled: u64,
+    partition: Option<BlockId>,
+    fp32_gradients: Option<BlockId>,
+    /// ZeRO-3: the first layer the backward reuses within `max_reuse_distance` of the
+    /// forward's end (it and the layers after it stay gathered).
+    reused_from: usize,
 }
 
 impl ShardedReplay {
     /// The buffers of a step whose root (embeddings, final norm, head) has `root`
-    /// parameters and whose layers have `layers` (elements each).
+    /// parameters, whose layers have `layers` (elements each), and whose passes make
+    /// `gradient_bytes` of the tape's gradients.
     pub(crate) fn new(
         streams: ShardedStreams,
         root: u64,
         layers: impl Iterator<Item = u64>,
+        gradient_bytes: u64,
     ) -> Self {
-        let root_bytes = root.saturating_mul(streams.gathered_bytes);
-        let mut layer_bytes: Vec<u64> = layers
-            .map(|e| e.saturating_mul(streams.gathered_bytes))
-            .collect();
+        // (ZeRO's stages 1 and 2 gather nothing)
+        let gathers = !matches!(streams.zero(), Some((1 | 2, _)));
+        let gathered_bytes = if gathers { streams.gathered_bytes } else { 0 };
+        let root_bytes = root.saturating_mul(gathered_bytes);
+        let mut layer_bytes: Vec<u64> = layers.map(|e| e.saturating_mul(gathered_bytes)).collect();
         let root_bytes = if streams.whole_model() {
             let layers: u64 = layer_bytes.iter().sum();
             layer_bytes.iter_mut().for_each(|b| *b = 0);
@@ -170,6 +233,17 @@ impl ShardedReplay {
             root_bytes
         };
         let n = layer_bytes.len();
+        let mut reused_from = n;
+        if streams.zero().is_some() {
+            let mut reused = 0u64;
+            while let Some(&b) = reused_from.checked_sub(1).and_then(|i| layer_bytes.get(i)) {
+                reused = reused.saturating_add(b / gathered_bytes.max(1));
+                if reused > DEEPSPEED_MAX_REUSE_ELEMENTS {
+                    break;
+                }
+                reused_from -= 1;
+            }
+        }
         ShardedReplay {
             streams,
             root_bytes,
@@ -183,16 +257,34 @@ impl ShardedReplay {
             freed: Vec::new(),
             reading: Vec::new(),
             grad_shards: Vec::new(),
+            gradient_bytes,
+            bucket: None,
+            filled: 0,
+            partition: None,
+            fp32_gradients: None,
+            reused_from,
         }
     }
 
-    /// The shard of `bytes` of the tape's persistent state (parameters, optimizer state,
-    /// the step's temporaries) the GPU holds: none offloaded.
-    pub(crate) const fn resident_shard(&self, bytes: u64) -> u64 {
+    /// The share of `bytes` of the tape's persistent state (a `parameter`, optimizer
+    /// state, the step's temporaries) the GPU holds: none offloaded, a parameter whole under
+    /// ZeRO's stages 1 and 2.
+    pub(crate) const fn resident_shard(&self, bytes: u64, parameter: bool) -> u64 {
         if self.streams.offloaded {
             0
+        } else if parameter && matches!(self.streams.zero(), Some((1 | 2, _))) {
+            bytes
         } else {
             self.streams.shard(bytes)
+        }
+    }
+
+    /// What the engine makes at start-up beside the state: ZeRO-3's bucket and gradient
+    /// partition, for good.
+    pub(crate) fn start(&mut self, a: &mut CachingAllocator) {
+        if let Some((3, bucket)) = self.streams.zero() {
+            a.malloc(bucket);
+            a.malloc(self.streams.shard(self.gradient_bytes));
         }
     }
 
@@ -252,7 +344,7 @@ impl ShardedReplay {
     /// is freed.
     fn reshard(&mut self, a: &mut CachingAllocator, block: Option<BlockId>) {
         let Some(b) = block else { return };
-        if self.streams.fsdp1() {
+        if self.streams.recorded() {
             a.free_in_use(b);
             self.freed.push(b);
         } else {
@@ -262,10 +354,10 @@ impl ShardedReplay {
 
     /// The root's pre-forward: the root gathered.
     pub(crate) fn forward_start(&mut self, a: &mut CachingAllocator) {
-        if self.root.is_some() {
+        if self.root.is_some() || self.root_bytes == 0 {
             return;
         }
-        if self.streams.fsdp1() {
+        if self.streams.recorded() {
             self.root = Some(self.unshard(a, self.root_bytes));
             return;
         }
@@ -280,7 +372,7 @@ impl ShardedReplay {
         if bytes == 0 || self.unsharded.get(i).is_some_and(Option::is_some) {
             return;
         }
-        let unsharded = if self.streams.fsdp1() {
+        let unsharded = if self.streams.recorded() {
             self.unshard(a, bytes)
         } else {
             let output = self.all_gather(a, bytes);
@@ -293,9 +385,13 @@ impl ShardedReplay {
         }
     }
 
-    /// Layer `i`'s post-forward: resharded as `reshard_after_forward` says.
+    /// Layer `i`'s post-forward: resharded as `reshard_after_forward` says (ZeRO-3: unless
+    /// the backward reuses it soon).
     pub(crate) fn after_forward(&mut self, a: &mut CachingAllocator, i: usize) {
         let bytes = self.layer(i);
+        if bytes == 0 || i >= self.reused_from {
+            return;
+        }
         let kept = match self.streams.reshard_after_forward {
             Reshard::Off => return,
             Reshard::On => None,
@@ -326,7 +422,7 @@ impl ShardedReplay {
         if bytes == 0 || self.unsharded.get(i).is_some_and(Option::is_some) {
             return;
         }
-        if self.streams.fsdp1() {
+        if self.streams.recorded() {
             let unsharded = self.unshard(a, bytes);
             if let Some(slot) = self.unsharded.get_mut(i) {
                 *slot = Some(unsharded);
@@ -343,7 +439,7 @@ impl ShardedReplay {
     pub(crate) fn before_backward(&mut self, a: &mut CachingAllocator, i: usize) {
         let bytes = self.layer(i);
         if bytes > 0 && self.unsharded.get(i).is_some_and(Option::is_none) {
-            let unsharded = if self.streams.fsdp1() {
+            let unsharded = if self.streams.recorded() {
                 self.unshard(a, bytes)
             } else {
                 let output = match self.prefetched.take() {
@@ -377,7 +473,7 @@ impl ShardedReplay {
         }
         let elements = s.gradient_elements(bytes);
         let reduced = elements.saturating_mul(s.reduced_bytes);
-        let output = if s.fsdp1() {
+        let output = if s.recorded() {
             for g in self.reading.drain(..) {
                 a.release(g);
             }
@@ -410,7 +506,7 @@ impl ShardedReplay {
             cast
         };
         // (FSDP2 offloaded copies it to the host and drops it: `foreach_reduce`)
-        let kept_on_gpu = s.fsdp1() || !s.offloaded;
+        let kept_on_gpu = s.recorded() || !s.offloaded;
         if keep && kept_on_gpu {
             self.grad_shards.push(output);
         } else {
@@ -418,9 +514,65 @@ impl ShardedReplay {
         }
     }
 
+    /// ZeRO's gradient hooks for the gradients just made, `gradients[from..]` (`bytes` of
+    /// the tape's): the bucket made at the first (stages 1 and 2); from stage 2 on, each
+    /// copied into it and freed, a full bucket reduced first. (FSDP reduces per unit.)
+    pub(crate) fn gradient_hooks(
+        &mut self,
+        a: &mut CachingAllocator,
+        bytes: u64,
+        gradients: &mut Vec<BlockId>,
+        from: usize,
+    ) {
+        let Some((stage, bucket)) = self.streams.zero() else {
+            return;
+        };
+        if stage < 3 && self.bucket.is_none() {
+            self.bucket = Some(a.malloc(bucket));
+        }
+        if stage > 1 {
+            for g in gradients.drain(from.min(gradients.len())..) {
+                a.free(g);
+            }
+            self.fill(a, bytes);
+        }
+    }
+
+    /// `bytes` of gradients copied into ZeRO's bucket, a bucket they overflow reduced first.
+    fn fill(&mut self, a: &mut CachingAllocator, bytes: u64) {
+        let Some((_, bucket)) = self.streams.zero() else {
+            return;
+        };
+        if self.filled.saturating_add(bytes) > bucket {
+            self.reduce_bucket(a);
+        }
+        self.filled = self.filled.saturating_add(bytes).min(bucket);
+    }
+
+    /// ZeRO's bucket reduced: flattened (stage 3: concatenated and reduce-scattered on the
+    /// reduce stream), and its share copied into the rank's gradient partition, made at the
+    /// first reduction in stages 1 and 2.
+    fn reduce_bucket(&mut self, a: &mut CachingAllocator) {
+        let Some((stage, _)) = self.streams.zero() else {
+            return;
+        };
+        if self.filled == 0 {
+            return;
+        }
+        let stream = if stage == 3 { REDUCE } else { DEFAULT };
+        let copy = a.malloc_on(self.filled, stream);
+        let output = (stage == 3).then(|| a.malloc_on(self.streams.shard(self.filled), REDUCE));
+        Self::free(a, output);
+        a.free(copy);
+        if stage < 3 && self.partition.is_none() {
+            self.partition = Some(a.malloc(self.streams.shard(self.gradient_bytes)));
+        }
+        self.filled = 0;
+    }
+
     /// Layer `i`'s post-backward: resharded, and its gradients, `gradients[from..]` (`bytes`
     /// of the tape's), reduced (a layer of FSDP1's whole-model unit leaves them to the
-    /// root's).
+    /// root's; ZeRO's go through its hooks).
     pub(crate) fn after_backward(
         &mut self,
         a: &mut CachingAllocator,
@@ -430,11 +582,17 @@ impl ShardedReplay {
         from: usize,
         keep: bool,
     ) {
+        if self.streams.zero().is_some() {
+            self.gradient_hooks(a, bytes, gradients, from);
+        }
         if self.layer(i) == 0 {
             return;
         }
         let unsharded = self.unsharded.get_mut(i).and_then(Option::take);
         self.reshard(a, unsharded);
+        if self.streams.zero().is_some() {
+            return;
+        }
         let from = from.min(gradients.len());
         self.reduce(a, bytes, &gradients[from..], keep);
         gradients.truncate(from);
@@ -442,7 +600,9 @@ impl ShardedReplay {
 
     /// The root's post-backward and the final callback: the root resharded, the gradients
     /// left, `gradients` (`bytes` of the tape's: FSDP1's whole-model unit's are all of
-    /// them), reduced, and whatever waited on another stream released.
+    /// them), reduced, and whatever waited on another stream released. ZeRO's epilogue:
+    /// stage 1 reduces every gradient, the last bucket is reduced, and stages 1 and 2 free
+    /// their bucket.
     pub(crate) fn backward_end(
         &mut self,
         a: &mut CachingAllocator,
@@ -452,7 +612,18 @@ impl ShardedReplay {
     ) {
         let root = self.root.take();
         self.reshard(a, root);
-        self.reduce(a, bytes, gradients, keep);
+        if self.streams.zero().is_some() {
+            for g in gradients.drain(..) {
+                a.free(g);
+            }
+            if matches!(self.streams.zero(), Some((1, _))) {
+                self.fill(a, self.gradient_bytes);
+            }
+            self.reduce_bucket(a);
+            Self::free(a, self.bucket.take());
+        } else {
+            self.reduce(a, bytes, gradients, keep);
+        }
         gradients.clear();
         Self::free(a, self.reduce_input.take());
         if let Some((i, output)) = self.prefetched.take() {
@@ -462,6 +633,32 @@ impl ShardedReplay {
         }
         for b in self.freed.drain(..).chain(self.reading.drain(..)) {
             a.release(b);
+        }
+    }
+
+    /// Before the optimizer's step: ZeRO flattens the partition's gradients (a 16-bit
+    /// copy; stage 3 one sub-group at a time), casts them to fp32, and frees the copy and
+    /// the partition.
+    pub(crate) fn step_start(&mut self, a: &mut CachingAllocator) {
+        let Some((stage, _)) = self.streams.zero() else {
+            return;
+        };
+        let g = self.streams.tape_gradient_bytes.max(1);
+        let mut elements = self.streams.shard(self.gradient_bytes) / g;
+        if stage == 3 {
+            elements = elements.min(DEEPSPEED_SUB_GROUP_ELEMENTS);
+        }
+        let flat = a.malloc(elements.saturating_mul(g));
+        self.fp32_gradients = Some(a.malloc(elements.saturating_mul(4)));
+        a.free(flat);
+        Self::free(a, self.partition.take());
+    }
+
+    /// After the optimizer's step: the sharded gradients (ZeRO's fp32 ones) freed.
+    pub(crate) fn step_end(&mut self, a: &mut CachingAllocator) {
+        Self::free(a, self.fp32_gradients.take());
+        for g in self.grad_shards.drain(..) {
+            a.free(g);
         }
     }
 }

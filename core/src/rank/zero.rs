@@ -8,12 +8,7 @@ use crate::{
     ShardedState, Sharding,
 };
 
-/// DeepSpeed's `max_reuse_distance` default (elements): at the turn from forward to
-/// backward, ZeRO-3 keeps the parameters gathered that the backward reuses within it.
-const DEEPSPEED_MAX_REUSE_ELEMENTS: u64 = 1_000_000_000;
-/// DeepSpeed's `sub_group_size` default (elements): the optimizer steps ZeRO-3's partition
-/// in sub-groups of at most this, each with its fp32 gradient.
-const DEEPSPEED_SUB_GROUP_ELEMENTS: u64 = 1_000_000_000;
+use crate::arch::{DEEPSPEED_MAX_REUSE_ELEMENTS, DEEPSPEED_SUB_GROUP_ELEMENTS};
 
 /// One DeepSpeed ZeRO rank, as `validation/DEEPSPEED.md` reads DeepSpeed 0.19.8's source
 /// (no GPU ran it): stages 1 and 2 keep the 16-bit parameters whole and split the fp32
