@@ -967,7 +967,7 @@ pub(crate) fn resolve_reserve(
 /// How a sharded engine runs `step` on a rank of `plan`, for the replay to put its buffers on
 /// their streams: FSDP2, FSDP1 or DeepSpeed ZeRO sharding over more than one GPU, training
 /// every parameter or LoRA adapters (on a 4-bit base too, when the base is stored in the
-/// recipe's dtype), the state on the GPU or (FSDP) offloaded to the host. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
+/// recipe's dtype), the state on the GPU or offloaded to the host. The dtypes are [`crate::rank`]'s engines': FSDP2's mixed recipes gather
 /// in bf16 and reduce in fp32, accelerate's FSDP1 reduces in bf16 too; fp32 shards.
 fn sharded_streams(
     plan: &PlanInputs,
@@ -982,9 +982,12 @@ fn sharded_streams(
             whole_model: plan.fsdp1.wrap == crate::Fsdp1Wrap::None,
         },
         crate::Sharding::Zero1 | crate::Sharding::Zero2 | crate::Sharding::Zero3 => {
+            let stage = crate::rank::ZeroSettings::of(plan).stage;
             crate::ShardedEngine::Zero {
-                stage: crate::rank::ZeroSettings::of(plan).stage,
+                stage,
                 bucket_elements: plan.reduce_bucket_elements,
+                parameters_offloaded: stage == 3
+                    && plan.offload == crate::Offload::OptimizerAndParams,
             }
         }
         _ => return None,
@@ -997,8 +1000,7 @@ fn sharded_streams(
         p.quantized() && (p.kbit_prepare || p.base_fp32 || step.precision.master_weights())
     });
     let offloaded = plan.offload != crate::Offload::None;
-    // (ZeRO-Offload's buffers are not replayed)
-    if !step.optimizer.trains() || mixed_dtypes || group <= 1 || (zero && offloaded) {
+    if !step.optimizer.trains() || mixed_dtypes || group <= 1 {
         return None;
     }
     let recipe = step.precision;

@@ -28,8 +28,7 @@
 //!   are replayed on the streams PyTorch makes them on, the state sharded
 //!   ([`super::streams`]), offloaded or not; DDP's reducer buckets are made before the
 //!   first step and kept ([`ddp_buckets`]); DeepSpeed ZeRO's bucket, gradient partition,
-//!   gathers and step buffers are replayed too, the optimizer state on the GPU (offloaded,
-//!   its reserve is taken from the plain step of the same tape).
+//!   gathers and step buffers are replayed too, ZeRO-Offload's state in host RAM.
 
 use super::streams::{ShardedReplay, ShardedStreams};
 use crate::allocator::{AllocatorMode, BlockId, CachingAllocator};
@@ -992,14 +991,21 @@ mod tests {
         );
     }
 
-    /// DeepSpeed ZeRO over two GPUs, its bucket of 100 MiB of gradients.
-    fn zero(stage: u8) -> AllocatorPeaks {
+    /// DeepSpeed ZeRO over two GPUs, its bucket of 100 MiB of gradients, the optimizer on
+    /// the GPU or offloaded (`offloaded`: the optimizer; `Some(true)`: ZeRO-3's parameters
+    /// too).
+    fn zero(stage: u8, offloaded: Option<bool>) -> AllocatorPeaks {
         let log = [(0, false), (4 * MIB, true)];
         let engine = ShardedEngine::Zero {
             stage,
             bucket_elements: 25 * MIB,
+            parameters_offloaded: offloaded == Some(true),
         };
-        four_layers(&log, Some(two_gpus(engine)))
+        let streams = ShardedStreams {
+            offloaded: offloaded.is_some(),
+            ..two_gpus(engine)
+        };
+        four_layers(&log, Some(streams))
     }
 
     /// ZeRO's step holds the rank's gradient partition (half of the 648 MiB of gradients),
@@ -1012,7 +1018,33 @@ mod tests {
     #[test]
     fn zero_s_step_holds_the_partition_its_copy_and_its_fp32_cast() {
         for (stage, allocated, reserved) in [(1, 1040, 1160), (2, 1040, 1160), (3, 1132, 1680)] {
-            let peaks = zero(stage);
+            let peaks = zero(stage, None);
+            assert_eq!(
+                (peaks.allocated_bytes, peaks.reserved_bytes),
+                (allocated * MIB, reserved * MIB),
+                "stage {stage}"
+            );
+        }
+    }
+
+    /// ZeRO-Offload steps on the CPU: the master weights, the moments, the gradient
+    /// partition and the step's buffers are the host's. Stage 2's peak is then a layer's
+    /// backward: the whole parameters (16 MiB), the kept activations (16), the bucket (100)
+    /// and the layer's gradient (160); stage 1's the end of backward, every gradient whole
+    /// (648) beside the bucket and the parameters. Stage 3 keeps its four layers gathered
+    /// from the forward on (their 168 M elements are within `max_reuse_distance`): 324 MiB
+    /// with the root, its parameters' halves (8 MiB; none with `offload_param`), the bucket,
+    /// the activations and a layer's gradient.
+    #[test]
+    fn zero_offload_leaves_the_step_to_the_cpu() {
+        let cases = [
+            (1, false, 764, 780),
+            (2, false, 292, 300),
+            (3, false, 608, 840),
+            (3, true, 600, 820),
+        ];
+        for (stage, parameters, allocated, reserved) in cases {
+            let peaks = zero(stage, Some(parameters));
             assert_eq!(
                 (peaks.allocated_bytes, peaks.reserved_bytes),
                 (allocated * MIB, reserved * MIB),

@@ -54,7 +54,12 @@
 //!   default stream (`free_param`), except what the backward reuses within
 //!   `max_reuse_distance` of the forward's end. A full bucket is reduced on the reduce
 //!   stream (`overlap_comm` is on): `reduce_scatter_coalesced` concatenates it (a copy)
-//!   and its output is this rank's share.
+//!   and its output is this rank's share;
+//! - ZeRO-Offload (`offload_optimizer`) keeps the fp32 master, the moments and the fp32
+//!   gradient partition in host RAM and steps on the CPU: no gradient partition on the GPU
+//!   (stage 3's 16-bit one is pinned host memory) and no step buffers; stage 3's
+//!   `offload_param` moves the parameters' partitions there too. (The GPU's staging buffer
+//!   of stages 1 and 2, one largest tensor, is left out.)
 //!
 //! The step's other tensors are the tape's, on the default stream; the sharded parameters and
 //! optimizer state are the tape's over the group.
@@ -82,12 +87,15 @@ pub enum ShardedEngine {
         /// The whole model is one unit, the root.
         whole_model: bool,
     },
-    /// DeepSpeed ZeRO, its optimizer state on the GPU.
+    /// DeepSpeed ZeRO; ZeRO-Offload when the streams are `offloaded` (the optimizer state,
+    /// the fp32 gradients and the step on the CPU).
     Zero {
         /// The stage: 1 and 2 keep the parameters whole, 3 gathers each module.
         stage: u8,
         /// `reduce_bucket_size` (elements).
         bucket_elements: u64,
+        /// ZeRO-3's `offload_param`: the parameters' partitions in host RAM too.
+        parameters_offloaded: bool,
     },
 }
 
@@ -160,6 +168,7 @@ impl ShardedStreams {
             ShardedEngine::Zero {
                 stage,
                 bucket_elements,
+                ..
             } => Some((
                 stage,
                 bucket_elements.saturating_mul(self.tape_gradient_bytes),
@@ -268,23 +277,35 @@ impl ShardedReplay {
 
     /// The share of `bytes` of the tape's persistent state (a `parameter`, optimizer
     /// state, the step's temporaries) the GPU holds: none offloaded, a parameter whole under
-    /// ZeRO's stages 1 and 2.
+    /// ZeRO's stages 1 and 2 (ZeRO-Offload moves only the optimizer, and ZeRO-3's
+    /// `offload_param` the parameters).
     pub(crate) const fn resident_shard(&self, bytes: u64, parameter: bool) -> u64 {
-        if self.streams.offloaded {
+        let on_host = match (self.streams.engine, parameter) {
+            (ShardedEngine::Zero { stage: 1 | 2, .. }, true) => return bytes,
+            (
+                ShardedEngine::Zero {
+                    parameters_offloaded,
+                    ..
+                },
+                true,
+            ) => parameters_offloaded,
+            _ => self.streams.offloaded,
+        };
+        if on_host {
             0
-        } else if parameter && matches!(self.streams.zero(), Some((1 | 2, _))) {
-            bytes
         } else {
             self.streams.shard(bytes)
         }
     }
 
-    /// What the engine makes at start-up beside the state: ZeRO-3's bucket and gradient
-    /// partition, for good.
+    /// What the engine makes at start-up beside the state: ZeRO-3's bucket and (its
+    /// optimizer on the GPU) its gradient partition, for good.
     pub(crate) fn start(&mut self, a: &mut CachingAllocator) {
         if let Some((3, bucket)) = self.streams.zero() {
             a.malloc(bucket);
-            a.malloc(self.streams.shard(self.gradient_bytes));
+            if !self.streams.offloaded {
+                a.malloc(self.streams.shard(self.gradient_bytes));
+            }
         }
     }
 
@@ -564,7 +585,8 @@ impl ShardedReplay {
         let output = (stage == 3).then(|| a.malloc_on(self.streams.shard(self.filled), REDUCE));
         Self::free(a, output);
         a.free(copy);
-        if stage < 3 && self.partition.is_none() {
+        // (offloaded, the share goes to the host's fp32 gradients)
+        if stage < 3 && self.partition.is_none() && !self.streams.offloaded {
             self.partition = Some(a.malloc(self.streams.shard(self.gradient_bytes)));
         }
         self.filled = 0;
@@ -643,6 +665,9 @@ impl ShardedReplay {
         let Some((stage, _)) = self.streams.zero() else {
             return;
         };
+        if self.streams.offloaded {
+            return;
+        }
         let g = self.streams.tape_gradient_bytes.max(1);
         let mut elements = self.streams.shard(self.gradient_bytes) / g;
         if stage == 3 {
