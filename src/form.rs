@@ -960,20 +960,21 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
     let count = controls.len();
     let controls = StoredValue::new(controls);
 
-    // The state's changes, written into the form where they differ from what it shows.
-    let texts = StoredValue::new(vec![None::<String>; count]);
-    let parts = StoredValue::new(vec![None::<bool>; shown.len()]);
-    let fold_states = StoredValue::new(vec![None::<(bool, String)>; folds.len()]);
-    let defaults = StoredValue::new(Defaults::new());
-    let mode = StoredValue::new(None::<Mode>);
-    let kernel_note = StoredValue::new(None::<Option<&'static str>>);
+    // The state's changes, written into the form where they differ from what it shows (what
+    // it shows: the effect's own variables).
+    let mut texts = vec![None::<String>; count];
+    let mut parts = vec![None::<bool>; shown.len()];
+    let mut fold_states = vec![None::<(bool, String)>; folds.len()];
+    let defaults = Defaults::new();
+    let mut mode = None::<Mode>;
+    let mut kernel_note = None::<Option<&'static str>>;
     watch(move || {
         let Some(form) = form.get() else { return };
         state.with(|s| {
             // the optimizer kernel, disabled with a note for an optimizer that runs its own
             let ignored = s.step.optimizer.ignores_implementation();
-            if kernel_note.get_value() != Some(ignored) {
-                kernel_note.set_value(Some(ignored));
+            if kernel_note != Some(ignored) {
+                kernel_note = Some(ignored);
                 if let Some(note) = by_id("optimizer-impl-note") {
                     let text = ignored.map(|why| format!("No effect: {why}."));
                     note.set_text_content(text.as_deref());
@@ -984,8 +985,7 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                 }
             }
             // the optimizer field of the mode
-            let previous = mode.get_value();
-            mode.set_value(Some(s.mode));
+            let previous = mode.replace(s.mode);
             if previous.is_some_and(|m| m != s.mode) {
                 if let Some(old) = by_id("optimizer").and_then(|o| o.parent_element()) {
                     old.remove();
@@ -1001,87 +1001,78 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                     let _ = anchor.insert_adjacent_html("afterend", &b.m.finish());
                 }
             }
-            // the parts shown
-            parts.update_value(|parts| {
-                // looked up on the first change only: most keystrokes change none
-                let mut wrappers = None;
-                for (i, (part, was)) in shown.iter().zip(parts.iter_mut()).enumerate() {
-                    let now = part.holds(s);
-                    if *was != Some(now) {
-                        *was = Some(now);
-                        if let Some(el) = wrappers
-                            .get_or_insert_with(|| form.query_selector_all("div.when").ok())
-                            .as_ref()
-                            .and_then(|w| w.item(i as u32))
-                            .and_then(|n| n.dyn_into::<web_sys::Element>().ok())
-                        {
-                            let _ = el.toggle_attribute_with_force("hidden", !now);
-                        }
+            // the parts shown (their wrappers looked up on the first change only: most
+            // keystrokes change none)
+            let mut wrappers = None;
+            for (i, (part, was)) in shown.iter().zip(&mut parts).enumerate() {
+                let now = part.holds(s);
+                if *was != Some(now) {
+                    *was = Some(now);
+                    if let Some(el) = wrappers
+                        .get_or_insert_with(|| form.query_selector_all("div.when").ok())
+                        .as_ref()
+                        .and_then(|w| w.item(i as u32))
+                        .and_then(|n| n.dyn_into::<web_sys::Element>().ok())
+                    {
+                        let _ = el.toggle_attribute_with_force("hidden", !now);
                     }
                 }
-            });
+            }
             // the folded sections' notes; a section opens when it comes to matter
             controls.with_value(|controls| {
-                fold_states.update_value(|states| {
-                    for ((fold, range), was) in folds.iter().zip(states.iter_mut()) {
-                        let now = defaults.with_value(|d| {
-                            fold.state(s, controls.get(range.clone()).unwrap_or_default(), d)
-                        });
-                        if was.as_ref() == Some(&now) {
-                            continue;
-                        }
-                        let key = fold.key();
-                        if was.as_ref().map(|w| &w.1) != Some(&now.1) {
-                            if let Some(note) = by_id(&format!("fold-{key}-note")) {
-                                note.set_text_content(Some(&now.1));
-                            }
-                        }
-                        if now.0 && !was.as_ref().is_some_and(|w| w.0) {
-                            if let Some(details) = by_id(&format!("fold-{key}")) {
-                                let _ = details.set_attribute("open", "");
-                            }
-                        }
-                        *was = Some(now);
+                for ((fold, range), was) in folds.iter().zip(&mut fold_states) {
+                    let controls = controls.get(range.clone()).unwrap_or_default();
+                    let now = fold.state(s, controls, &defaults);
+                    if was.as_ref() == Some(&now) {
+                        continue;
                     }
-                });
+                    let key = fold.key();
+                    if was.as_ref().map(|w| &w.1) != Some(&now.1) {
+                        if let Some(note) = by_id(&format!("fold-{key}-note")) {
+                            note.set_text_content(Some(&now.1));
+                        }
+                    }
+                    if now.0 && !was.as_ref().is_some_and(|w| w.0) {
+                        if let Some(details) = by_id(&format!("fold-{key}")) {
+                            let _ = details.set_attribute("open", "");
+                        }
+                    }
+                    *was = Some(now);
+                }
             });
             // the texts and choices
             controls.with_value(|controls| {
-                texts.update_value(|texts| {
-                    for (control, was) in controls.iter().zip(texts.iter_mut()) {
-                        let now = control.source.text(s);
-                        if was.as_deref() == Some(now.as_str()) {
-                            continue;
-                        }
-                        match control.radios {
-                            Some(radios) => {
-                                for &(key, _) in radios {
-                                    if let Some(radio) = by_id(&format!("{}-{key}", control.id))
-                                        .and_then(|r| {
-                                            r.dyn_into::<web_sys::HtmlInputElement>().ok()
-                                        })
-                                    {
-                                        radio.set_checked(key == now);
-                                    }
-                                }
-                            }
-                            None => {
-                                if let Some(el) = by_id(control.id) {
-                                    set_value(&el, &now);
-                                }
-                            }
-                        }
-                        *was = Some(now);
+                for (control, was) in controls.iter().zip(&mut texts) {
+                    let now = control.source.text(s);
+                    if was.as_deref() == Some(now.as_str()) {
+                        continue;
                     }
-                })
+                    match control.radios {
+                        Some(radios) => {
+                            for &(key, _) in radios {
+                                if let Some(radio) = by_id(&format!("{}-{key}", control.id))
+                                    .and_then(|r| r.dyn_into::<web_sys::HtmlInputElement>().ok())
+                                {
+                                    radio.set_checked(key == now);
+                                }
+                            }
+                        }
+                        None => {
+                            if let Some(el) = by_id(control.id) {
+                                set_value(&el, &now);
+                            }
+                        }
+                    }
+                    *was = Some(now);
+                }
             });
         });
     });
 
     // The messages, and the texts that follow the model.
-    let messages = StoredValue::new(Vec::<(&'static str, String)>::new());
-    let model_texts = StoredValue::new(None::<(bool, bool, bool)>);
-    let image_tokens = StoredValue::new(String::new());
+    let mut messages = Vec::<(&'static str, String)>::new();
+    let mut model_texts = None::<(bool, bool, bool)>;
+    let mut image_tokens = String::new();
     watch(move || {
         if form.get().is_none() {
             return;
@@ -1109,19 +1100,17 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
             if let Some(e) = &p.config_error {
                 now.push(("config-json", e.clone()));
             }
-            messages.update_value(|was| {
-                for (id, _) in was.iter() {
-                    if !now.iter().any(|(i, _)| i == id) {
-                        show_message(id, None);
-                    }
+            for (id, _) in &messages {
+                if !now.iter().any(|(i, _)| i == id) {
+                    show_message(id, None);
                 }
-                for (id, e) in &now {
-                    if !was.iter().any(|(i, w)| i == id && w == e) {
-                        show_message(id, Some(e));
-                    }
+            }
+            for (id, e) in &now {
+                if !messages.iter().any(|(i, w)| i == id && w == e) {
+                    show_message(id, Some(e));
                 }
-                *was = now;
-            });
+            }
+            messages = now;
             let tokens = p.image_tokens.map_or_else(String::new, |t| {
                 format!(
                     "{} image tokens per sample; the language model's sequence: {} tokens.",
@@ -1129,15 +1118,15 @@ pub fn input_form(state: RwSignal<PageState>, page: Memo<Page>) -> impl IntoView
                     group_thousands(t.sequence)
                 )
             });
-            if image_tokens.with_value(|was| *was != tokens) {
+            if image_tokens != tokens {
                 if let Some(el) = by_id("image-tokens") {
                     el.set_text_content(Some(&tokens));
                 }
-                image_tokens.set_value(tokens);
+                image_tokens = tokens;
             }
             let texts = (p.is_vision, p.is_moe, p.is_vision_language);
-            if model_texts.get_value() != Some(texts) {
-                model_texts.set_value(Some(texts));
+            if model_texts != Some(texts) {
+                model_texts = Some(texts);
                 if let Some(images) = by_id("vision-settings") {
                     let _ = images.toggle_attribute_with_force("hidden", !p.is_vision_language);
                 }
