@@ -129,35 +129,47 @@ fn with_sweep<T>(
 /// fires before it, waits the rest (a keystroke sets no timer of its own).
 #[derive(Clone, Copy)]
 struct Debounced {
-    task: StoredValue<Option<Box<dyn FnOnce()>>, LocalStorage>,
-    /// When the task is due, in milliseconds since the epoch.
-    due: StoredValue<f64>,
-    /// Whether a timer is set.
-    waiting: StoredValue<bool>,
+    pending: StoredValue<Pending, LocalStorage>,
     delay_ms: f64,
+}
+
+/// A [`Debounced`]'s task and timer.
+struct Pending {
+    task: Option<Box<dyn FnOnce()>>,
+    /// When the task is due, in milliseconds since the epoch.
+    due: f64,
+    /// Whether a timer is set.
+    waiting: bool,
 }
 
 impl Debounced {
     fn new(delay: std::time::Duration) -> Self {
         Self {
-            task: StoredValue::new_local(None),
-            due: StoredValue::new(0.0),
-            waiting: StoredValue::new(false),
+            pending: StoredValue::new_local(Pending {
+                task: None,
+                due: 0.0,
+                waiting: false,
+            }),
             delay_ms: delay.as_secs_f64() * 1000.0,
         }
     }
 
     /// Drops the task waiting, if any.
     fn cancel(self) {
-        self.task.set_value(None);
+        self.pending.update_value(|p| p.task = None);
     }
 
     /// Replaces the task waiting with `task`, due `delay` from now.
     fn run(self, task: impl FnOnce() + 'static) {
-        self.task.set_value(Some(Box::new(task)));
-        self.due.set_value(now_ms() + self.delay_ms);
-        if !self.waiting.get_value() {
-            self.waiting.set_value(true);
+        let set_timer = self
+            .pending
+            .try_update_value(|p| {
+                p.task = Some(Box::new(task));
+                p.due = now_ms() + self.delay_ms;
+                !std::mem::replace(&mut p.waiting, true)
+            })
+            .unwrap_or(false);
+        if set_timer {
             self.wait(self.delay_ms);
         }
     }
@@ -165,14 +177,20 @@ impl Debounced {
     fn wait(self, ms: f64) {
         set_timeout(
             move || {
-                let left = self.due.get_value() - now_ms();
-                if left > 0.0 && self.task.with_value(Option::is_some) {
-                    self.wait(left);
-                } else {
-                    self.waiting.set_value(false);
-                    if let Some(task) = self.task.try_update_value(Option::take).flatten() {
-                        task();
+                // the time left if the task is not due yet, else the task (taken)
+                let left_or_task = self.pending.try_update_value(|p| {
+                    let left = p.due - now_ms();
+                    if left > 0.0 && p.task.is_some() {
+                        Ok(left)
+                    } else {
+                        p.waiting = false;
+                        Err(p.task.take())
                     }
+                });
+                match left_or_task {
+                    Some(Ok(left)) => self.wait(left),
+                    Some(Err(Some(task))) => task(),
+                    _ => {}
                 }
             },
             // whole milliseconds, rounded up: the timer never fires before the task is due
