@@ -20,29 +20,33 @@ pub fn CopyButton(
     /// The text to copy, computed when pressed.
     text: Memo<String>,
 ) -> impl IntoView {
-    let status = RwSignal::new(None::<Result<(), String>>);
+    // whether the text was copied ("Copied!" for a while), or why it was not: signals of
+    // types the page has already (a type of signal of its own costs its own code)
+    let copied = RwSignal::new(false);
+    let failure = RwSignal::new(None::<String>);
     let on_click = move |_| {
         let text = text.get_untracked();
         spawn_local(async move {
             let result = copy_to_clipboard(&text).await;
-            let succeeded = result.is_ok();
-            status.set(Some(result));
-            if succeeded {
+            copied.set(result.is_ok());
+            failure.set(result.err());
+            if copied.get_untracked() {
                 set_timeout(
-                    move || status.set(None),
+                    move || {
+                        copied.set(false);
+                        failure.set(None);
+                    },
                     std::time::Duration::from_millis(CONFIRMATION_MS),
                 );
             }
         });
     };
-    let button_text = memo(move |_| {
-        status.with(|s| text_markup(if s == &Some(Ok(())) { "Copied!" } else { label }))
-    });
+    let button_text = memo(move |_| text_markup(if copied.get() { "Copied!" } else { label }));
     let status_text = memo(move |_| {
-        status.with(|s| {
-            text_markup(match s {
-                Some(Err(why)) => why,
-                Some(Ok(())) => "Copied to the clipboard.",
+        failure.with(|why| {
+            text_markup(match why {
+                Some(why) => why,
+                None if copied.get() => "Copied to the clipboard.",
                 None => "",
             })
         })
