@@ -884,7 +884,7 @@ pub(crate) fn resolve_reserve(
         ..*step
     };
     let mesh = mesh_of(plan);
-    let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref());
+    let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref(), &model.arch);
     let ddp = plan.ddp_reducer();
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
@@ -974,6 +974,7 @@ fn sharded_streams(
     mesh: &crate::Mesh,
     step: &TrainingStep,
     peft: Option<&crate::Peft>,
+    arch: &crate::Architecture,
 ) -> Option<crate::ShardedStreams> {
     let group = plan.shard_group().saturating_mul(mesh.context.max(1));
     let engine = match plan.sharding {
@@ -988,6 +989,10 @@ fn sharded_streams(
                 bucket_elements: plan.reduce_bucket_elements,
                 parameters_offloaded: stage == 3
                     && plan.offload == crate::Offload::OptimizerAndParams,
+                // (as the rank's ZeRO state counts it: training every parameter)
+                partition_elements: (stage < 3 && peft.is_none())
+                    .then(|| arch.zero_partition_elements(mesh, group).ok())
+                    .flatten(),
             }
         }
         _ => return None,

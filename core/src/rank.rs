@@ -152,12 +152,18 @@ pub(crate) fn shard_step(
                     )))
                 }
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && dp.ep <= 1 => {
+                    let settings = ZeroSettings {
+                        partition_elements: (plan.sharding != Sharding::Zero3)
+                            .then(|| arch.zero_partition_elements(mesh, group).ok())
+                            .flatten(),
+                        ..ZeroSettings::of(plan)
+                    };
                     Some(RankEngine::Zero(ZeroRank::new(
                         estimate,
                         units,
                         step.precision,
                         group,
-                        &ZeroSettings::of(plan),
+                        &settings,
                     )))
                 }
                 _ => None,

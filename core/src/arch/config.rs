@@ -34,6 +34,31 @@ pub struct Architecture {
     pub(crate) linear: Option<Box<super::hybrid::LinearAttention>>,
 }
 
+/// The most elements of whole `tensors`, laid out one after the other, that touch one of
+/// `group` equal pieces of their flat buffer padded to a multiple of 2 x `group` (DeepSpeed's
+/// `align_dense_tensors` and `get_data_parallel_partitions`).
+fn partition_touching(tensors: &[u64], group: u64) -> u64 {
+    let group = group.max(1);
+    let total = tensors.iter().fold(0u64, |a, &t| a.saturating_add(t));
+    let part = (total.div_ceil(group.saturating_mul(2)).saturating_mul(2)).max(1);
+    let (mut most, mut piece, mut touching, mut start) = (0u64, 0u64, 0u64, 0u64);
+    for &t in tensors.iter().filter(|&&t| t > 0) {
+        let (first, last) = (start / part, (start.saturating_add(t) - 1) / part);
+        start = start.saturating_add(t);
+        if first != piece {
+            most = most.max(touching);
+            (piece, touching) = (first, 0);
+        }
+        touching = touching.saturating_add(t);
+        if last != first {
+            // (the pieces between hold this tensor alone; the last starts with it)
+            most = most.max(touching);
+            (piece, touching) = (last, t);
+        }
+    }
+    most.max(touching)
+}
+
 /// Parameter elements of one rank by FSDP unit: what FSDP2 all-gathers at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ParameterUnits {
@@ -366,6 +391,28 @@ impl Architecture {
         })
     }
 
+    /// Elements of the whole parameter tensors that touch the busiest rank's partition when
+    /// DeepSpeed's ZeRO-1 and ZeRO-2 cut one tensor-parallel rank's flat 16-bit parameters
+    /// into `group` pieces: the gradient partition (`grads_in_partition`) that rank keeps.
+    /// The tensors in the model's order (embeddings, layers, final norm and head) as one
+    /// optimizer group (the HF Trainer's other group, the norms' and biases', is small).
+    ///
+    /// # Errors
+    /// When the model does not split over the mesh's tensor-parallel group.
+    pub fn zero_partition_elements(&self, mesh: &Mesh, group: u64) -> Result<u64, EstimateError> {
+        let mut spec = self.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
+        if let Some(stage) = &mesh.stage {
+            spec = spec.stage(stage);
+        }
+        let mut tensors = spec.embedding_parameter_tensors();
+        let embeddings = tensors.len();
+        for l in &spec.layers {
+            tensors.extend(l.params());
+        }
+        tensors.extend(spec.outside_parameter_tensors().iter().skip(embeddings));
+        Ok(partition_touching(&tensors, group))
+    }
+
     /// Tokens per image for a ViT at its configured size: patches plus the class token.
     pub(crate) fn vit_tokens(&self) -> u64 {
         self.spec.vision.map_or(0, |v| v.tokens())
@@ -606,6 +653,28 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         ))
         .expect("fixture config")
+    }
+
+    /// ZeRO's pieces are `ceil(P / 2N) x 2` elements, and a piece keeps the gradients of
+    /// every tensor it touches, whole: a tensor cut by a boundary counts on both sides.
+    #[test]
+    fn a_zero_partition_keeps_the_whole_tensors_it_touches() {
+        for (tensors, group, expected) in [
+            (&[10, 2, 2, 2, 2][..], 2, 10),
+            (&[3, 10, 3], 2, 13),
+            (&[20], 4, 20),
+            (&[0, 1, 0, 1], 1, 2),
+            (&[], 8, 0),
+        ] {
+            assert_eq!(partition_touching(tensors, group), expected, "{tensors:?}");
+        }
+        // Llama 3 8B over 64 GPUs: the piece (125.5 M elements) where the embedding ends
+        // touches its 525.3 M and the first layer's tensors up to its up projection
+        // (`validation/DEEPSPEED.md`: 685 M)
+        let arch = parse_hf_config(&fixture("llama3-8b.json")).expect("parses");
+        let mesh = Mesh::default();
+        let elements = arch.zero_partition_elements(&mesh, 64).expect("splits");
+        assert_eq!(elements, 684_720_128);
     }
 
     #[track_caller]

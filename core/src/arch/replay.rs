@@ -1000,6 +1000,7 @@ mod tests {
             stage,
             bucket_elements: 25 * MIB,
             parameters_offloaded: offloaded == Some(true),
+            partition_elements: None,
         };
         let streams = ShardedStreams {
             offloaded: offloaded.is_some(),

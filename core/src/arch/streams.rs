@@ -96,6 +96,9 @@ pub enum ShardedEngine {
         bucket_elements: u64,
         /// ZeRO-3's `offload_param`: the parameters' partitions in host RAM too.
         parameters_offloaded: bool,
+        /// Stages 1 and 2 training every parameter: the elements of the whole tensors the
+        /// rank's partition touches, whose gradients it keeps (`None`: its share).
+        partition_elements: Option<u64>,
     },
 }
 
@@ -587,7 +590,18 @@ impl ShardedReplay {
         a.free(copy);
         // (offloaded, the share goes to the host's fp32 gradients)
         if stage < 3 && self.partition.is_none() && !self.streams.offloaded {
-            self.partition = Some(a.malloc(self.streams.shard(self.gradient_bytes)));
+            let share = self.streams.shard(self.gradient_bytes);
+            let bytes = match self.streams.engine {
+                ShardedEngine::Zero {
+                    partition_elements: Some(e),
+                    ..
+                } => e
+                    .saturating_mul(self.streams.tape_gradient_bytes)
+                    .min(self.gradient_bytes)
+                    .max(share),
+                _ => share,
+            };
+            self.partition = Some(a.malloc(bytes));
         }
         self.filled = 0;
     }

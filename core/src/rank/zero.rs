@@ -47,6 +47,9 @@ pub(crate) struct ZeroSettings {
     pub offload: Offload,
     pub reduce_bucket_elements: u64,
     pub prefetch_bucket_elements: u64,
+    /// ZeRO-1 and ZeRO-2: the elements of the whole tensors the busiest rank's partition
+    /// touches, whose gradients it keeps (`None`: its share of the model).
+    pub partition_elements: Option<u64>,
 }
 
 impl ZeroSettings {
@@ -61,6 +64,7 @@ impl ZeroSettings {
             offload: plan.offload,
             reduce_bucket_elements: plan.reduce_bucket_elements,
             prefetch_bucket_elements: plan.prefetch_bucket_elements,
+            partition_elements: None,
         }
     }
 }
@@ -93,7 +97,10 @@ impl ZeroRank {
             parameters_whole
         };
         let optimizer_part = share(persistent(|c| c.optimizer_states));
-        let gradient_part = share(gradients_whole);
+        let gradient_part = match settings.partition_elements {
+            Some(e) if stage < 3 => e.saturating_mul(g).min(gradients_whole),
+            _ => share(gradients_whole),
+        };
         let bucket = settings.reduce_bucket_elements.saturating_mul(g);
         let largest_module = units.largest_layer.max(units.largest_root_tensor);
         let state = ShardedState {
