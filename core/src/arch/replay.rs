@@ -1015,10 +1015,10 @@ mod tests {
     /// the other persistent tensors (12) and the moments (40): 1,040 MiB. Stage 3 halves
     /// every persistent tensor (20) and keeps its 100 MiB bucket and its gradient partition
     /// from start-up: 1,132 MiB; its layers gathered on the all-gather stream and its
-    /// buckets concatenated on the reduce stream reserve 520 MiB more than stage 2's.
+    /// buckets concatenated on the reduce stream reserve 480 MiB more than stage 2's.
     #[test]
     fn zero_s_step_holds_the_partition_its_copy_and_its_fp32_cast() {
-        for (stage, allocated, reserved) in [(1, 1040, 1160), (2, 1040, 1160), (3, 1132, 1680)] {
+        for (stage, allocated, reserved) in [(1, 1040, 1160), (2, 1040, 1160), (3, 1132, 1640)] {
             let peaks = zero(stage, None);
             assert_eq!(
                 (peaks.allocated_bytes, peaks.reserved_bytes),
@@ -1041,7 +1041,7 @@ mod tests {
         let cases = [
             (1, false, 764, 780),
             (2, false, 292, 300),
-            (3, false, 608, 840),
+            (3, false, 608, 800),
             (3, true, 600, 820),
         ];
         for (stage, parameters, allocated, reserved) in cases {

@@ -355,9 +355,15 @@ impl ShardedReplay {
         if self.freed.len() >= 2 {
             a.release(self.freed.remove(0));
         }
-        // (a mixed recipe's low-precision shard, or offloaded, the shard copied in)
-        let mixed = self.streams.gathered_bytes < self.streams.sharded_bytes;
-        let staged = mixed || self.streams.offloaded;
+        // (FSDP1: a mixed recipe's low-precision shard, or offloaded, the shard copied in;
+        // ZeRO-3 gathers its 16-bit partitions, copied in when offloaded)
+        let staged = match self.streams.engine {
+            ShardedEngine::Zero {
+                parameters_offloaded,
+                ..
+            } => parameters_offloaded,
+            _ => self.streams.gathered_bytes < self.streams.sharded_bytes || self.streams.offloaded,
+        };
         let shard = staged.then(|| a.malloc_on(self.streams.shard(bytes), PRE_UNSHARD));
         let unsharded = a.malloc_on(bytes, GATHER);
         Self::free(a, shard);
