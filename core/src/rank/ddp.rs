@@ -66,6 +66,10 @@ pub(super) struct WholeState<'a> {
     temporaries_split: bool,
     /// DDP's reducer buckets.
     ddp_buckets: u64,
+    /// DeepSpeed's reduce bucket (`reduce_bucket_size` elements in the gradients' dtype,
+    /// however little trains), and whether it is kept for good: ZeRO-3 makes it at
+    /// start-up, ZeRO-1 and ZeRO-2 at the first gradient hook, freed at the backward's end.
+    reduce_bucket: (u64, bool),
     /// FSDP's additions to a LoRA or QLoRA rank.
     peft: PeftAdditions,
     /// FSDP1's flat gradients of a LoRA rank whose units mix frozen and trained tensors
@@ -123,6 +127,14 @@ impl<'a> WholeState<'a> {
         } else {
             0
         };
+        let reduce_bucket = match plan.sharding {
+            Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if step.optimizer.trains() => (
+                plan.reduce_bucket_elements
+                    .saturating_mul(step.precision.gradient_bytes()),
+                plan.sharding == Sharding::Zero3,
+            ),
+            _ => (0, false),
+        };
         let flat_gradients = match peft {
             Some(p) if !p.quantized() => {
                 super::fsdp1::lora_flat_gradients(plan, units, step.precision)
@@ -166,6 +178,7 @@ impl<'a> WholeState<'a> {
             tape_gradients: estimate.persistent(|c| c.gradients),
             temporaries_split: (plan.sharding.shards_optimizer_states() && n > 1) || dp.ep > 1,
             ddp_buckets,
+            reduce_bucket,
             peft,
             offload,
         }
@@ -200,6 +213,12 @@ impl<'a> WholeState<'a> {
             self.dp.shard(t, 0).optimizer_state_bytes
         } else {
             c.temporaries
+        };
+        let (bucket, kept) = self.reduce_bucket;
+        let temporaries = if kept || phase == Phase::Backward {
+            temporaries.saturating_add(bucket)
+        } else {
+            temporaries
         };
         // (offloaded, they are copied to the host as each unit's backward ends)
         let flat_gradients = match phase {
