@@ -993,7 +993,7 @@ impl<'a> Search<'a> {
                 // of one model on one mesh (the levels change the GPUs, sharding and expert
                 // parallelism, which the mesh does not read)
                 let units = self.estimates.iter().find_map(|e| match e {
-                    Ok(Unsharded::Architecture(_, units)) => Some(units),
+                    Ok(Unsharded::Architecture(_, units, _)) => Some(units),
                     _ => None,
                 });
                 let whole = unsharded(&model, batch, micro_batches, &mesh, units);

@@ -432,8 +432,14 @@ pub(crate) enum Unsharded {
     Simple(crate::Breakdown),
     /// The rank's estimate and its parameters by FSDP unit: the units are found here, once
     /// per estimate, since sharding it (every GPU count, every engine the advisor tries)
-    /// reads them each time and listing them walks every tensor of the model.
-    Architecture(Box<PeakEstimate>, crate::ParameterUnits),
+    /// reads them each time and listing them walks every tensor of the model. The same goes
+    /// for the parameter tensors in the model's order, which ZeRO-1 and ZeRO-2 partition:
+    /// listed by the first of them to ask.
+    Architecture(
+        Box<PeakEstimate>,
+        crate::ParameterUnits,
+        std::cell::OnceCell<Option<Vec<u64>>>,
+    ),
 }
 
 pub(crate) fn fields_error(errors: Vec<(Field, crate::FieldError)>) -> EvaluationError {
@@ -746,7 +752,11 @@ pub(crate) fn unsharded(
                 Some(units) => *units,
                 None => model.arch.rank_parameter_units(mesh).unwrap_or_default(),
             };
-            Ok(Unsharded::Architecture(Box::new(estimate), units))
+            Ok(Unsharded::Architecture(
+                Box::new(estimate),
+                units,
+                std::cell::OnceCell::new(),
+            ))
         }
     }
 }

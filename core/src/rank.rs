@@ -83,7 +83,7 @@ pub(crate) fn shard_step(
                 peft,
                 ..
             },
-            Unsharded::Architecture(estimate, units),
+            Unsharded::Architecture(estimate, units, in_order),
         ) => {
             let arch = &model.arch;
             // (Unsloth trains on one GPU, or under accelerate's DDP; sharded engines do not
@@ -154,7 +154,12 @@ pub(crate) fn shard_step(
                 Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if trains_all && dp.ep <= 1 => {
                     let settings = ZeroSettings {
                         partition_elements: (plan.sharding != Sharding::Zero3)
-                            .then(|| arch.zero_partition_elements(mesh, group).ok())
+                            .then(|| {
+                                in_order
+                                    .get_or_init(|| arch.rank_parameter_tensors(mesh).ok())
+                                    .as_deref()
+                                    .map(|t| crate::arch::partition_touching(t, group))
+                            })
                             .flatten(),
                         ..ZeroSettings::of(plan)
                     };

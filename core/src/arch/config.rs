@@ -37,24 +37,27 @@ pub struct Architecture {
 /// The most elements of whole `tensors`, laid out one after the other, that touch one of
 /// `group` equal pieces of their flat buffer padded to a multiple of 2 x `group` (DeepSpeed's
 /// `align_dense_tensors` and `get_data_parallel_partitions`).
-fn partition_touching(tensors: &[u64], group: u64) -> u64 {
+pub(crate) fn partition_touching(tensors: &[u64], group: u64) -> u64 {
     let group = group.max(1);
     let total = tensors.iter().fold(0u64, |a, &t| a.saturating_add(t));
     let part = (total.div_ceil(group.saturating_mul(2)).saturating_mul(2)).max(1);
-    let (mut most, mut piece, mut touching, mut start) = (0u64, 0u64, 0u64, 0u64);
+    // the end of the piece being filled (divisions only when a piece is left: the advisor
+    // asks this for every GPU count it tries)
+    let end_of_piece = |at: u64| (at / part).saturating_add(1).saturating_mul(part);
+    let (mut most, mut touching, mut start, mut piece_end) = (0u64, 0u64, 0u64, part);
     for &t in tensors.iter().filter(|&&t| t > 0) {
-        let (first, last) = (start / part, (start.saturating_add(t) - 1) / part);
-        start = start.saturating_add(t);
-        if first != piece {
+        let end = start.saturating_add(t);
+        if start >= piece_end {
             most = most.max(touching);
-            (piece, touching) = (first, 0);
+            (touching, piece_end) = (0, end_of_piece(start));
         }
         touching = touching.saturating_add(t);
-        if last != first {
+        if end > piece_end {
             // (the pieces between hold this tensor alone; the last starts with it)
             most = most.max(touching);
-            (piece, touching) = (last, t);
+            (touching, piece_end) = (t, end_of_piece(end - 1));
         }
+        start = end;
     }
     most.max(touching)
 }
@@ -394,23 +397,50 @@ impl Architecture {
     /// Elements of the whole parameter tensors that touch the busiest rank's partition when
     /// DeepSpeed's ZeRO-1 and ZeRO-2 cut one tensor-parallel rank's flat 16-bit parameters
     /// into `group` pieces: the gradient partition (`grads_in_partition`) that rank keeps.
-    /// The tensors in the model's order (embeddings, layers, final norm and head) as one
-    /// optimizer group (the HF Trainer's other group, the norms' and biases', is small).
     ///
     /// # Errors
     /// When the model does not split over the mesh's tensor-parallel group.
     pub fn zero_partition_elements(&self, mesh: &Mesh, group: u64) -> Result<u64, EstimateError> {
-        let mut spec = self.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
-        if let Some(stage) = &mesh.stage {
-            spec = spec.stage(stage);
-        }
+        Ok(partition_touching(
+            &self.rank_parameter_tensors(mesh)?,
+            group,
+        ))
+    }
+
+    /// Element counts of one tensor-parallel rank's parameter tensors in the model's order
+    /// (embeddings, layers, final norm and head), as ZeRO-1 and ZeRO-2 flatten them: one
+    /// optimizer group (the HF Trainer's other group, the norms' and biases', is small).
+    ///
+    /// # Errors
+    /// When the model does not split over the mesh's tensor-parallel group.
+    pub(crate) fn rank_parameter_tensors(&self, mesh: &Mesh) -> Result<Vec<u64>, EstimateError> {
+        // (one GPU's model is not copied, and a run of equal layers lists its tensors once)
+        let rank;
+        let spec = if mesh.tensor > 1 || mesh.stage.is_some() {
+            let mut on_rank = self.spec.on_rank(mesh.tensor, mesh.sequence_parallel)?;
+            if let Some(stage) = &mesh.stage {
+                on_rank = on_rank.stage(stage);
+            }
+            rank = on_rank;
+            &rank
+        } else {
+            &self.spec
+        };
         let mut tensors = spec.embedding_parameter_tensors();
         let embeddings = tensors.len();
+        let mut last: Option<(&Layer, Vec<u64>)> = None;
         for l in &spec.layers {
-            tensors.extend(l.params());
+            match &last {
+                Some((seen, params)) if *seen == l => tensors.extend_from_slice(params),
+                _ => {
+                    let params = l.params();
+                    tensors.extend_from_slice(&params);
+                    last = Some((l, params));
+                }
+            }
         }
         tensors.extend(spec.outside_parameter_tensors().iter().skip(embeddings));
-        Ok(partition_touching(&tensors, group))
+        Ok(tensors)
     }
 
     /// Tokens per image for a ViT at its configured size: patches plus the class token.
@@ -675,6 +705,36 @@ mod tests {
         let mesh = Mesh::default();
         let elements = arch.zero_partition_elements(&mesh, 64).expect("splits");
         assert_eq!(elements, 684_720_128);
+    }
+
+    proptest::proptest! {
+        /// The one pass over the tensors finds what counting each piece's tensors finds.
+        #[test]
+        fn a_zero_partition_is_the_most_any_piece_touches(
+            tensors in proptest::collection::vec(0u64..50, 0..20),
+            group in 1u64..9,
+        ) {
+            let total: u64 = tensors.iter().sum();
+            let part = total.div_ceil(2 * group).max(1) * 2;
+            let mut starts = Vec::new();
+            let mut at = 0;
+            for &t in &tensors {
+                starts.push((at, at + t));
+                at += t;
+            }
+            let most = (0..group)
+                .map(|r| {
+                    let (lo, hi) = (r * part, (r + 1) * part);
+                    starts
+                        .iter()
+                        .filter(|&&(s, e)| s < e && s < hi && e > lo)
+                        .map(|&(s, e)| e - s)
+                        .sum::<u64>()
+                })
+                .max()
+                .unwrap_or(0);
+            proptest::prop_assert_eq!(partition_touching(&tensors, group), most);
+        }
     }
 
     #[track_caller]

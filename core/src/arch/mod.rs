@@ -100,6 +100,7 @@ mod vision;
 #[cfg(feature = "vision")]
 mod vlm;
 
+pub(crate) use config::partition_touching;
 pub use config::{Architecture, ParameterUnits};
 pub use error::{ConfigError, EstimateError};
 pub(crate) use estimate::UNSLOTH_SCOPE;
