@@ -255,6 +255,22 @@ fn step(query: &str) -> estimator_core::Evaluation {
     evaluate(&decoded.state).unwrap_or_else(|e| panic!("{query}: {e:?}"))
 }
 
+/// ZeRO-2 makes its gradient partition whole at its first reduction, once the gradients
+/// overflow the bucket (`copy_grads_in_partition`), and holds it to the step: Llama 3 8B
+/// over 64 GPUs peaks in backward with the busiest rank's 684,720,128 elements of bf16
+/// gradients (the whole tensors its piece touches), none before the bucket overflows.
+#[test]
+fn zero2_holds_its_whole_partition_from_the_first_reduction() {
+    let e = step("m=arch&model=llama3-8b&b=1&s=512&r=mixed-bf16&o=adamw&gc=full&gpu=h100-80&shard=zero2&gpus=64");
+    assert_eq!(e.step.peak_phase, Some(estimator_core::Phase::Backward));
+    let gradients = e
+        .step
+        .parts
+        .iter()
+        .find(|(k, _)| *k == estimator_core::PartKind::Gradients);
+    assert_eq!(gradients.map(|&(_, b)| b), Some(2 * 684_720_128));
+}
+
 /// DeepSpeed allocates its reduce bucket whole (`torch.empty(reduce_bucket_size)`), however
 /// little trains: a LoRA rank holds the 5e8 bf16 elements in backward under ZeRO-2 and
 /// from start-up under ZeRO-3, as a rank training every parameter does.

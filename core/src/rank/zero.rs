@@ -19,8 +19,7 @@ pub(crate) struct ZeroRank {
     /// What the rank holds between steps.
     pub state: ShardedState,
     stage: u8,
-    /// The whole model's gradients (as the tape counts them) and this rank's partition.
-    gradients_whole: u64,
+    /// This rank's gradient partition.
     gradient_part: u64,
     /// The reduction bucket, and the flattened copy a reduction makes of it.
     bucket: u64,
@@ -134,7 +133,6 @@ impl ZeroRank {
         ZeroRank {
             state,
             stage,
-            gradients_whole,
             gradient_part,
             bucket,
             reduce_copy: settings
@@ -217,14 +215,17 @@ impl ZeroRank {
     }
 
     /// The gradients the tape holds at a moment whose figures are `c`, as the stage keeps
-    /// them: whole until the boundary (stage 1), their share of the partition (stage 2), the
-    /// partition allocated at start-up (stage 3).
+    /// them: whole until the boundary (stage 1); the partition, made whole at the first
+    /// reduction, once the gradients overflow the bucket (stage 2:
+    /// `copy_grads_in_partition`; before it they are the bucket's); the partition allocated
+    /// at start-up (stage 3).
     fn held_gradients(&self, c: &CategoryBytes) -> u64 {
         let s = &self.state;
         match self.stage {
             1 => c.gradients,
             3 => s.gradient_bytes,
-            _ => scale(s.gradient_bytes, c.gradients, self.gradients_whole).min(s.gradient_bytes),
+            _ if c.gradients > self.bucket => s.gradient_bytes,
+            _ => 0,
         }
     }
 
