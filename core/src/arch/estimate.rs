@@ -941,6 +941,8 @@ fn estimate_on(
                         .collect(),
                     // (saturating: a sum of element counts, each within the model's count)
                     root_parameters: spec.outside_parameter_tensors().iter().sum(),
+                    embedding_parameters: spec.embedding_parameter_tensors().iter().sum(),
+                    head_parameters: spec.head_parameter_tensors().iter().sum(),
                     // (a 4-bit base's linears count as the elements of their packed storage,
                     // bitsandbytes' `quant_storage` in the load dtype)
                     group_parameters: groups

@@ -52,7 +52,9 @@
 //! - stage 3 makes its bucket and its 16-bit gradient partition at start-up, for good. Each
 //!   module is gathered on the all-gather stream and freed with `record_stream` for the
 //!   default stream (`free_param`), except what the backward reuses within
-//!   `max_reuse_distance` of the forward's end. A full bucket is reduced on the reduce
+//!   `max_reuse_distance` of the forward's end; the embeddings for their forward and
+//!   again for their backward, the final norm and head from the last layer's forward to
+//!   their backward. A full bucket is reduced on the reduce
 //!   stream (`overlap_comm` is on): `reduce_scatter_coalesced` concatenates it (a copy)
 //!   and its output is this rank's share;
 //! - ZeRO-Offload (`offload_optimizer`) keeps the fp32 master, the moments and the fp32
@@ -189,11 +191,17 @@ impl ShardedStreams {
 pub(crate) struct ShardedReplay {
     streams: ShardedStreams,
     /// Gathered bytes of the root (embeddings, final norm, head; FSDP1's `NO_WRAP`: the
-    /// whole model), and of each layer (0 for a layer in the root).
+    /// whole model; ZeRO-3: the embeddings), and of each layer (0 for a layer in the root).
     root_bytes: u64,
     layer_bytes: Vec<u64>,
-    /// The root's unsharded parameters, from its first forward to its post-backward.
+    /// The root's unsharded parameters, from its first forward to its post-backward
+    /// (ZeRO-3: the embeddings', through their forward and again for their backward).
     root: Option<BlockId>,
+    /// ZeRO-3's final norm and head, gathered bytes (0 for FSDP, whose root holds them),
+    /// and their parameters, gathered after the last layer's forward and released after
+    /// their backward.
+    head_bytes: u64,
+    head: Option<BlockId>,
     /// FSDP2: the last forward all-gather output, freed at the next copy-out.
     all_gather_state: Option<BlockId>,
     /// A backward prefetch issued: the layer, and FSDP2's all-gather output (FSDP1 gathers
@@ -224,17 +232,24 @@ pub(crate) struct ShardedReplay {
 
 impl ShardedReplay {
     /// The buffers of a step whose root (embeddings, final norm, head) has `root`
-    /// parameters, whose layers have `layers` (elements each), and whose passes make
-    /// `gradient_bytes` of the tape's gradients.
+    /// parameters, `(embeddings, head)` of them the embeddings' and the final norm's and
+    /// head's (a tied matrix in both), whose layers have `layers` (elements each), and whose
+    /// passes make `gradient_bytes` of the tape's gradients.
     pub(crate) fn new(
         streams: ShardedStreams,
         root: u64,
+        (embeddings, head): (u64, u64),
         layers: impl Iterator<Item = u64>,
         gradient_bytes: u64,
     ) -> Self {
-        // (ZeRO's stages 1 and 2 gather nothing)
+        // (ZeRO's stages 1 and 2 gather nothing; ZeRO-3 gathers each module as it runs:
+        // the embeddings apart from the final norm and head)
         let gathers = !matches!(streams.zero(), Some((1 | 2, _)));
         let gathered_bytes = if gathers { streams.gathered_bytes } else { 0 };
+        let (root, head) = match streams.zero() {
+            Some((3, _)) => (embeddings, head),
+            _ => (root, 0),
+        };
         let root_bytes = root.saturating_mul(gathered_bytes);
         let mut layer_bytes: Vec<u64> = layers.map(|e| e.saturating_mul(gathered_bytes)).collect();
         let root_bytes = if streams.whole_model() {
@@ -261,6 +276,8 @@ impl ShardedReplay {
             root_bytes,
             layer_bytes,
             root: None,
+            head_bytes: head.saturating_mul(gathered_bytes),
+            head: None,
             all_gather_state: None,
             prefetched: None,
             unsharded: vec![None; n],
@@ -398,6 +415,11 @@ impl ShardedReplay {
 
     /// Layer `i`'s pre-forward: gathered (FSDP2: the previous all-gather output released).
     pub(crate) fn before_forward(&mut self, a: &mut CachingAllocator, i: usize) {
+        if i == 0 && self.head_bytes > 0 {
+            // (ZeRO-3: the embeddings' forward is done)
+            let embeddings = self.root.take();
+            self.reshard(a, embeddings);
+        }
         let bytes = self.layer(i);
         if bytes == 0 || self.unsharded.get(i).is_some_and(Option::is_some) {
             return;
@@ -418,6 +440,10 @@ impl ShardedReplay {
     /// Layer `i`'s post-forward: resharded as `reshard_after_forward` says (ZeRO-3: unless
     /// the backward reuses it soon).
     pub(crate) fn after_forward(&mut self, a: &mut CachingAllocator, i: usize) {
+        if i + 1 == self.layer_bytes.len() && self.head_bytes > 0 && self.head.is_none() {
+            // (ZeRO-3: the final norm and head, before they run)
+            self.head = Some(self.unshard(a, self.head_bytes));
+        }
         let bytes = self.layer(i);
         if bytes == 0 || i >= self.reused_from {
             return;
@@ -467,6 +493,11 @@ impl ShardedReplay {
     /// Layer `i`'s pre-backward: gathered (FSDP2: its copy-out, freeing its all-gather
     /// output), then the layer before it prefetched.
     pub(crate) fn before_backward(&mut self, a: &mut CachingAllocator, i: usize) {
+        if i + 1 == self.layer_bytes.len() {
+            // (ZeRO-3: the head's backward is done)
+            let head = self.head.take();
+            self.reshard(a, head);
+        }
         let bytes = self.layer(i);
         if bytes > 0 && self.unsharded.get(i).is_some_and(Option::is_none) {
             let unsharded = if self.streams.recorded() {
@@ -654,6 +685,13 @@ impl ShardedReplay {
     ) {
         let root = self.root.take();
         self.reshard(a, root);
+        if self.head_bytes > 0 {
+            // (ZeRO-3: the embeddings gathered again for their backward)
+            let head = self.head.take();
+            self.reshard(a, head);
+            let embeddings = (self.root_bytes > 0).then(|| self.unshard(a, self.root_bytes));
+            self.reshard(a, embeddings);
+        }
         if self.streams.zero().is_some() {
             for g in gradients.drain(..) {
                 a.free(g);
