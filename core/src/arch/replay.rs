@@ -116,6 +116,22 @@ pub(crate) struct StepAllocations<'a> {
     pub micro_batches: u64,
 }
 
+impl StepAllocations<'_> {
+    /// Bytes of the gradients one forward and backward pass makes.
+    fn pass_gradient_bytes(&self) -> u64 {
+        let root = gradient_bytes(&self.head_gradients)
+            .saturating_add(gradient_bytes(&self.embedding_gradients));
+        self.group_of.iter().fold(root, |all, &g| {
+            all.saturating_add(self.group_gradients.get(g).map_or(0, |t| gradient_bytes(t)))
+        })
+    }
+}
+
+/// Bytes of `trained`'s gradients.
+fn gradient_bytes(trained: &[Trained]) -> u64 {
+    trained.iter().fold(0, |all, t| all.saturating_add(t.grad))
+}
+
 /// One event of the loss's replay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LossOp {
@@ -397,15 +413,14 @@ pub(crate) fn replay(s: &StepAllocations<'_>, device: ReplayDevice) -> Allocator
                 .group_of
                 .iter()
                 .map(|&g| s.group_parameters.get(g).copied().unwrap_or(0));
-            let grads = |t: &[Trained]| t.iter().map(|t| t.grad).sum::<u64>();
-            let mut gradient_bytes =
-                grads(&s.head_gradients).saturating_add(grads(&s.embedding_gradients));
-            for &g in &s.group_of {
-                let layer = s.group_gradients.get(g).map_or(0, |t| grads(t));
-                gradient_bytes = gradient_bytes.saturating_add(layer);
-            }
             let root_parts = (s.embedding_parameters, s.head_parameters);
-            ShardedReplay::new(f, s.root_parameters, root_parts, layers, gradient_bytes)
+            ShardedReplay::new(
+                f,
+                s.root_parameters,
+                root_parts,
+                layers,
+                s.pass_gradient_bytes(),
+            )
         });
     if device.ddp && s.trains {
         for bytes in ddp_buckets(s) {
@@ -630,9 +645,9 @@ fn forward_backward(
     if !head_gradients {
         gradients.add(a, &s.head_gradients);
     }
-    let bytes = |t: &[Trained]| t.iter().map(|t| t.grad).sum::<u64>();
     if let Some(f) = sharded.as_deref_mut() {
-        f.gradient_hooks(a, bytes(&s.head_gradients), gradients.grads, head_from);
+        let head_bytes = gradient_bytes(&s.head_gradients);
+        f.gradient_hooks(a, head_bytes, gradients.grads, head_from);
     }
     if let Some(f) = sharded.as_deref_mut().filter(|_| loss_outside) {
         f.backward_start(a);
@@ -676,22 +691,21 @@ fn forward_backward(
             }
         }
         if let Some(f) = sharded.as_deref_mut() {
-            let bytes = layer.map_or(0, |t| bytes(t));
+            let bytes = layer.map_or(0, |t| gradient_bytes(t));
             f.after_backward(a, i, bytes, gradients.grads, made_from, first);
         }
     }
     let embeddings_from = gradients.grads.len();
     gradients.add(a, &s.embedding_gradients);
     if let Some(f) = sharded {
-        let embedding_bytes = bytes(&s.embedding_gradients);
+        let embedding_bytes = gradient_bytes(&s.embedding_gradients);
         f.gradient_hooks(a, embedding_bytes, gradients.grads, embeddings_from);
         // what is left: the root's, and the layers' a whole-model unit did not reduce
-        let mut left = bytes(&s.head_gradients).saturating_add(bytes(&s.embedding_gradients));
-        if f.whole_model() {
-            for &g in &s.group_of {
-                left = left.saturating_add(s.group_gradients.get(g).map_or(0, |t| bytes(t)));
-            }
-        }
+        let left = if f.whole_model() {
+            s.pass_gradient_bytes()
+        } else {
+            gradient_bytes(&s.head_gradients).saturating_add(embedding_bytes)
+        };
         f.backward_end(a, left, gradients.grads, first);
     }
     for g in gradients.waiting.drain(..) {
@@ -1000,8 +1014,9 @@ mod tests {
 
     /// DeepSpeed ZeRO over two GPUs, its bucket of 100 MiB of gradients, the optimizer on
     /// the GPU or offloaded (`offloaded`: the optimizer; `Some(true)`: ZeRO-3's parameters
-    /// too).
-    fn zero(stage: u8, offloaded: Option<bool>) -> AllocatorPeaks {
+    /// too), peaks at `allocated` and reserves `reserved` MiB.
+    #[track_caller]
+    fn zero_peaks_mib(stage: u8, offloaded: Option<bool>, allocated: u64, reserved: u64) {
         let log = [(0, false), (4 * MIB, true)];
         let engine = ShardedEngine::Zero {
             stage,
@@ -1013,7 +1028,12 @@ mod tests {
             offloaded: offloaded.is_some(),
             ..two_gpus(engine)
         };
-        four_layers(&log, Some(streams))
+        let peaks = four_layers(&log, Some(streams));
+        assert_eq!(
+            (peaks.allocated_bytes, peaks.reserved_bytes),
+            (allocated * MIB, reserved * MIB),
+            "stage {stage}, offloaded {offloaded:?}"
+        );
     }
 
     /// ZeRO's step holds the rank's gradient partition (half of the 648 MiB of gradients),
@@ -1026,12 +1046,7 @@ mod tests {
     #[test]
     fn zero_s_step_holds_the_partition_its_copy_and_its_fp32_cast() {
         for (stage, allocated, reserved) in [(1, 1040, 1160), (2, 1040, 1160), (3, 1132, 1640)] {
-            let peaks = zero(stage, None);
-            assert_eq!(
-                (peaks.allocated_bytes, peaks.reserved_bytes),
-                (allocated * MIB, reserved * MIB),
-                "stage {stage}"
-            );
+            zero_peaks_mib(stage, None, allocated, reserved);
         }
     }
 
@@ -1053,12 +1068,7 @@ mod tests {
             (3, true, 596, 822),
         ];
         for (stage, parameters, allocated, reserved) in cases {
-            let peaks = zero(stage, Some(parameters));
-            assert_eq!(
-                (peaks.allocated_bytes, peaks.reserved_bytes),
-                (allocated * MIB, reserved * MIB),
-                "stage {stage}"
-            );
+            zero_peaks_mib(stage, Some(parameters), allocated, reserved);
         }
     }
 

@@ -655,9 +655,8 @@ impl ShardedReplay {
         from: usize,
         keep: bool,
     ) {
-        if self.streams.zero().is_some() {
-            self.gradient_hooks(a, bytes, gradients, from);
-        }
+        // (a no-op for FSDP)
+        self.gradient_hooks(a, bytes, gradients, from);
         if self.layer(i) == 0 {
             return;
         }
