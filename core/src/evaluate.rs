@@ -894,7 +894,7 @@ pub(crate) fn resolve_reserve(
         ..*step
     };
     let mesh = mesh_of(plan);
-    let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref(), &model.arch);
+    let sharded = sharded_streams(plan, &mesh, &step, peft.as_ref());
     let ddp = plan.ddp_reducer();
     // What `cudaMalloc` can hand the allocator on this GPU: near it the allocator releases
     // its cached segments before it gives up, so a step that fits reserves less there than
@@ -935,6 +935,25 @@ pub(crate) fn resolve_reserve(
     let replay = match cached {
         Some(replay) => replay,
         None => {
+            // ZeRO-1 and ZeRO-2 training every parameter keep the whole tensors their
+            // partition touches: listed only for a replay not cached (the key holds the
+            // model, the mesh and the group they follow from)
+            let mut sharded = sharded;
+            if let Some(crate::ShardedStreams {
+                engine:
+                    crate::ShardedEngine::Zero {
+                        stage: 1 | 2,
+                        partition_elements,
+                        ..
+                    },
+                group,
+                ..
+            }) = sharded.as_mut()
+            {
+                if peft.is_none() {
+                    *partition_elements = model.arch.zero_partition_elements(&mesh, *group).ok();
+                }
+            }
             let on = |capacity| {
                 crate::estimate_objective(
                     &model.arch,
@@ -984,7 +1003,6 @@ fn sharded_streams(
     mesh: &crate::Mesh,
     step: &TrainingStep,
     peft: Option<&crate::Peft>,
-    arch: &crate::Architecture,
 ) -> Option<crate::ShardedStreams> {
     let group = plan.shard_group().saturating_mul(mesh.context.max(1));
     let engine = match plan.sharding {
@@ -992,20 +1010,17 @@ fn sharded_streams(
         crate::Sharding::Fsdp1 => crate::ShardedEngine::Fsdp1 {
             whole_model: plan.fsdp1.wrap == crate::Fsdp1Wrap::None,
         },
-        crate::Sharding::Zero1 | crate::Sharding::Zero2 | crate::Sharding::Zero3 => {
-            let stage = crate::rank::ZeroSettings::of(plan).stage;
+        other => {
+            let stage = other.zero_stage()?;
             crate::ShardedEngine::Zero {
                 stage,
                 bucket_elements: plan.reduce_bucket_elements,
                 parameters_offloaded: stage == 3
                     && plan.offload == crate::Offload::OptimizerAndParams,
-                // (as the rank's ZeRO state counts it: training every parameter)
-                partition_elements: (stage < 3 && peft.is_none())
-                    .then(|| arch.zero_partition_elements(mesh, group).ok())
-                    .flatten(),
+                // (set by `resolve_reserve` when it replays)
+                partition_elements: None,
             }
         }
-        _ => return None,
     };
     let fsdp1 = matches!(engine, crate::ShardedEngine::Fsdp1 { .. });
     let zero = matches!(engine, crate::ShardedEngine::Zero { .. });

@@ -1013,6 +1013,17 @@ impl Sharding {
         )
     }
 
+    /// DeepSpeed's ZeRO stage (`None`: another engine).
+    #[must_use]
+    pub const fn zero_stage(self) -> Option<u8> {
+        match self {
+            Sharding::Zero1 => Some(1),
+            Sharding::Zero2 => Some(2),
+            Sharding::Zero3 => Some(3),
+            _ => None,
+        }
+    }
+
     /// Whether the parameters are split across GPUs.
     #[must_use]
     pub const fn shards_parameters(self) -> bool {

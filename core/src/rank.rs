@@ -29,8 +29,7 @@ use ddp::WholeState;
 use expert::DataParallel;
 pub(crate) use fsdp1::reshard_after_forward;
 use fsdp2::{Fsdp2Rank, Fsdp2Settings};
-use zero::ZeroRank;
-pub(crate) use zero::ZeroSettings;
+use zero::{ZeroRank, ZeroSettings};
 
 /// The mesh the op kinds see for `plan`: tensor parallelism (with sequence and loss
 /// parallelism when it is on) and context parallelism.

@@ -127,11 +127,11 @@ impl<'a> WholeState<'a> {
         } else {
             0
         };
-        let reduce_bucket = match plan.sharding {
-            Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 if step.optimizer.trains() => (
+        let reduce_bucket = match plan.sharding.zero_stage() {
+            Some(stage) if step.optimizer.trains() => (
                 plan.reduce_bucket_elements
                     .saturating_mul(step.precision.gradient_bytes()),
-                plan.sharding == Sharding::Zero3,
+                stage == 3,
             ),
             _ => (0, false),
         };

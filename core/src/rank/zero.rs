@@ -5,7 +5,7 @@ use super::scale;
 use crate::state::PlanInputs;
 use crate::{
     BackwardMoment, CategoryBytes, Offload, ParameterUnits, PeakEstimate, Phase, PrecisionRecipe,
-    ShardedState, Sharding,
+    ShardedState,
 };
 
 use crate::arch::{DEEPSPEED_MAX_REUSE_ELEMENTS, DEEPSPEED_SUB_GROUP_ELEMENTS};
@@ -55,11 +55,7 @@ impl ZeroSettings {
     /// The settings of a ZeRO stage `plan` names.
     pub(crate) fn of(plan: &PlanInputs) -> Self {
         ZeroSettings {
-            stage: match plan.sharding {
-                Sharding::Zero1 => 1,
-                Sharding::Zero2 => 2,
-                _ => 3,
-            },
+            stage: plan.sharding.zero_stage().unwrap_or(3),
             offload: plan.offload,
             reduce_bucket_elements: plan.reduce_bucket_elements,
             prefetch_bucket_elements: plan.prefetch_bucket_elements,
