@@ -835,6 +835,15 @@ mod tests {
         allocated_peak_mib(&one_layer(&log, true, true), 76);
     }
 
+    /// `peaks` are `allocated` MiB allocated and `reserved` MiB reserved.
+    #[track_caller]
+    fn peaks_mib(peaks: AllocatorPeaks, allocated: u64, reserved: u64) {
+        assert_eq!(
+            (peaks.allocated_bytes, peaks.reserved_bytes),
+            (allocated * MIB, reserved * MIB)
+        );
+    }
+
     /// A four-layer step of [`one_layer`]'s layers, each layer's weight of 160 MiB (its
     /// fp32 gradient), on an expandable-segments device (one segment per pool and stream,
     /// mapped 20 MiB at a time), replayed as `sharded` says.
@@ -887,15 +896,9 @@ mod tests {
     fn fsdp2_s_streams_cache_their_own_blocks() {
         let log = [(0, false), (4 * MIB, true)];
         let whole = four_layers(&log, None);
-        assert_eq!(
-            (whole.allocated_bytes, whole.reserved_bytes),
-            (808 * MIB, 940 * MIB)
-        );
+        peaks_mib(whole, 808, 940);
         let rank = four_layers(&log, Some(two_gpus(ShardedEngine::Fsdp2)));
-        assert_eq!(
-            (rank.allocated_bytes, rank.reserved_bytes),
-            (712 * MIB, 1040 * MIB)
-        );
+        peaks_mib(rank, 712, 1040);
     }
 
     /// Per-op checkpointing keeps what its policy saves beside each layer's input, from the
@@ -953,10 +956,7 @@ mod tests {
             "{rank:?} {whole:?}"
         );
         // (freed at once, the unshard stream would hold two layers: 900 MiB)
-        assert_eq!(
-            (rank.allocated_bytes, rank.reserved_bytes),
-            (548 * MIB, 980 * MIB)
-        );
+        peaks_mib(rank, 548, 980);
     }
 
     /// [`four_layers`] over two GPUs of `engine`, the state on the GPU and offloaded.
@@ -983,16 +983,10 @@ mod tests {
         let log = [(0, false), (4 * MIB, true)];
         let (on_gpu, offloaded) =
             on_the_gpu_and_offloaded(&log, ShardedEngine::Fsdp1 { whole_model: false });
-        assert_eq!(
-            (on_gpu.allocated_bytes, on_gpu.reserved_bytes),
-            (548 * MIB, 980 * MIB)
-        );
+        peaks_mib(on_gpu, 548, 980);
         // 60 MiB fewer at the peak (the shards and the state); the staged shards cached on
         // the pre-unshard stream keep the reserve's slack as it was
-        assert_eq!(
-            (offloaded.allocated_bytes, offloaded.reserved_bytes),
-            (488 * MIB, 920 * MIB)
-        );
+        peaks_mib(offloaded, 488, 920);
     }
 
     /// FSDP2's `CPUOffloadPolicy`: the state is the host's, each all-gather first copies the
@@ -1002,14 +996,8 @@ mod tests {
     fn fsdp2_offloaded_stages_each_shard_and_keeps_no_gradient() {
         let log = [(0, false), (4 * MIB, true)];
         let (on_gpu, offloaded) = on_the_gpu_and_offloaded(&log, ShardedEngine::Fsdp2);
-        assert_eq!(
-            (on_gpu.allocated_bytes, on_gpu.reserved_bytes),
-            (712 * MIB, 1040 * MIB)
-        );
-        assert_eq!(
-            (offloaded.allocated_bytes, offloaded.reserved_bytes),
-            (496 * MIB, 800 * MIB)
-        );
+        peaks_mib(on_gpu, 712, 1040);
+        peaks_mib(offloaded, 496, 800);
     }
 
     /// DeepSpeed ZeRO over two GPUs, its bucket of 100 MiB of gradients, the optimizer on
@@ -1028,12 +1016,7 @@ mod tests {
             offloaded: offloaded.is_some(),
             ..two_gpus(engine)
         };
-        let peaks = four_layers(&log, Some(streams));
-        assert_eq!(
-            (peaks.allocated_bytes, peaks.reserved_bytes),
-            (allocated * MIB, reserved * MIB),
-            "stage {stage}, offloaded {offloaded:?}"
-        );
+        peaks_mib(four_layers(&log, Some(streams)), allocated, reserved);
     }
 
     /// ZeRO's step holds the rank's gradient partition (half of the 648 MiB of gradients),
